@@ -1,0 +1,14 @@
+"""The one error type for bad raw input: the CLI turns it into exit code 2 and one line naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(Exception):
+    """A raw input file (or option) is not what the reader expects; `str()` is "<file>: <what was expected>"."""
+
+    def __init__(self, path: str | Path, message: str) -> None:
+        self.path = str(path)
+        self.message = message
+        super().__init__(f"{self.path}: {message}")
