@@ -15,6 +15,25 @@ model_app = typer.Typer(help="Inspect DPOT presets and checkpoints.", no_args_is
 app.add_typer(model_app, name="model")
 
 
+@model_app.command("info")
+def model_info_cmd(
+    target: str = typer.Argument(..., help="Preset name (tiny, Ti, S, M, L, H) or checkpoint path."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a summary."),
+    trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
+) -> None:
+    """Parameters, config and weight memory (fp32/bf16) of a preset or checkpoint."""
+    import json
+
+    from dpot_train.model.info import format_info, model_info
+
+    try:
+        info = model_info(target, trusted=trust)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    typer.echo(json.dumps(info, indent=1) if as_json else format_info(info))
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,81 @@
+"""Model facts for `dpot-train model info`: parameter counts, config and weight memory, without real allocation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import infer_config, load_state_dict_file
+from .config import PRESETS, DPOTConfig, preset
+from .factory import build_model
+
+_GROUPS = ("pos_embed", "patch_embed", "time_agg_layer", "blocks", "cls_head", "out_layer", "scale_feats_mu",
+           "scale_feats_sigma")
+
+
+def parameter_breakdown(config: DPOTConfig) -> dict[str, int]:
+    """Parameter count per top-level module, counted on the meta device (no memory for the weights)."""
+    model = build_model(config, device="meta")
+    counts: dict[str, int] = {}
+    for name, param in model.named_parameters():
+        group = name.split(".", 1)[0]
+        counts[group] = counts.get(group, 0) + param.numel()
+    return {g: counts[g] for g in _GROUPS if g in counts}
+
+
+def describe_config(config: DPOTConfig, *, source: str, kind: str) -> dict[str, Any]:
+    """Info dict for a config: parameters (total and per module), weight bytes in fp32 and bf16, the config."""
+    groups = parameter_breakdown(config)
+    total = sum(groups.values())
+    return {
+        "source": source,
+        "kind": kind,
+        "model": "DPOT3D" if config.spatial_dims == 3 else "DPOT2D",
+        "parameters": total,
+        "parameters_by_module": groups,
+        "weight_bytes": {"fp32": total * 4, "bf16": total * 2},
+        "config": config.to_dict(),
+    }
+
+
+def model_info(target: str | Path | DPOTConfig, *, trusted: bool = False) -> dict[str, Any]:
+    """Info for a preset name, a DPOTConfig or a checkpoint path (config from the file or inferred from weights)."""
+    if isinstance(target, DPOTConfig):
+        return describe_config(target, source="config", kind="config")
+    text = str(target)
+    if text.lower() in {k.lower() for k in PRESETS} and not Path(text).is_file():
+        return describe_config(preset(text), source=text, kind="preset")
+    path = Path(text)
+    if not path.exists():
+        raise FileNotFoundError(f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing checkpoint file")
+    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
+    config = DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
+    info = describe_config(config, source=str(path), kind="checkpoint")
+    info["checkpoint"] = {
+        "tensors": len(state),
+        "values": sum(t.numel() for t in state.values()),
+        "dtypes": sorted({str(t.dtype).replace("torch.", "") for t in state.values()}),
+        "config_from": "checkpoint" if config_dict is not None else "weights",
+    }
+    return info
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """Human-readable multi-line summary of `model_info` output."""
+    def mib(n: int) -> str:
+        return f"{n / 2**20:,.1f} MiB"
+
+    lines = [
+        f"{info['model']} from {info['kind']} {info['source']}",
+        f"parameters: {info['parameters']:,} ({info['parameters'] / 1e6:.2f}M)",
+        f"weights: fp32 {mib(info['weight_bytes']['fp32'])}, bf16 {mib(info['weight_bytes']['bf16'])}",
+        "parameters by module:",
+    ]
+    lines += [f"  {name:<18} {count:>14,}" for name, count in info["parameters_by_module"].items()]
+    if "checkpoint" in info:
+        ck = info["checkpoint"]
+        lines.append(f"checkpoint: {ck['tensors']} tensors, {ck['values']:,} values, dtypes {ck['dtypes']}, "
+                     f"config from {ck['config_from']}")
+    lines.append("config:")
+    lines += [f"  {k:<14} {v}" for k, v in info["config"].items()]
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""The DPOT model reproduces the reference implementation's outputs from the released checkpoint format."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpot_train.model import CheckpointError, DPOT2D, build_model, checkpoint_payload, load_pretrained
+
+TOL = 1e-6  # tighter than the 1e-5 acceptance bound: catches tanh-approximated GELU (about 6e-6 here)
+
+
+@pytest.fixture(scope="module")
+def reference_io(reference_dir: Path) -> dict[str, np.ndarray]:
+    with np.load(reference_dir / "dpot_tiny_io.npz", allow_pickle=False) as data:
+        return {k: data[k] for k in ("x", "pred", "cls")}
+
+
+def _outputs(model: torch.nn.Module, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    model.eval()
+    with torch.no_grad():
+        pred, logits = model(torch.from_numpy(x), return_logits=True)
+    return pred.numpy(), logits.numpy()
+
+
+def _max_diffs(model: torch.nn.Module, io: dict[str, np.ndarray]) -> tuple[float, float]:
+    pred, logits = _outputs(model, io["x"])
+    assert pred.shape == io["pred"].shape == (2, 128, 128, 1, 4)
+    assert logits.shape == io["cls"].shape == (2, 12)
+    return float(np.abs(pred - io["pred"]).max()), float(np.abs(logits - io["cls"]).max())
+
+
+def test_released_checkpoint_reproduces_reference(reference_dir: Path, reference_io: dict[str, np.ndarray]) -> None:
+    model = load_pretrained(reference_dir / "dpot_tiny.pth")
+    assert isinstance(model, DPOT2D)
+    assert model.config == build_model("tiny").config  # inferred from the weights, no size argument
+    assert model.num_parameters() == 242675
+    d_pred, d_cls = _max_diffs(model, reference_io)
+    assert d_pred <= TOL, d_pred
+    assert d_cls <= TOL, d_cls
+
+
+def test_module_prefixed_checkpoint_reproduces_reference(
+    reference_dir: Path, reference_io: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    state = torch.load(reference_dir / "dpot_tiny.pth", map_location="cpu", weights_only=True)["model"]
+    prefixed = collections.OrderedDict((f"module.{k}", v) for k, v in state.items())
+    args = argparse.Namespace(modes=32, act="gelu", lr=1e-3, model="DPOT")
+    path = tmp_path / "ddp.pth"
+    torch.save({"args": args, "model": prefixed}, path)
+    d_pred, d_cls = _max_diffs(load_pretrained(path), reference_io)
+    assert d_pred <= TOL and d_cls <= TOL, (d_pred, d_cls)
+
+
+def test_classify_and_plain_call_match_tuple_call(reference_dir: Path, reference_io: dict[str, np.ndarray]) -> None:
+    model = load_pretrained(reference_dir / "dpot_tiny.pth").eval()
+    x = torch.from_numpy(reference_io["x"][:1])
+    with torch.no_grad():
+        pred, logits = model(x, return_logits=True)
+        assert torch.equal(model(x), pred)
+        assert torch.equal(model.classify(x), logits)
+
+
+def test_own_checkpoint_roundtrip(reference_dir: Path, tmp_path: Path) -> None:
+    model = load_pretrained(reference_dir / "dpot_tiny.pth")
+    path = tmp_path / "own.pt"
+    torch.save(checkpoint_payload(model, step=3), path)
+    again = load_pretrained(path)
+    assert again.config == model.config
+    for (k1, v1), (k2, v2) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert k1 == k2 and torch.equal(v1, v2)
+
+
+class ArbitraryObject:
+    """A class that weights-only unpickling must not instantiate."""
+
+    def __init__(self) -> None:
+        self.payload = "x"
+
+
+def test_unsafe_pickle_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evil.pth"
+    torch.save({"model": build_model("tiny").state_dict(), "extra": ArbitraryObject()}, path)
+    with pytest.raises(CheckpointError, match=r"refused to load.*ArbitraryObject.*trusted=True"):
+        load_pretrained(path)
+    # An explicit trust flag loads it.
+    assert isinstance(load_pretrained(path, trusted=True), DPOT2D)
+
+
+def test_missing_and_unexpected_keys_are_listed(reference_dir: Path, tmp_path: Path) -> None:
+    state = torch.load(reference_dir / "dpot_tiny.pth", map_location="cpu", weights_only=True)["model"]
+    state = dict(state)
+    del state["blocks.1.filter.b2"]
+    state["blocks.1.filter.extra"] = torch.zeros(3)
+    path = tmp_path / "broken.pth"
+    torch.save({"model": state}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_pretrained(path)
+    message = str(info.value)
+    assert "missing keys ['blocks.1.filter.b2']" in message
+    assert "unexpected keys ['blocks.1.filter.extra']" in message
+    assert str(path) in message
+
+
+def test_wrong_layout_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "list.pth"
+    torch.save({"weights": [torch.zeros(2)]}, path)
+    with pytest.raises(CheckpointError, match=r"expected a dict with a 'model' entry.*\['weights'\]"):
+        load_pretrained(path)
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        load_pretrained(tmp_path / "absent.pth")
