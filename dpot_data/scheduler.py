@@ -1,0 +1,108 @@
+"""Where ingest tasks run: Dask's local threaded scheduler (`--workers N`) or a `dask.distributed` cluster
+(`--scheduler ADDRESS`). Both go through the same call, `dask.compute` on delayed tasks, in bounded windows so that
+memory stays a few blocks big and results (for the resume journal) arrive while the job runs."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+import dask
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """`workers`: local threads (None: one per CPU core); `address`: a dask.distributed scheduler to use instead;
+    `connect_timeout`: seconds to wait for that scheduler."""
+
+    workers: int | None = None
+    address: str | None = None
+    connect_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.address is not None and not self.address.strip():
+            raise ValueError("--scheduler needs an address such as tcp://host:8786")
+
+
+class Runner:
+    """Runs a function over items on the chosen scheduler, in order, `window` tasks in flight at a time."""
+
+    def __init__(self, options: SchedulerOptions, client: Any | None = None) -> None:
+        self.options = options
+        self.client = client
+
+    @property
+    def workers(self) -> int:
+        """Parallel task slots: threads of the local scheduler, or total threads of the cluster's workers."""
+        if self.client is not None:
+            info = self.client.scheduler_info()
+            threads = sum(int(w.get("nthreads", 1)) for w in info.get("workers", {}).values())
+            return max(threads, 1)
+        return self.options.workers or os.cpu_count() or 1
+
+    def describe(self) -> str:
+        """One line for logs: which scheduler and how many task slots."""
+        if self.client is not None:
+            return f"dask.distributed scheduler at {self.options.address} ({self.workers} threads)"
+        return f"dask local threaded scheduler ({self.workers} workers)"
+
+    def compute(self, tasks: Sequence[Any]) -> list[Any]:
+        """Compute a list of dask collections / delayed objects on this runner's scheduler, results in order."""
+        if not tasks:
+            return []
+        if self.client is not None:
+            return list(dask.compute(*tasks, scheduler=self.client))
+        return list(dask.compute(*tasks, scheduler="threads", num_workers=self.workers))
+
+    def imap(self, fn: Callable[[T], R], items: Iterable[T], window: int | None = None) -> Iterator[R]:
+        """Yield fn(item) for every item, in order, computing `window` (default 2 × workers) items at a time."""
+        size = window or 2 * self.workers
+        if size < 1:
+            raise ValueError(f"window must be at least 1, got {size}")
+        batch: list[T] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) >= size:
+                yield from self._run(fn, batch)
+                batch = []
+        if batch:
+            yield from self._run(fn, batch)
+
+    def _run(self, fn: Callable[[T], R], batch: list[T]) -> list[R]:
+        """One window: each item becomes an impure delayed call (so equal items still run separately)."""
+        tasks = [dask.delayed(fn, pure=False)(item) for item in batch]
+        return self.compute(tasks)
+
+
+@contextmanager
+def scheduler_context(options: SchedulerOptions) -> Iterator[Runner]:
+    """Open the scheduler for the duration of an ingest: a `distributed.Client` on `address`, else the local one.
+
+    Tasks that hold dask arrays of their own compute them with `compute_in_task`, so a task never starts a second
+    pool of threads on the same cores nor asks the cluster for more work from inside a worker.
+    """
+    if options.address:
+        from distributed import Client
+
+        try:
+            client = Client(options.address, set_as_default=False, timeout=f"{options.connect_timeout}s")
+        except OSError as exc:
+            raise ValueError(f"cannot reach the dask scheduler at {options.address}: {exc}") from None
+        try:
+            yield Runner(options, client)
+        finally:
+            client.close()
+    else:
+        yield Runner(options)
+
+
+def compute_in_task(obj: Any) -> Any:
+    """Compute a dask collection from inside a running task without starting another thread pool."""
+    return dask.compute(obj, scheduler="synchronous")[0]

@@ -1,0 +1,86 @@
+"""The scheduler layer: local threads and a dask.distributed cluster run the same tasks with the same results."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from dpot_data.scheduler import Runner, SchedulerOptions, compute_in_task, scheduler_context
+
+
+def _square_sum(i: int) -> tuple[int, float]:
+    import dask.array as da
+
+    arr = da.arange(i * 10, chunks=3, dtype="f8")
+    return i, float(compute_in_task((arr**2).sum()))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as c:
+        yield c
+
+
+def test_local_runner_yields_in_order_with_bounded_windows() -> None:
+    seen_windows: list[int] = []
+    lock = threading.Lock()
+    active = [0]
+
+    def work(i: int) -> int:
+        with lock:
+            active[0] += 1
+            seen_windows.append(active[0])
+        try:
+            return i * i
+        finally:
+            with lock:
+                active[0] -= 1
+
+    with scheduler_context(SchedulerOptions(workers=2)) as runner:
+        assert runner.workers == 2
+        assert "local threaded scheduler (2 workers)" in runner.describe()
+        assert list(runner.imap(work, range(11), window=3)) == [i * i for i in range(11)]
+    assert max(seen_windows) <= 3
+
+
+def test_distributed_runner_matches_local(cluster) -> None:
+    expected = [_square_sum(i) for i in range(7)]
+    with scheduler_context(SchedulerOptions(workers=2)) as local:
+        got_local = list(local.imap(_square_sum, range(7)))
+    with scheduler_context(SchedulerOptions(address=cluster.scheduler_address)) as remote:
+        assert remote.client is not None
+        assert remote.workers == 2
+        assert cluster.scheduler_address in remote.describe()
+        got_remote = list(remote.imap(_square_sum, range(7), window=4))
+    assert got_local == expected
+    assert got_remote == expected
+    np.testing.assert_allclose([v for _, v in got_remote], [np.sum(np.arange(i * 10.0) ** 2) for i in range(7)])
+
+
+def test_task_errors_propagate() -> None:
+    def boom(i: int) -> int:
+        if i == 2:
+            raise RuntimeError("trajectory 2 is broken")
+        return i
+
+    with scheduler_context(SchedulerOptions(workers=2)) as runner:
+        with pytest.raises(RuntimeError, match="trajectory 2 is broken"):
+            list(runner.imap(boom, range(4)))
+
+
+def test_bad_options_are_rejected() -> None:
+    with pytest.raises(ValueError, match="--workers must be at least 1"):
+        SchedulerOptions(workers=0)
+    with pytest.raises(ValueError, match="--scheduler needs an address"):
+        SchedulerOptions(address=" ")
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        list(Runner(SchedulerOptions(workers=1)).imap(abs, [1], window=-1))
+
+
+def test_unreachable_scheduler_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="cannot reach the dask scheduler at tcp://127.0.0.1:1"):
+        with scheduler_context(SchedulerOptions(address="tcp://127.0.0.1:1", connect_timeout=1)):
+            pass
