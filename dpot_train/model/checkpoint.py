@@ -54,12 +54,12 @@ def _read(path: Path, map_location: Any, trusted: bool) -> Any:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        found = re.findall(r"GLOBAL ([\w.]+)", str(exc))
-        what = f" (found {', '.join(sorted(set(found)))})" if found else ""
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", text)))
+        what = f" (found {', '.join(found)})" if found else f" ({text.strip().splitlines()[-1][:300]})" if text.strip() else ""
         raise CheckpointError(
             f"{path}: refused to load: the file holds Python objects outside the allowed set (tensors, containers, "
-            f"numbers, strings, argparse.Namespace){what}. Details: {first}. Load it with trusted=True "
+            f"numbers, strings, argparse.Namespace){what}. Load it with trusted=True "
             "(CLI: --trust) only if you trust its origin."
         ) from exc
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
