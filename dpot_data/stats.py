@@ -139,6 +139,20 @@ def _valid_channel_index(channel_valid: Sequence[bool] | np.ndarray, n_channels:
     return np.flatnonzero(valid)
 
 
+def _moments_owned(x: np.ndarray) -> Moments:
+    """Moments of a float64 (time, channel, k) array that this call may overwrite (centred in place)."""
+    n_c = x.shape[1]
+    k = x.shape[0] * x.shape[2]
+    if k == 0:
+        return Moments.empty(n_c)
+    mn = x.min(axis=(0, 2))
+    mx = x.max(axis=(0, 2))
+    mean = x.sum(axis=(0, 2)) / k
+    x -= mean[None, :, None]
+    m2 = np.einsum("tck,tck->c", x, x)
+    return Moments(count=np.full(n_c, k, dtype=np.int64), mean=mean, m2=m2, min=mn, max=mx)
+
+
 def trajectory_stats(fields: np.ndarray, mask: np.ndarray, channel_valid: Sequence[bool] | np.ndarray) -> FieldStats:
     """Statistics of ONE trajectory: `fields` (time, channel, *space), `mask` (*space) with 1 = fluid."""
     f = np.asarray(fields)
@@ -146,16 +160,15 @@ def trajectory_stats(fields: np.ndarray, mask: np.ndarray, channel_valid: Sequen
     if f.ndim < 4 or m.shape != f.shape[2:]:
         raise ValueError(f"fields (time, channel, *space) {f.shape} and mask (*space) {m.shape} do not match")
     idx = _valid_channel_index(channel_valid, f.shape[1])
+    n_t, n_c = f.shape[0], idx.size
+    chosen = f if n_c == f.shape[1] else f[:, idx]
     fluid = m.astype(bool)
-    # (time, channel, k) of fluid cells, valid channels, in float64
-    cells = f[:, idx][..., fluid].astype(np.float64)
-    n_t, n_c = cells.shape[0], cells.shape[1]
-    values = Moments.of_values(np.moveaxis(cells, 1, 0).reshape(n_c, -1))
-    if n_t > 1:
-        d = np.diff(cells, axis=0)
-        diffs = Moments.of_values(np.moveaxis(d, 1, 0).reshape(n_c, -1))
+    if fluid.all():
+        cells = chosen.reshape(n_t, n_c, -1).astype(np.float64)
     else:
-        diffs = Moments.empty(n_c)
+        cells = np.compress(fluid.ravel(), chosen.reshape(n_t, n_c, -1), axis=2).astype(np.float64)  # fluid cells
+    diffs = _moments_owned(np.diff(cells, axis=0)) if n_t > 1 else Moments.empty(n_c)
+    values = _moments_owned(cells)
     return FieldStats(values, diffs, 1)
 
 
