@@ -1,0 +1,263 @@
+"""The checked-in dataset catalog (manifests/catalog.yaml): look datasets up by name or by file, and compare what a
+reader returned with what a complete public download holds, so that ingest can warn about partial or odd inputs."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import yaml
+
+from dpot_data.sources.base import BOUNDARIES, DATASET_NAME, SPLITS, ReadResult
+
+CATALOG_ENV = "DPOT_CATALOG"
+DEFAULT_CATALOG = Path(__file__).resolve().parents[1] / "manifests" / "catalog.yaml"
+CATALOG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+SOURCES = ("fno", "pdebench", "pdearena", "cfdbench")
+_KEYS = {"name", "source", "dpot_name", "files", "file_count", "channels", "frames", "segment", "samples", "grid",
+         "boundary", "split", "pretrain", "rollout", "parameters", "uncertain", "notes"}
+_REQUIRED = {"name", "source", "files", "channels", "frames", "samples", "grid", "boundary", "split", "pretrain",
+             "rollout", "parameters"}
+
+
+class CatalogError(ValueError):
+    """The catalog file itself is malformed (names the file, the entry and the key)."""
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """How trajectories are split: kept from the files ("file") or drawn at random by trajectory with a seed."""
+
+    rule: str
+    ratios: Mapping[str, float] = field(default_factory=dict)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One public dataset as the catalog describes it (see the key list at the top of manifests/catalog.yaml)."""
+
+    name: str
+    source: str
+    files: tuple[str, ...]
+    channels: tuple[str, ...]
+    frames: int | None
+    samples: int | None
+    grid: tuple[int, ...]
+    boundary: str
+    split: SplitRule
+    pretrain: bool
+    rollout: int | None
+    parameters: Mapping[str, object]
+    dpot_name: str | None = None
+    file_count: int | None = None
+    segment: int | None = None
+    uncertain: tuple[str, ...] = ()
+    notes: str = ""
+
+    @property
+    def manifest_name(self) -> str:
+        """The name the dataset is written under in manifests (`[a-z0-9_-]+`)."""
+        return manifest_name(self.name)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All entries, addressable by catalog name or manifest name, plus the named mixtures."""
+
+    path: Path
+    entries: Mapping[str, Entry]
+    mixtures: Mapping[str, Path]
+
+    def get(self, name: str) -> Entry:
+        """Entry by catalog name (`pdebench-cfd-m1-eta0.1`) or manifest name (`pdebench-cfd-m1-eta0p1`)."""
+        if name in self.entries:
+            return self.entries[name]
+        for entry in self.entries.values():
+            if entry.manifest_name == name:
+                return entry
+        close = [n for n in self.entries if n.split("-")[0] == name.split("-")[0]] or list(self.entries)
+        raise KeyError(f"unknown dataset {name!r}; the catalog ({self.path}) knows: {', '.join(sorted(close))}")
+
+    def find(self, name: str) -> Entry | None:
+        """Like `get`, but None for an unknown name."""
+        try:
+            return self.get(name)
+        except KeyError:
+            return None
+
+    def pretrain(self) -> list[Entry]:
+        """The DPOT pre-training datasets, in catalog order."""
+        return [e for e in self.entries.values() if e.pretrain]
+
+    def match_files(self, paths: Sequence[str | Path]) -> list[Entry]:
+        """Entries whose file patterns accept every given path (a pattern matches the path's last components)."""
+        return [e for e in self.entries.values() if paths and all(_matches(Path(p), e.files) for p in paths)]
+
+
+def manifest_name(name: str) -> str:
+    """Map a catalog name to a manifest dataset name: "." becomes "p" (0.01 -> 0p01); refuses anything else odd."""
+    out = name.lower().replace(".", "p")
+    if not DATASET_NAME.match(out):
+        raise ValueError(f"dataset name {name!r} cannot be written as a manifest name ([a-z0-9_-]+)")
+    return out
+
+
+def _matches(path: Path, patterns: Sequence[str]) -> bool:
+    """True if the last components of `path` match one of the patterns (each pattern component by fnmatch)."""
+    parts = path.parts
+    for pattern in patterns:
+        pp = Path(pattern).parts
+        if len(parts) >= len(pp) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts[-len(pp):], pp)):
+            return True
+    return False
+
+
+def _int_or_none(where: str, key: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CatalogError(f"{where}: {key} must be a positive integer or null, got {value!r}")
+    return value
+
+
+def _entry(where: str, raw: object) -> Entry:
+    """Parse and check one catalog entry; CatalogError names the entry and the key."""
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{where}: an entry must be a mapping")
+    name = raw.get("name")
+    where = f"{where} ({name})" if name else where
+    missing, unknown = _REQUIRED - set(raw), set(raw) - _KEYS
+    if missing:
+        raise CatalogError(f"{where}: missing keys {sorted(missing)}")
+    if unknown:
+        raise CatalogError(f"{where}: unknown keys {sorted(unknown)}")
+    if not isinstance(name, str) or not CATALOG_NAME.match(name):
+        raise CatalogError(f"{where}: name must be lower case [a-z0-9_.-], got {name!r}")
+    manifest_name(name)
+    if raw["source"] not in SOURCES:
+        raise CatalogError(f"{where}: source must be one of {SOURCES}, got {raw['source']!r}")
+    if raw["boundary"] not in BOUNDARIES:
+        raise CatalogError(f"{where}: boundary must be one of {BOUNDARIES}, got {raw['boundary']!r}")
+    for key in ("files", "channels"):
+        if not isinstance(raw[key], list) or not raw[key] or not all(isinstance(v, str) for v in raw[key]):
+            raise CatalogError(f"{where}: {key} must be a non-empty list of strings")
+    grid = raw["grid"]
+    if not isinstance(grid, list) or len(grid) not in (2, 3) or not all(isinstance(g, int) and g > 0 for g in grid):
+        raise CatalogError(f"{where}: grid must be [y, x] or [z, y, x] positive integers, got {grid!r}")
+    split = raw["split"]
+    if not isinstance(split, dict) or split.get("rule") not in ("file", "random"):
+        raise CatalogError(f"{where}: split.rule must be 'file' or 'random'")
+    ratios = split.get("ratios", {})
+    if split["rule"] == "random":
+        if set(ratios) != set(SPLITS) or abs(sum(float(v) for v in ratios.values()) - 1.0) > 1e-9:
+            raise CatalogError(f"{where}: split.ratios must give {SPLITS} summing to 1, got {ratios!r}")
+    frames, segment = _int_or_none(where, "frames", raw["frames"]), _int_or_none(where, "segment", raw.get("segment"))
+    if frames is None and segment is None:
+        raise CatalogError(f"{where}: a variable-length dataset (frames: null) needs a segment length")
+    if not isinstance(raw["pretrain"], bool):
+        raise CatalogError(f"{where}: pretrain must be true or false")
+    if not isinstance(raw["parameters"], dict):
+        raise CatalogError(f"{where}: parameters must be a mapping")
+    uncertain = raw.get("uncertain") or []
+    if not set(uncertain) <= _KEYS:
+        raise CatalogError(f"{where}: uncertain lists unknown keys {sorted(set(uncertain) - _KEYS)}")
+    return Entry(
+        name=name, source=raw["source"], files=tuple(raw["files"]), channels=tuple(raw["channels"]), frames=frames,
+        samples=_int_or_none(where, "samples", raw["samples"]), grid=tuple(grid), boundary=raw["boundary"],
+        split=SplitRule(split["rule"], {k: float(v) for k, v in ratios.items()}, int(split.get("seed", 0))),
+        pretrain=raw["pretrain"], rollout=_int_or_none(where, "rollout", raw["rollout"]),
+        parameters=dict(raw["parameters"]), dpot_name=raw.get("dpot_name"),
+        file_count=_int_or_none(where, "file_count", raw.get("file_count")), segment=segment,
+        uncertain=tuple(uncertain), notes=str(raw.get("notes") or ""),
+    )
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """Read and validate the catalog (default: manifests/catalog.yaml, or $DPOT_CATALOG); CatalogError if malformed."""
+    path = Path(path or os.environ.get(CATALOG_ENV) or DEFAULT_CATALOG)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogError(f"{path}: cannot read the catalog: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("datasets"), list):
+        raise CatalogError(f"{path}: expected a mapping with a list under 'datasets'")
+    entries: dict[str, Entry] = {}
+    for i, item in enumerate(raw["datasets"]):
+        entry = _entry(f"{path}: datasets[{i}]", item)
+        if entry.name in entries or any(e.manifest_name == entry.manifest_name for e in entries.values()):
+            raise CatalogError(f"{path}: datasets[{i}]: duplicate name {entry.name!r}")
+        entries[entry.name] = entry
+    mixtures = {str(k): (path.parent / str(v)) for k, v in (raw.get("mixtures") or {}).items()}
+    return Catalog(path, entries, mixtures)
+
+
+def load_mixture(name_or_path: str | Path, catalog: Catalog | None = None) -> dict[str, float]:
+    """Weights of a mixture by name (`dpot-pretrain`) or file, keyed by manifest name; every dataset must exist."""
+    catalog = catalog or load_catalog()
+    path = catalog.mixtures.get(str(name_or_path), Path(name_or_path))
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogError(f"{path}: cannot read the mixture: {exc}") from None
+    weights = raw.get("weights") if isinstance(raw, dict) else None
+    if not isinstance(weights, dict) or not weights:
+        raise CatalogError(f"{path}: expected a non-empty mapping under 'weights'")
+    out: dict[str, float] = {}
+    for key, value in weights.items():
+        entry = catalog.find(str(key))
+        if entry is None:
+            raise CatalogError(f"{path}: weights: {key!r} is not a catalog dataset")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise CatalogError(f"{path}: weights: {key!r} must be a number >= 0, got {value!r}")
+        out[entry.manifest_name] = float(value)
+    return out
+
+
+def compare(result: ReadResult, entry: Entry) -> list[str]:
+    """Warnings where what was read differs from the catalog (source, channels, frames, grid, counts, boundary).
+
+    A partial download (fewer trajectories than the public set) is reported as such; keys the catalog marks as
+    uncertain are reported as notes. An empty list means everything that can be checked matches.
+    """
+    ds = result.data
+    out: list[str] = []
+
+    def say(key: str, text: str) -> None:
+        out.append(f"{entry.name}: {text}" + (" (catalog value uncertain)" if key in entry.uncertain else ""))
+
+    if ds.attrs.get("source") != entry.source:
+        say("source", f"read by source {ds.attrs.get('source')!r}, the catalog expects {entry.source!r}")
+    channels = tuple(str(c) for c in ds["channel"].values)
+    if channels != entry.channels:
+        say("channels", f"channels {list(channels)} differ from the catalog's {list(entry.channels)}")
+    if ds.attrs.get("boundary") != entry.boundary:
+        say("boundary", f"boundary {ds.attrs.get('boundary')!r}, the catalog says {entry.boundary!r}")
+    grid = tuple(int(ds.sizes[d]) for d in ds["fields"].dims[3:])
+    if grid != entry.grid:
+        say("grid", f"grid {list(grid)} differs from the catalog's {list(entry.grid)}")
+    if entry.frames is not None and int(ds.sizes["time"]) != entry.frames:
+        say("frames", f"{int(ds.sizes['time'])} frames per trajectory, the catalog expects {entry.frames}")
+    if entry.segment is not None and result.lengths is not None and int(min(result.lengths)) < entry.segment:
+        short = int((result.lengths < entry.segment).sum())
+        say("segment", f"{short} trajectories are shorter than one {entry.segment}-frame piece and give no piece")
+    n = result.n_samples + sum(1 for what, _ in result.skipped if "#" in what)
+    if entry.samples is not None and n != entry.samples:
+        kind = "a partial set" if n < entry.samples else "more than the public set"
+        say("samples", f"{n} trajectories read, the complete public set has {entry.samples} ({kind})")
+    n_files = len({Path(p).name for p in result.inputs}) + sum(1 for what, _ in result.skipped if "#" not in what)
+    if entry.file_count is not None and entry.file_count > 1 and n_files != entry.file_count:
+        say("file_count", f"{n_files} files given, the complete public set has {entry.file_count}")
+    for key, value in entry.parameters.items():
+        got = ds.attrs.get("parameters", {}).get(key)
+        if got is not None and isinstance(value, (int, float)) and not _close(float(got), float(value)):
+            say("parameters", f"parameter {key} = {got} in the files, the catalog says {value}")
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)

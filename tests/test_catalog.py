@@ -1,0 +1,122 @@
+"""The checked-in dataset catalog and the DPOT pre-training mixture: valid, complete, and used to warn on odd input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+from dpot_data.catalog import CatalogError, compare, load_catalog, load_mixture, manifest_name
+from dpot_data.sources.base import ReadResult
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def test_catalog_has_dpots_twelve_pretraining_sets_and_the_3d_sets(catalog):
+    pretrain = [e.dpot_name for e in catalog.pretrain()]
+    assert pretrain == [
+        "ns2d_fno_1e-5", "ns2d_fno_1e-4", "ns2d_fno_1e-3",
+        "ns2d_pdb_M1_eta1e-1_zeta1e-1", "ns2d_pdb_M1_eta1e-2_zeta1e-2",
+        "ns2d_pdb_M1e-1_eta1e-1_zeta1e-1", "ns2d_pdb_M1e-1_eta1e-2_zeta1e-2",
+        "dr_pdb", "swe_pdb", "ns2d_pda", "ns2d_cond_pda", "cfdbench",
+    ]
+    three_d = [e for e in catalog.entries.values() if len(e.grid) == 3]
+    assert {e.dpot_name for e in three_d} == {"ns3d_pdb_M1_rand", "ns3d_pdb_M1e-1_rand", "ns3d_pdb_M1_turb"}
+    assert all(e.channels == ("Vx", "Vy", "Vz", "density", "pressure") for e in three_d)
+
+
+def test_catalog_entries_follow_formats_md(catalog):
+    cfd = catalog.get("pdebench-cfd-m1-eta0.1")
+    assert cfd.channels == ("Vx", "Vy", "density", "pressure") and cfd.frames == 21 and cfd.samples == 10000
+    assert cfd.boundary == "periodic" and cfd.grid == (128, 128) and cfd.parameters == {"M": 1.0, "eta": 0.1, "zeta": 0.1}
+    assert catalog.get("pdearena-ns").split.rule == "file"
+    assert catalog.get("pdearena-ns-cond").frames == 56 and catalog.get("pdearena-ns").frames == 14
+    cfdb = catalog.get("cfdbench")
+    assert cfdb.frames is None and cfdb.segment == 20 and cfdb.split.ratios == {"train": 0.8, "valid": 0.1, "test": 0.1}
+    assert catalog.get("pdebench-dr").channels == ("u", "v") and catalog.get("pdebench-swe").channels == ("h",)
+    for e in catalog.entries.values():
+        if e.frames is not None and e.rollout is not None:
+            assert 0 < e.rollout < e.frames, e.name
+
+
+def test_names_map_to_manifest_names_and_back(catalog):
+    assert manifest_name("pdebench-cfd-m0.1-eta0.01") == "pdebench-cfd-m0p1-eta0p01"
+    assert catalog.get("pdebench-cfd-m0p1-eta0p01") is catalog.get("pdebench-cfd-m0.1-eta0.01")
+    with pytest.raises(KeyError, match="unknown dataset 'pdebench-cfd-m9'.*pdebench-cfd-m1-eta0.1"):
+        catalog.get("pdebench-cfd-m9")
+    with pytest.raises(ValueError, match="cannot be written as a manifest name"):
+        manifest_name("bad name!")
+
+
+def test_files_identify_their_dataset(catalog):
+    names = lambda paths: [e.name for e in catalog.match_files(paths)]  # noqa: E731
+    assert names(["/data/2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_128_Train.hdf5"]) == ["pdebench-cfd-m0.1-eta0.01"]
+    assert names(["/data/2D_rdb_NA_NA.h5"]) == ["pdebench-swe"]
+    assert names(["/d/NavierStokes2D_train_1_0.50000_100.h5", "/d/NavierStokes2D_valid_1_0.50000.h5"]) == [
+        "pdearena-ns", "pdearena-ns-cond"]
+    assert names(["/d/cfdb/dam/bc/case0003/case.json"]) == ["cfdbench"]
+    assert names(["/d/unrelated.h5"]) == []
+
+
+def test_mixture_weights_every_pretraining_set(catalog):
+    weights = load_mixture("dpot-pretrain", catalog)
+    assert set(weights) == {e.manifest_name for e in catalog.pretrain()}
+    assert all(w > 0 for w in weights.values())
+    # the training side reads the same file with its own parser: its keys are manifest names
+    raw = yaml.safe_load((ROOT / "manifests" / "mixtures" / "dpot-pretrain.yaml").read_text())
+    assert set(raw["weights"]) == set(weights)
+
+
+def test_malformed_catalog_names_entry_and_key(tmp_path):
+    bad = {"datasets": [{"name": "x", "source": "pdebench", "files": ["a.h5"], "channels": ["u"], "frames": 0,
+                         "samples": 1, "grid": [8, 8], "boundary": "periodic", "split": {"rule": "file"},
+                         "pretrain": False, "rollout": None, "parameters": {}}]}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(CatalogError, match=r"datasets\[0\] \(x\): frames must be a positive integer"):
+        load_catalog(path)
+    bad["datasets"][0].update(frames=3, boundary="open")
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(CatalogError, match="boundary must be one of"):
+        load_catalog(path)
+    bad["datasets"][0].update(boundary="periodic", split={"rule": "random", "ratios": {"train": 0.5}})
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(CatalogError, match="split.ratios"):
+        load_catalog(path)
+
+
+def _result(n: int, frames: int, channels: list[str], grid: int, **attrs) -> ReadResult:
+    data = xr.Dataset(
+        {"fields": (("sample", "time", "channel", "y", "x"), da.zeros((n, frames, len(channels), grid, grid), "f4")),
+         "mask": (("sample", "y", "x"), da.ones((n, grid, grid), "u1"))},
+        coords={"sample": [f"f.h5#{i}" for i in range(n)], "channel": channels},
+        attrs={"source": "pdebench", "dataset": "d", "boundary": "periodic", "parameters": {}, **attrs},
+    )
+    return ReadResult(data=data, inputs=[Path("f.h5")])
+
+
+def test_compare_warns_on_counts_shapes_and_channels(catalog):
+    entry = catalog.get("pdebench-cfd-m1-eta0.1")
+    ok = _result(10000, 21, ["Vx", "Vy", "density", "pressure"], 128, parameters={"M": 1.0, "eta": 0.1})  # lazy
+    small = _result(3, 21, ["Vx", "Vy", "density", "pressure"], 128)
+    warnings = compare(small, entry)
+    assert warnings == ["pdebench-cfd-m1-eta0.1: 3 trajectories read, the complete public set has 10000 (a partial set)"]
+    odd = _result(3, 5, ["Vx", "Vy", "density"], 32, parameters={"M": 0.1})
+    text = "\n".join(compare(odd, entry))
+    assert "channels ['Vx', 'Vy', 'density'] differ" in text
+    assert "grid [32, 32] differs from the catalog's [128, 128]" in text
+    assert "5 frames per trajectory, the catalog expects 21" in text
+    assert "parameter M = 0.1 in the files, the catalog says 1.0" in text
+    assert compare(ok, entry) == []
+    three_d = compare(small, catalog.get("pdebench-cfd3d-m1-turb"))
+    assert "pdebench-cfd3d-m1-turb: 3 trajectories read, the complete public set has 600 (a partial set) " \
+           "(catalog value uncertain)" in three_d
