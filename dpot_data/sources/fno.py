@@ -1,0 +1,365 @@
+"""FNO Navier–Stokes reader: MATLAB v5 and v7.3 files with `a` (N,x,y), `u` (N,x,y,T), `t` (1,T), read lazily.
+
+Both containers are opened as "MATLAB column-major seen from C", i.e. with all axes reversed: `u` becomes
+(T, y, x, N) and `a` (y, x, N). For v7.3 that is what h5py shows; for v5 the numeric data element is
+memory-mapped with the reversed shape (a zlib-compressed element is first inflated to a temporary file). A block of
+trajectories is then `u[..., n0:n1]`, so nothing is read whole. The generator's grid is meshgrid(indexing="ij"):
+axis 1 of `a` is x and axis 2 is y, so the reversed view already is the canonical (y, x) order and stored frames
+are `a[n].T`, `u[n, ..., k].T` (the reader never swaps physics axes by accident).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import struct
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import dask.array as da
+from dask.base import tokenize
+import h5py
+import numpy as np
+import xarray as xr
+
+from dpot_data.errors import InputError
+from dpot_data.sources.base import ReadResult
+
+READER_VERSION = "1"
+DEFAULT_BLOCK = 16
+_VISC = re.compile(r"_V(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?=_|\.mat$)")
+
+# MAT v5 data types (element tags) and numeric array classes
+_MI_DTYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 9: "f8", 12: "i8", 13: "u8"}
+_MI_MATRIX, _MI_COMPRESSED = 14, 15
+_MX_NUMERIC = {6: "double", 7: "single", 8: "int8", 9: "uint8", 10: "int16", 11: "uint16", 12: "int32", 13: "uint32",
+               14: "int64", 15: "uint64"}
+_TEMP_FILES: list[str] = []
+
+
+def format_viscosity(nu: float) -> str:
+    """Viscosity as the published file names write it: 1e-3, 1e-5, 1.5e-4."""
+    mantissa, exponent = f"{nu:e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def dataset_name(nu: float) -> str:
+    """Default dataset name for a viscosity: fno-ns-v1e-3 (dots become 'p' to fit [a-z0-9_-])."""
+    return f"fno-ns-v{format_viscosity(nu)}".lower().replace(".", "p").replace("+", "")
+
+
+def parse_viscosity(path: str | Path) -> float | None:
+    """The viscosity written in a file name such as NavierStokes_V1e-3_N1200_T20.mat, or None."""
+    match = _VISC.search(Path(path).name)
+    return float(match.group(1)) if match else None
+
+
+@dataclass
+class _Var:
+    """Where one numeric MAT variable lives: a file, byte offset, MATLAB dims, on-disk dtype (v5) or h5 path (v7.3)."""
+
+    file: str
+    dims: tuple[int, ...]
+    dtype: str
+    offset: int | None = None  # v5: byte offset of the raw data in `file`
+    h5name: str | None = None  # v7.3: dataset name
+
+    def read(self, index: tuple = (...,)) -> np.ndarray:
+        """Read `index` of the variable with all axes reversed (MATLAB column-major seen from C), then close."""
+        shape = tuple(reversed(self.dims))
+        if self.h5name is None:
+            view = np.memmap(self.file, dtype=np.dtype(self.dtype), mode="r", offset=self.offset, shape=shape)
+            out = np.array(view[index])
+            del view
+            return out
+        with h5py.File(self.file, "r") as h5:
+            return np.asarray(h5[self.h5name][index])
+
+
+@dataclass
+class _MatFile:
+    path: Path
+    container: str  # "mat-v5" | "mat-v7.3"
+    variables: dict[str, _Var] = field(default_factory=dict)
+    compressed: bool = False
+
+
+def _tag(buf: bytes, pos: int, endian: str) -> tuple[int, int, int]:
+    """(data type, byte count, data offset) of the element tag at pos, handling the 4-byte small-element form."""
+    mdtype, nbytes = struct.unpack_from(endian + "II", buf, pos)
+    if mdtype >> 16:
+        return mdtype & 0xFFFF, mdtype >> 16, pos + 4
+    return mdtype, nbytes, pos + 8
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def _parse_matrix(path: Path, file: str, head: bytes, base: int, endian: str, size: int) -> tuple[str, _Var | None]:
+    """Parse an miMATRIX element body (head = its first bytes, base = file offset of the body) into (name, var)."""
+    mtype, n, off = _tag(head, 0, endian)
+    flags = struct.unpack_from(endian + "I", head, off)[0]
+    mclass, complex_ = flags & 0xFF, bool(flags & 0x0800)
+    pos = off + _pad8(n)
+    mtype, n, off = _tag(head, pos, endian)
+    dims = struct.unpack_from(endian + f"{n // 4}i", head, off)
+    pos = off + (4 if off == pos + 4 else _pad8(n))
+    mtype, n, off = _tag(head, pos, endian)
+    name = head[off:off + n].decode("ascii", "replace")
+    pos = off + (4 if off == pos + 4 else _pad8(n))
+    if mclass not in _MX_NUMERIC or complex_:
+        return name, None
+    mtype, n, off = _tag(head, pos, endian)
+    if mtype not in _MI_DTYPES:
+        return name, None
+    dtype = np.dtype(_MI_DTYPES[mtype]).newbyteorder("<" if endian == "<" else ">")
+    need = int(np.prod(dims)) * dtype.itemsize
+    if n != need:
+        raise InputError(path, f"variable {name!r}: data holds {n} bytes, expected {need} for dims {dims}")
+    if off == pos + 4:  # small element: data inside the tag
+        return name, None
+    if base + off + need > size:
+        raise InputError(path, f"file is truncated: variable {name!r} needs {need} bytes at offset {base + off}, "
+                               f"the file ends at byte {size}")
+    return name, _Var(file=file, dims=tuple(dims), dtype=dtype.str, offset=base + off)
+
+
+def _inflate(path: Path, fh, start: int, length: int) -> str:
+    """Inflate a zlib-compressed element into a temporary file (streamed, bounded memory); returns its path."""
+    fd, tmp = tempfile.mkstemp(prefix="dpot-mat5-", suffix=".bin")
+    _TEMP_FILES.append(tmp)
+    inflater = zlib.decompressobj()
+    fh.seek(start)
+    left = length
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while left > 0:
+                chunk = fh.read(min(left, 1 << 22))
+                if not chunk:
+                    break
+                left -= len(chunk)
+                out.write(inflater.decompress(chunk))
+            out.write(inflater.flush())
+    except zlib.error as exc:
+        raise InputError(path, f"corrupt compressed variable at offset {start}: {exc}") from None
+    return tmp
+
+
+def _open_v5(path: Path, header: bytes) -> _MatFile:
+    """Index the numeric variables of a MAT v5 file (offsets and dims only, no data read)."""
+    endian = "<" if header[126:128] == b"IM" else ">"
+    size = path.stat().st_size
+    mat = _MatFile(path=path, container="mat-v5")
+    with open(path, "rb") as fh:
+        pos = 128
+        while pos + 8 <= size:
+            fh.seek(pos)
+            mdtype, nbytes, _ = _tag(fh.read(8), 0, endian)
+            if pos + 8 + nbytes > size:
+                raise InputError(path, f"file is truncated: element at offset {pos} needs {nbytes} bytes, "
+                                       f"the file ends at byte {size}")
+            if mdtype == _MI_MATRIX:
+                name, var = _parse_matrix(path, str(path), fh.read(min(nbytes, 4096)), pos + 8, endian, size)
+            elif mdtype == _MI_COMPRESSED:
+                mat.compressed = True
+                tmp = _inflate(path, fh, pos + 8, nbytes)
+                with open(tmp, "rb") as inner:
+                    head = inner.read(4096 + 8)
+                inner_type, inner_n, _ = _tag(head, 0, endian)
+                if inner_type != _MI_MATRIX:
+                    raise InputError(path, f"compressed element at offset {pos} does not hold a matrix")
+                name, var = _parse_matrix(path, tmp, head[8:], 8, endian, os.path.getsize(tmp))
+            else:
+                name, var = "", None
+            if var is not None:
+                mat.variables[name] = var
+            pos += 8 + nbytes
+            if mdtype == _MI_MATRIX:
+                pos = 128 + _pad8(pos - 128)
+    return mat
+
+
+def _open_v73(path: Path) -> _MatFile:
+    """Index the datasets of a MAT v7.3 (HDF5) file; dims are MATLAB's, i.e. h5py's shape reversed."""
+    try:
+        h5 = h5py.File(path, "r")
+    except OSError as exc:
+        raise InputError(path, f"expected a readable MAT v7.3 (HDF5) file; it is truncated or corrupt ({exc})") from None
+    mat = _MatFile(path=path, container="mat-v7.3")
+    with h5:
+        for name, obj in h5.items():
+            if isinstance(obj, h5py.Dataset) and obj.dtype.kind in "fiu":
+                mat.variables[name] = _Var(file=str(path), dims=tuple(reversed(obj.shape)), dtype=obj.dtype.str,
+                                           h5name=name)
+                mat.compressed |= obj.compression is not None
+    return mat
+
+
+def open_mat(path: str | Path) -> _MatFile:
+    """Recognise a .mat file by its header (v5 or v7.3) and index its numeric variables; InputError otherwise."""
+    path = Path(path)
+    expected = "expected a MATLAB .mat file (v5, or v7.3/HDF5) with variables a (N,x,y), u (N,x,y,T), t (1,T)"
+    if path.suffix.lower() != ".mat":
+        raise InputError(path, f"{expected}; the name does not end in .mat")
+    if not path.is_file():
+        raise InputError(path, "file not found")
+    with open(path, "rb") as fh:
+        header = fh.read(128)
+    if len(header) < 128:
+        raise InputError(path, f"file is truncated: {len(header)} bytes, shorter than the 128-byte MAT header")
+    version = header[124:126]
+    if header.startswith(b"MATLAB") and header[126:128] in (b"IM", b"MI"):
+        major = version[1] if header[126:128] == b"IM" else version[0]
+        if major == 2:
+            return _open_v73(path)
+        if major == 1:
+            return _open_v5(path, header)
+    if h5py.is_hdf5(path):
+        return _open_v73(path)
+    raise InputError(path, f"{expected}; found no MAT v5/v7.3 header")
+
+
+def _check(mat: _MatFile) -> tuple[int, int, int, int]:
+    """Validate shapes of u and a; returns (N, x, y, T) in MATLAB order."""
+    v = mat.variables
+    if "u" not in v:
+        found = ", ".join(sorted(v)) or "no numeric variables"
+        raise InputError(mat.path, f"expected variable 'u' (N, x, y, T) in the .mat file; found {found}")
+    if len(v["u"].dims) != 4:
+        raise InputError(mat.path, f"expected 'u' to be 4-D (N, x, y, T), found shape {v['u'].dims}")
+    n, nx, ny, nt = v["u"].dims
+    if "a" not in v:
+        raise InputError(mat.path, "expected variable 'a' (N, x, y), the vorticity at t=0, beside 'u'")
+    if v["a"].dims != (n, nx, ny):
+        raise InputError(mat.path, f"expected 'a' of shape (N, x, y) = {(n, nx, ny)} to match 'u' {v['u'].dims}, "
+                                   f"found {v['a'].dims}")
+    return n, nx, ny, nt
+
+
+class _Trajectories:
+    """Lazy (N, T+1, 1, y, x) float32 view of one file: frame 0 = a, frames 1..T = u; read in sample blocks."""
+
+    def __init__(self, a: _Var, u: _Var) -> None:
+        self.a, self.u = a, u
+        n, nx, ny, nt = u.dims
+        self.shape = (n, nt + 1, 1, ny, nx)
+        self.dtype = np.dtype(np.float32)
+        self.ndim = 5
+
+    def block(self, n0: int, n1: int) -> np.ndarray:
+        """Trajectories n0..n1-1 as float32 (b, T+1, 1, y, x)."""
+        u = self.u.read((Ellipsis, slice(n0, n1)))  # (T, y, x, b)
+        a = self.a.read((Ellipsis, slice(n0, n1)))  # (y, x, b)
+        out = np.empty((n1 - n0, self.shape[1], 1, self.shape[3], self.shape[4]), dtype=np.float32)
+        out[:, 0, 0] = np.moveaxis(a, -1, 0)
+        out[:, 1:, 0] = np.moveaxis(u, -1, 0)
+        return out
+
+    def __getitem__(self, key) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        first = key[0] if key else slice(None)
+        if isinstance(first, (int, np.integer)):
+            return self.block(int(first), int(first) + 1)[(0,) + tuple(key[1:])]
+        start, stop, step = first.indices(self.shape[0])
+        return self.block(start, stop)[(slice(None, None, step),) + tuple(key[1:])] if stop > start else \
+            np.empty((0,) + self.shape[1:], np.float32)[(slice(None),) + tuple(key[1:])]
+
+
+def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
+    """Physical times of frames 1..T from `t` when present and of the right length."""
+    t = mat.variables.get("t")
+    if t is None or int(np.prod(t.dims)) != nt:
+        return None
+    return t.read().astype(np.float64).reshape(-1)
+
+
+def read(
+    paths: Sequence[str | Path], *, viscosity: float | None = None, block: int = DEFAULT_BLOCK, name: str | None = None
+) -> ReadResult:
+    """Open FNO Navier–Stokes .mat files lazily as one canonical dataset (all files must share viscosity, grid, T)."""
+    if not paths:
+        raise InputError("<no files>", "expected at least one FNO .mat file")
+    mats = [open_mat(p) for p in paths]
+    shapes = [_check(m) for m in mats]
+    nus = []
+    for m in mats:
+        nu = viscosity if viscosity is not None else parse_viscosity(m.path)
+        if nu is None:
+            raise InputError(m.path, "expected the viscosity in the file name, as in NavierStokes_V1e-3_N1200_T20.mat")
+        nus.append(nu)
+    first = mats[0]
+    for m, shape, nu in zip(mats[1:], shapes[1:], nus[1:]):
+        if nu != nus[0]:
+            raise InputError(m.path, f"expected viscosity {format_viscosity(nus[0])} like {first.path.name} "
+                                     f"(ingest each viscosity as its own dataset), found {format_viscosity(nu)}")
+        if shape[1:] != shapes[0][1:]:
+            raise InputError(m.path, f"expected grid {shapes[0][1:3]} and {shapes[0][3]} frames like "
+                                     f"{first.path.name}, found {shape[1:3]} and {shape[3]}")
+    _, nx, ny, nt = shapes[0]
+    block = max(1, int(block))
+    parts, ids = [], []
+    for m, (n, *_rest) in zip(mats, shapes):
+        traj = _Trajectories(m.variables["a"], m.variables["u"])
+        parts.append(da.from_array(traj, chunks=(block, -1, -1, -1, -1), asarray=False, fancy=False,
+                                   name="fno-" + tokenize(str(m.path.resolve()), os.stat(m.path).st_mtime_ns,
+                                                                os.stat(m.path).st_size, block)))
+        ids.extend(f"{m.path.name}#{i}" for i in range(n))
+    fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    mask = da.ones((fields.shape[0], ny, nx), dtype=np.uint8, chunks=(fields.chunks[0], ny, nx))
+    t = _times(first, nt)
+    time = np.concatenate([[0.0], t]) if t is not None else np.arange(nt + 1, dtype=np.float64)
+    steps = np.diff(time)
+    dt = float(steps[0]) if t is not None and len(steps) and np.allclose(steps, steps[0], rtol=1e-5) else None
+    provenance = {
+        "reader": "dpot_data.sources.fno",
+        "reader_version": READER_VERSION,
+        "files": {
+            m.path.name: {
+                "container": m.container,
+                "dtype": np.dtype(m.variables["u"].dtype).name,
+                "compressed": m.compressed,
+                "trajectories": s[0],
+                "frames": s[3] + 1,
+                "time_from_file": _times(m, s[3]) is not None,
+            }
+            for m, s in zip(mats, shapes)
+        },
+    }
+    data = xr.Dataset(
+        {
+            "fields": (("sample", "time", "channel", "y", "x"), fields),
+            "mask": (("sample", "y", "x"), mask),
+        },
+        coords={
+            "sample": np.array(ids, dtype=str),
+            "time": time,
+            "channel": np.array(["vorticity"]),
+            "y": np.arange(ny) / ny,
+            "x": np.arange(nx) / nx,
+        },
+        attrs={
+            "source": "fno",
+            "dataset": name or dataset_name(nus[0]),
+            "boundary": "periodic",
+            "parameters": {"viscosity": nus[0]},
+            "dt": dt,
+            "provenance": provenance,
+        },
+    )
+    return ReadResult(data=data, inputs=[m.path for m in mats])
+
+
+@atexit.register
+def _cleanup() -> None:
+    """Remove the temporary files that inflated compressed v5 variables."""
+    for tmp in _TEMP_FILES:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
