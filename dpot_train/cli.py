@@ -14,6 +14,11 @@ app = typer.Typer(
 model_app = typer.Typer(help="Inspect DPOT presets and checkpoints.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
+from dpot_train.cli_train import evaluate_cmd, launch_cmd  # noqa: E402 - training commands live in their own module
+
+app.command("launch")(launch_cmd)
+app.command("evaluate")(evaluate_cmd)
+
 
 @model_app.command("info")
 def model_info_cmd(

@@ -1,0 +1,107 @@
+"""The `launch` and `evaluate` commands of `dpot-train` (registered in cli.py); thin over launch.py / evaluate.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dpot_train.config import TrainConfig, apply_overrides, load_config
+
+
+def _fail(exc: Exception) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(code=2) from exc
+
+
+def launch_cmd(
+    manifest: list[str] = typer.Option([], "--manifest", help="Folder holding manifest.json (repeat for several)."),
+    out: Optional[str] = typer.Option(None, "--out", help="RUN_DIR: config.yaml, checkpoints/, eval.json, logs."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML run config; the options below override it."),
+    mixture: Optional[str] = typer.Option(None, "--mixture",
+                                          help="Mixture YAML (dataset -> weight) or inline 'a=1,b=2'."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model preset (tiny, Ti, S, M, L, H)."),
+    init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Total optimiser steps."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (split over processes)."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate of the one-cycle schedule."),
+    noise: Optional[float] = typer.Option(None, "--noise", help="Noise epsilon (x + eps*||x||*N(0,1))."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="webdataset (default) or zarr."),
+    num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers per process."),
+    ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps."),
+    log_every: Optional[int] = typer.Option(None, "--log-every"),
+    loss: Optional[str] = typer.Option(None, "--loss", help="valid (default) or all (the reference's loss)."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
+    rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps", help="Rollout length of the final eval."),
+    audit: bool = typer.Option(False, "--audit", help="Write the trajectory ids each rank consumed."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums",
+                                             help="Skip sha256 of shards (sizes are still checked)."),
+    nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Processes per node (GPUs, or CPU processes)."),
+    nnodes: int = typer.Option(1, "--nnodes"),
+    node_rank: int = typer.Option(0, "--node-rank"),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT for multi-node."),
+    resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
+) -> None:
+    """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
+    from dpot_train.launch import Topology, prepare_run, torchrun_command
+
+    try:
+        if config is not None:
+            cfg = load_config(config)
+        elif resume and out and (Path(out) / "config.yaml").exists():
+            cfg = load_config(Path(out) / "config.yaml")
+        else:
+            cfg = TrainConfig()
+        overrides = {
+            "out": out, "model": model, "init": init, "steps": steps, "batch_size": batch_size, "seed": seed,
+            "ckpt_every": ckpt_every, "log_every": log_every, "loss": loss, "device": device,
+            "rollout_steps": rollout_steps, "optim.lr": lr, "data.noise": noise, "data.mixture": mixture,
+            "data.backend": backend, "data.num_workers": num_workers,
+            "data.manifests": [str(m) for m in manifest] or None,
+            "audit": True if audit else None, "progress": False if no_progress else None,
+            "data.verify_checksums": False if no_verify_checksums else None,
+        }
+        cfg = apply_overrides(cfg, overrides)
+        if out is None and config is None:
+            raise ValueError("--out RUN_DIR is required")
+        topo = Topology(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+        cfg, cfg_path = prepare_run(cfg, resume, topo)
+        cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
+    except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2
+        _fail(exc)
+        return
+    typer.echo(" ".join(cmd), err=True)
+    if dry_run:
+        return
+    os.execv(cmd[0], cmd)
+
+
+def evaluate_cmd(
+    checkpoint: str = typer.Argument(..., help="Checkpoint (ours, or the released {'model': state_dict} format)."),
+    manifest: list[str] = typer.Option(..., "--manifest", help="Folder holding manifest.json (repeat for several)."),
+    out: Path = typer.Option(..., "--out", help="Where to write eval.json."),
+    rollout_steps: int = typer.Option(0, "--rollout-steps", help="Frames to roll out (0: to the trajectory end)."),
+    split: str = typer.Option("test", "--split"),
+    backend: str = typer.Option("webdataset", "--backend"),
+    device: str = typer.Option("auto", "--device"),
+    max_trajectories: int = typer.Option(0, "--max-trajectories", help="Per dataset (0: all)."),
+    no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums"),
+    trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
+) -> None:
+    """One-step and rollout L2RE per dataset, for the model and the persistence baseline; writes eval.json."""
+    from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
+
+    try:
+        result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
+                                     backend=backend, device=device, max_trajectories=max_trajectories,
+                                     verify_checksums=not no_verify_checksums, trusted=trust)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+        return
+    write_eval(result, out)
+    print_table(result)

@@ -1,0 +1,134 @@
+"""Typed run configuration (data, optimiser, training), saved as YAML in RUN_DIR and as a plain dict in checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class DataConfig:
+    """Where the shards are and how windows are cut from them."""
+
+    manifests: list[str] = field(default_factory=list)
+    # Mixture: None (weight 1 per dataset, the balanced default), a YAML file path, or an inline mapping name -> weight.
+    mixture: str | dict[str, float] | None = None
+    split: str = "train"
+    backend: str = "webdataset"  # "webdataset" or "zarr"
+    t_in: int = 10
+    t_out: int = 1
+    noise: float = 5e-4  # epsilon of the noise injection x + eps * ||x|| * N(0, 1)
+    num_workers: int = 0
+    verify_checksums: bool = True
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the one-cycle schedule (paper values by default)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.9)
+    weight_decay: float = 1e-6
+    warmup_pct: float = 0.2
+    div_factor: float = 1e4  # initial lr = lr / div_factor
+    final_div_factor: float = 1e4  # final lr = initial lr / final_div_factor
+    clip_grad: float = 1.0  # max global gradient norm; 0 disables clipping
+
+
+@dataclass
+class TrainConfig:
+    """Everything one run needs; the YAML form of this is RUN_DIR/config.yaml."""
+
+    out: str = "run"
+    model: str = "tiny"  # a preset name
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # model config fields to change (e.g. img_size)
+    init: str | None = None  # checkpoint to fine-tune from (released format or one of ours)
+    steps: int = 1000
+    batch_size: int = 8  # global batch: split evenly over the processes
+    seed: int = 0
+    loss: str = "valid"  # "valid": valid channels and fluid cells; "all": every channel and cell, like the reference
+    device: str = "auto"  # "auto", "cpu" or "cuda"
+    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    log_every: int = 10
+    ckpt_every: int = 100
+    keep_checkpoints: int = 3
+    eval_at_end: bool = True
+    eval_split: str = "test"
+    rollout_steps: int = 0  # 0: roll out to the end of each test trajectory
+    eval_max_trajectories: int = 0  # 0: all test trajectories of each dataset
+    audit: bool = False  # write the trajectory ids each rank consumed (audit.jsonl)
+    progress: bool = True
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (lists, not tuples) that YAML and torch.load(weights_only=True) both accept."""
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """Build from a (possibly partial) dict; unknown keys are an error that names them."""
+        d = dict(d)
+        data = _build(DataConfig, d.pop("data", {}) or {}, "data")
+        optim = _build(OptimConfig, d.pop("optim", {}) or {}, "optim")
+        cfg = _build(cls, d, "")
+        cfg.data, cfg.optim = data, optim
+        cfg.optim.betas = tuple(float(b) for b in cfg.optim.betas)  # type: ignore[assignment]
+        return cfg
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _build(cls: type, d: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ValueError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; expected one of {sorted(names)}")
+    return cls(**d)
+
+
+def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """Return a copy with dotted keys (``optim.lr``, ``data.noise``, ``steps``) replaced; None values are skipped."""
+    d = cfg.to_dict()
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        node = d
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node[p]
+        if parts[-1] not in node:
+            raise ValueError(f"unknown config key {key!r}")
+        node[parts[-1]] = value
+    return TrainConfig.from_dict(d)
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read a YAML run config (safe loader)."""
+    with open(path, encoding="utf-8") as f:
+        d = yaml.safe_load(f) or {}
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a run config must be a YAML mapping, got {type(d).__name__}")
+    try:
+        return TrainConfig.from_dict(d)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def save_config(cfg: TrainConfig, path: str | Path) -> None:
+    """Write the config as YAML atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,72 @@
+"""Dataset mixture weights and the balanced per-epoch visit counts derived from them.
+
+DPOT samples dataset k with probability proportional to its weight w_k, independent of its size. An epoch here
+is a fixed list of trajectory visits: dataset k contributes ``n_k = max(1, round(N * w_k / sum(w)))`` visits,
+with N the total number of trajectories of all weighted datasets, so an epoch is about as long as one pass over
+the data and dataset k fills a share w_k / sum(w) of it. When ``n_k == |D_k|`` (one dataset, or weights
+proportional to the sizes) every trajectory is visited exactly once per epoch; otherwise each trajectory of
+dataset k is visited ``n_k // |D_k|`` or that plus one times (see stream.epoch_plan).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+from dpot_train.data.manifest import DataError
+
+
+def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | None:
+    """Read weights from a YAML file (mapping name -> weight, or {weights: mapping}), an inline "a=1,b=2", or a dict."""
+    if spec is None:
+        return None
+    if isinstance(spec, Mapping):
+        raw: object = dict(spec)
+        where = "mixture"
+    elif Path(spec).is_file():
+        where = str(spec)
+        with open(spec, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+        if isinstance(raw, dict) and isinstance(raw.get("weights"), dict):
+            raw = raw["weights"]
+    elif re.fullmatch(r"\s*[a-z0-9_-]+\s*=\s*[^,=]+(\s*,\s*[a-z0-9_-]+\s*=\s*[^,=]+)*\s*", str(spec)):
+        where = "--mixture"
+        raw = {k.strip(): v.strip() for k, v in (item.split("=") for item in str(spec).split(","))}
+    else:
+        raise DataError(f"mixture {spec!r}: not a file, and not of the inline form name=weight[,name=weight...]")
+    if not isinstance(raw, dict) or not raw:
+        raise DataError(f"{where}: a mixture must be a non-empty mapping dataset name -> weight")
+    out: dict[str, float] = {}
+    for k, v in raw.items():
+        try:
+            w = float(v)
+        except (TypeError, ValueError):
+            raise DataError(f"{where}: weight of {k!r} must be a number, got {v!r}") from None
+        if not w >= 0 or w == float("inf"):
+            raise DataError(f"{where}: weight of {k!r} must be finite and >= 0, got {v!r}")
+        out[str(k)] = w
+    return out
+
+
+def resolve_weights(names: list[str], mixture: Mapping[str, float] | None) -> dict[str, float]:
+    """Weight per dataset name; every mixture name must be a loaded dataset. Unlisted datasets get weight 0."""
+    if mixture is None:
+        return {n: 1.0 for n in names}
+    unknown = sorted(set(mixture) - set(names))
+    if unknown:
+        raise DataError(f"mixture names unknown dataset(s) {unknown}; the manifests hold {sorted(names)}")
+    weights = {n: float(mixture.get(n, 0.0)) for n in names}
+    if sum(weights.values()) <= 0:
+        raise DataError(f"mixture gives no dataset a positive weight: {weights}")
+    return weights
+
+
+def visit_counts(sizes: Mapping[str, int], weights: Mapping[str, float]) -> dict[str, int]:
+    """Visits per dataset in one epoch: n_k = max(1, round(N * w_k / sum w)) for w_k > 0, else 0."""
+    active = {k: sizes[k] for k in sizes if weights.get(k, 0.0) > 0}
+    total_w = sum(weights[k] for k in active)
+    n = sum(active.values())
+    return {k: (max(1, round(n * weights[k] / total_w)) if k in active else 0) for k in sizes}

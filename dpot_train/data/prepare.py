@@ -1,0 +1,40 @@
+"""Turn a DataConfig into a checked StreamSpec: manifests, mixture, shard checks, trajectory index.
+
+Every check here runs before any training step, so bad input (missing shard, wrong checksum, unknown dataset in the
+mixture, mismatched channel counts or grids) fails in seconds with a message naming the file.
+"""
+
+from __future__ import annotations
+
+from dpot_train.config import DataConfig
+from dpot_train.data.manifest import DataError, DatasetInfo, check_compatible, read_manifests, verify_shards
+from dpot_train.data.mixture import parse_mixture, resolve_weights, visit_counts
+from dpot_train.data.readers import TrajectoryReader, make_reader
+from dpot_train.data.stream import StreamSpec
+
+
+def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None) -> list[DatasetInfo]:
+    """Read the manifests, check compatibility, verify the shards of `split` (size always, sha256 if enabled)."""
+    datasets = read_manifests(list(cfg.manifests))
+    check_compatible(datasets, cfg.t_in, cfg.t_out, split)
+    verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify)
+    return datasets
+
+
+def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None) -> tuple[StreamSpec, TrajectoryReader]:
+    """Weighted datasets of the training split, indexed and checked, ready for WindowStream."""
+    datasets = read_manifests(list(cfg.manifests))
+    weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.mixture))
+    datasets = [d for d in datasets if weights[d.name] > 0]
+    check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split)
+    verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify)
+    reader = make_reader(cfg.backend)
+    refs = [reader.refs(d, cfg.split) for d in datasets]
+    for d, r in zip(datasets, refs):
+        if len(r) != d.split_counts.get(cfg.split, 0):
+            raise DataError(f"{d.manifest}: dataset {d.name!r} lists {d.split_counts.get(cfg.split, 0)} "
+                            f"{cfg.split!r} trajectories but its {cfg.backend} data holds {len(r)}")
+    counts = visit_counts({d.name: len(r) for d, r in zip(datasets, refs)}, weights)
+    spec = StreamSpec(datasets=datasets, refs=refs, visits=[counts[d.name] for d in datasets],
+                      t_in=cfg.t_in, t_out=cfg.t_out, noise=cfg.noise, seed=seed)
+    return spec, reader

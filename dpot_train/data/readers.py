@@ -1,0 +1,191 @@
+"""Random access to whole trajectories (or a window of frames) in WebDataset tar shards or the Zarr store.
+
+WebDataset tars are indexed once by scanning their member headers (tarfile seeks over the data), so that a
+window of frames is read with one seek into `{key}.fields.npy` without loading the trajectory or the shard.
+This is what lets an epoch be a global, exactly partitioned shuffle of trajectories rather than a shuffle
+buffer over a sequential stream.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import fsspec
+import numpy as np
+
+from dpot_train.data.manifest import DataError, DatasetInfo
+
+_KEY = re.compile(r"^(s\d+)\.(fields\.npy|mask\.npy|meta\.json)$")
+
+
+@dataclass(frozen=True)
+class TrajRef:
+    """Where one trajectory lives: a shard member set (webdataset) or a row of the Zarr arrays."""
+
+    dataset: str
+    index: int  # the trajectory's index in its dataset (the `s0000042` key)
+    url: str  # shard url, or zarr store url
+    fields_offset: int  # byte offset of fields.npy inside the tar (-1 for zarr)
+    mask_offset: int
+    mask_size: int
+    row: int  # row in the zarr arrays (-1 for webdataset)
+
+    @property
+    def id(self) -> str:
+        """Stable id used in audits: dataset name and trajectory index."""
+        return f"{self.dataset}:{self.index}"
+
+
+class TrajectoryReader(Protocol):
+    """Reads frames [t0, t0 + length) of a trajectory as float32 (length, C, Y, X) and its uint8 mask (Y, X)."""
+
+    def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]: ...
+
+    def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class _Handles:
+    """A small per-process LRU of open files; never pickled (each DataLoader worker opens its own)."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self.files: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, url: str) -> Any:
+        f = self.files.pop(url, None)
+        if f is None:
+            f = fsspec.open(url, "rb").open()
+        self.files[url] = f
+        while len(self.files) > self.size:
+            _, old = self.files.popitem(last=False)
+            old.close()
+        return f
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+
+class WebDatasetReader:
+    """Reads trajectories from tar shards through a member index built from tar headers."""
+
+    def __init__(self) -> None:
+        self._handles = _Handles()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._handles = _Handles()
+
+    def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]:
+        """Index every trajectory of `split` (sorted by index)."""
+        out: list[TrajRef] = []
+        for shard in ds.shards_of(split):
+            members: dict[str, dict[str, tarfile.TarInfo]] = {}
+            with fsspec.open(shard.url, "rb") as f:
+                try:
+                    with tarfile.open(fileobj=f, mode="r:") as tar:
+                        for m in tar:
+                            if not m.isfile():
+                                continue
+                            match = _KEY.match(m.name)
+                            if match is None:
+                                raise DataError(f"shard {shard.url}: unexpected member {m.name!r} "
+                                                "(expected s<index>.fields.npy / .mask.npy / .meta.json)")
+                            members.setdefault(match.group(1), {})[match.group(2)] = m
+                except tarfile.TarError as e:
+                    raise DataError(f"shard {shard.url}: not a readable tar file: {e}") from e
+            if len(members) != shard.samples:
+                raise DataError(f"shard {shard.url}: holds {len(members)} trajectories, the manifest says {shard.samples}")
+            for key, parts in members.items():
+                if "fields.npy" not in parts or "mask.npy" not in parts:
+                    raise DataError(f"shard {shard.url}: trajectory {key} lacks fields.npy or mask.npy")
+                out.append(TrajRef(ds.name, int(key[1:]), shard.url, parts["fields.npy"].offset_data,
+                                   parts["mask.npy"].offset_data, parts["mask.npy"].size, -1))
+        out.sort(key=lambda r: r.index)
+        return out
+
+    def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Seek to frame t0 of fields.npy and read `length` frames; read the mask whole."""
+        f = self._handles.get(ref.url)
+        f.seek(ref.fields_offset)
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise DataError(f"{ref.url}: {ref.id} fields.npy has unsupported .npy version {version}")
+        if fortran or dtype != np.float32 or len(shape) != 4:
+            raise DataError(f"{ref.url}: {ref.id} fields.npy must be float32 C-order (T, C, Y, X), "
+                            f"got {dtype} shape {shape} fortran={fortran}")
+        if t0 < 0 or t0 + length > shape[0]:
+            raise DataError(f"{ref.url}: {ref.id} has {shape[0]} frames, asked for [{t0}, {t0 + length})")
+        frame = int(np.prod(shape[1:]))
+        f.seek(f.tell() + t0 * frame * 4)
+        buf = f.read(length * frame * 4)
+        fields = np.frombuffer(buf, dtype=np.float32).reshape((length, *shape[1:])).copy()
+        f.seek(ref.mask_offset)
+        mask = np.load(io.BytesIO(f.read(ref.mask_size)), allow_pickle=False)
+        return fields, mask.astype(np.uint8, copy=False)
+
+    def meta(self, ref: TrajRef) -> dict[str, Any]:
+        """The trajectory's meta.json (read through the tar; small)."""
+        with fsspec.open(ref.url, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            member = tar.extractfile(f"s{ref.index:07d}.meta.json")
+            return json.loads(member.read()) if member else {}
+
+
+class ZarrReader:
+    """Reads trajectories from the dataset's group in the Zarr store (one trajectory per chunk)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._groups = {}
+
+    def _group(self, url: str, group: str) -> Any:
+        key = f"{url}::{group}"
+        if key not in self._groups:
+            import zarr
+
+            self._groups[key] = zarr.open_group(url, mode="r", path=group)
+        return self._groups[key]
+
+    def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]:
+        """Rows whose `split` entry matches; the row number is the trajectory index."""
+        if ds.zarr_url is None or ds.zarr_group is None:
+            raise DataError(f"{ds.manifest}: dataset {ds.name!r} has no Zarr store; use the webdataset backend")
+        g = self._group(ds.zarr_url, ds.zarr_group)
+        splits = np.asarray(g["split"][:]).astype(str)
+        return [TrajRef(ds.name, int(i), f"{ds.zarr_url}::{ds.zarr_group}", -1, -1, -1, int(i))
+                for i in np.flatnonzero(splits == split)]
+
+    def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slice frames [t0, t0 + length) of row `ref.row`."""
+        url, group = ref.url.split("::", 1)
+        g = self._group(url, group)
+        fields = np.asarray(g["fields"][ref.row, t0:t0 + length], dtype=np.float32)
+        mask = np.asarray(g["mask"][ref.row], dtype=np.uint8)
+        return fields, mask
+
+
+def make_reader(backend: str) -> TrajectoryReader:
+    """'webdataset' or 'zarr'."""
+    if backend == "webdataset":
+        return WebDatasetReader()
+    if backend == "zarr":
+        return ZarrReader()
+    raise DataError(f"unknown data backend {backend!r}; expected 'webdataset' or 'zarr'")

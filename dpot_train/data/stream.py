@@ -1,0 +1,163 @@
+"""Deterministic, resumable streaming of training windows, partitioned across ranks and DataLoader workers.
+
+The rule (documented in docs/training.md and checked by tests/test_train_ddp.py):
+
+* Epoch e is a list of M trajectory visits (see mixture.py for the visit count n_k of each dataset): dataset k's
+  visits are ``n_k // |D_k|`` seeded permutations of its trajectories plus the first ``n_k % |D_k|`` of one more,
+  and the whole list is shuffled with a generator seeded by (seed, epoch).
+* The epochs are concatenated into one global stream; the loader state is the global position p (samples consumed),
+  so epoch = p // M and the position inside it = p % M.
+* Step s consumes positions [p, p + B) of the stream (B = global batch), and rank r of W takes the slice
+  [p + r * B / W, p + (r + 1) * B / W). DataLoader worker w of K produces the steps s with s % K == w. Every visit
+  of an epoch is thus consumed by exactly one rank: nothing is dropped or duplicated, and batches run across epoch
+  boundaries instead of truncating them.
+* The window start and the noise of the sample at position p come from a generator seeded by (seed, p), so the data
+  a step sees does not depend on the number of ranks or workers: a resume on another GPU count continues the
+  same stream, given the same global batch.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from dpot_train.data.manifest import DataError, DatasetInfo
+from dpot_train.data.readers import TrajectoryReader, TrajRef
+from dpot_train.data.windows import add_noise, split_window, to_model_layout, window_start
+
+
+def _name_seed(name: str) -> int:
+    return zlib.crc32(name.encode("utf-8"))
+
+
+def epoch_plan(names: list[str], sizes: list[int], visits: list[int], seed: int, epoch: int) -> np.ndarray:
+    """The visits of one epoch as an (M, 2) int64 array of (dataset index, trajectory position), shuffled."""
+    parts = []
+    for k, (name, n, v) in enumerate(zip(names, sizes, visits)):
+        if v <= 0:
+            continue
+        if n <= 0:
+            raise DataError(f"dataset {name!r} has no trajectories to visit")
+        rng = np.random.default_rng([seed, epoch, _name_seed(name)])
+        q, r = divmod(v, n)
+        idx = [rng.permutation(n) for _ in range(q)]
+        if r:
+            idx.append(rng.permutation(n)[:r])
+        pos = np.concatenate(idx)
+        parts.append(np.stack([np.full_like(pos, k), pos], axis=1))
+    plan = np.concatenate(parts).astype(np.int64)
+    order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(plan))
+    return plan[order]
+
+
+def rank_slice(position: int, global_batch: int, world: int, rank: int) -> range:
+    """Global stream positions that `rank` consumes in the step that starts at `position`."""
+    if global_batch % world:
+        raise ValueError(f"global batch {global_batch} is not divisible by the {world} processes")
+    b = global_batch // world
+    return range(position + rank * b, position + (rank + 1) * b)
+
+
+@dataclass
+class StreamSpec:
+    """What the stream needs to know about the data (all picklable, shared by every worker)."""
+
+    datasets: list[DatasetInfo]
+    refs: list[list[TrajRef]]  # per dataset, its trajectories of the split
+    visits: list[int]  # per dataset, visits per epoch
+    t_in: int
+    t_out: int
+    noise: float
+    seed: int
+
+    @property
+    def epoch_length(self) -> int:
+        """M: visits per epoch."""
+        return int(sum(self.visits))
+
+
+class EpochPlans:
+    """Cache of the current epoch's plan; maps global positions to (dataset, TrajRef)."""
+
+    def __init__(self, spec: StreamSpec) -> None:
+        self.spec = spec
+        self._epoch = -1
+        self._plan: np.ndarray | None = None
+
+    def lookup(self, position: int) -> tuple[int, TrajRef, int]:
+        """(dataset index, trajectory ref, epoch) for a global stream position."""
+        m = self.spec.epoch_length
+        epoch, offset = divmod(position, m)
+        if epoch != self._epoch:
+            s = self.spec
+            self._plan = epoch_plan([d.name for d in s.datasets], [len(r) for r in s.refs], s.visits, s.seed, epoch)
+            self._epoch = epoch
+        assert self._plan is not None
+        k, j = self._plan[offset]
+        return int(k), self.spec.refs[k][j], epoch
+
+
+def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int
+                ) -> dict[str, Any]:
+    """Read the window of the sample at `position`, move it to (X, Y, T, C), add noise to the inputs."""
+    rng = np.random.default_rng([spec.seed, position, 0xD907])
+    ds = spec.datasets[k]
+    length = spec.t_in + spec.t_out
+    t0 = window_start(rng, ds.frames, length)
+    fields, mask = reader.read(ref, t0, length)
+    window = to_model_layout(fields)
+    mask_xy = np.ascontiguousarray(mask.T)
+    x, y = split_window(window, spec.t_in)
+    x = add_noise(x, spec.noise, rng, mask_xy)
+    return {"x": x, "y": y, "mask": mask_xy.astype(bool), "channel_valid": np.asarray(ds.channel_valid, bool),
+            "dataset": k, "id": ref.id, "position": position, "t0": t0}
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack samples into a batch: x (B, X, Y, T_in, C), y (B, X, Y, T_out, C), masks, ids."""
+    return {
+        "x": torch.from_numpy(np.stack([s["x"] for s in samples])),
+        "y": torch.from_numpy(np.stack([s["y"] for s in samples])),
+        "mask": torch.from_numpy(np.stack([s["mask"] for s in samples])),
+        "channel_valid": torch.from_numpy(np.stack([s["channel_valid"] for s in samples])),
+        "dataset": torch.tensor([s["dataset"] for s in samples], dtype=torch.int64),
+        "position": torch.tensor([s["position"] for s in samples], dtype=torch.int64),
+        "id": [s["id"] for s in samples],
+    }
+
+
+class WindowStream(IterableDataset):
+    """Infinite stream of this rank's batches from global position `start`; yields one collated batch per step."""
+
+    def __init__(self, spec: StreamSpec, reader: TrajectoryReader, start: int, global_batch: int,
+                 world: int = 1, rank: int = 0) -> None:
+        super().__init__()
+        if global_batch % world:
+            raise ValueError(f"global batch {global_batch} is not divisible by the {world} processes")
+        self.spec, self.reader = spec, reader
+        self.start, self.global_batch, self.world, self.rank = start, global_batch, world, rank
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
+        plans = EpochPlans(self.spec)
+        step = wid
+        while True:
+            first = self.start + step * self.global_batch
+            samples = []
+            for p in rank_slice(first, self.global_batch, self.world, self.rank):
+                k, ref, _ = plans.lookup(p)
+                samples.append(make_sample(self.spec, self.reader, k, ref, p))
+            yield collate(samples)
+            step += nworkers
+
+
+def make_loader(stream: WindowStream, num_workers: int) -> torch.utils.data.DataLoader:
+    """DataLoader over pre-batched steps (batch_size=None keeps the stream's order: worker w yields step w mod K)."""
+    return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers,
+                                       persistent_workers=False, prefetch_factor=2 if num_workers else None)

@@ -1,0 +1,86 @@
+"""torch.distributed setup from the torchrun environment: NCCL on GPUs, gloo on CPU, and a single-process fallback."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the job."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes checkpoints, logs and eval.json."""
+        return self.rank == 0
+
+
+def pick_device(preference: str, local_rank: int) -> torch.device:
+    """'auto' picks CUDA when available; 'cuda' requires it."""
+    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but no CUDA device is available")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def init_distributed(device_preference: str = "auto") -> DistInfo:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); plain single process otherwise."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = pick_device(device_preference, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistInfo(rank, world, local_rank, device)
+
+
+def barrier() -> None:
+    """No-op without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Objects of every rank (a one-element list without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def mean_across_ranks(t: torch.Tensor) -> torch.Tensor:
+    """Average a tensor over ranks (identity without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= dist.get_world_size()
+    return t
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank src's object on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def shutdown() -> None:
+    """Destroy the process group if one exists."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

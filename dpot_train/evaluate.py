@@ -1,0 +1,115 @@
+"""Per-dataset one-step and rollout L2RE of a model and of the persistence baseline; eval.json and a table."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpot_train.config import DataConfig
+from dpot_train.data.prepare import load_datasets
+from dpot_train.data.readers import make_reader
+from dpot_train.data.windows import to_model_layout
+from dpot_train.metrics import l2re, one_step, persistence, rollout
+
+
+def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
+    def predict(window: torch.Tensor) -> torch.Tensor:
+        return model(window.to(device)).float().cpu()
+
+    return predict
+
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
+                   device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
+                   verify: bool | None = None) -> dict[str, Any]:
+    """L2RE per dataset (valid channels, fluid cells): rollout from the first t_in true frames and one-step.
+
+    rollout_steps = 0 rolls out to the end of each trajectory; the persistence baseline repeats the last input frame.
+    """
+    device = torch.device(device)
+    datasets = load_datasets(data, split, verify=verify)
+    reader = make_reader(data.backend)
+    model = model.to(device).eval()
+    predict = _predictor(model, device)
+    t_in = data.t_in
+    out: dict[str, Any] = {"split": split, "t_in": t_in, "datasets": {}}
+    for ds in datasets:
+        steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
+        refs = reader.refs(ds, split)
+        if max_trajectories > 0:
+            refs = refs[:max_trajectories]
+        sums = {k: [] for k in ("model_one_step", "model_rollout", "persistence_one_step", "persistence_rollout")}
+        for i in range(0, len(refs), batch_size):
+            chunk = refs[i:i + batch_size]
+            arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
+            frames = torch.from_numpy(np.stack([to_model_layout(f) for f, _ in arrays]))
+            mask = torch.from_numpy(np.stack([np.ascontiguousarray(m.T) for _, m in arrays]).astype(bool))
+            cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
+            true = frames[:, :, :, t_in:t_in + steps]
+            sums["model_rollout"].append(l2re(rollout(predict, frames, t_in, steps), true, mask, cv))
+            sums["model_one_step"].append(l2re(one_step(predict, frames, t_in, steps), true, mask, cv))
+            sums["persistence_rollout"].append(l2re(rollout(persistence, frames, t_in, steps), true, mask, cv))
+            sums["persistence_one_step"].append(l2re(one_step(persistence, frames, t_in, steps), true, mask, cv))
+        vals = {k: float(torch.cat(v).mean()) for k, v in sums.items()}
+        out["datasets"][ds.name] = {
+            "trajectories": len(refs), "rollout_steps": steps,
+            "model": {"one_step_l2re": vals["model_one_step"], "rollout_l2re": vals["model_rollout"]},
+            "persistence": {"one_step_l2re": vals["persistence_one_step"], "rollout_l2re": vals["persistence_rollout"]},
+        }
+    return out
+
+
+def write_eval(result: dict[str, Any], path: str | Path) -> None:
+    """Write eval.json atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """Rich table: one row per dataset, model vs persistence, one-step and rollout L2RE."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"L2RE on the {result['split']} split (valid channels, fluid cells; lower is better)")
+    for col in ("dataset", "traj", "steps", "model 1-step", "persist 1-step", "model rollout", "persist rollout"):
+        table.add_column(col, justify="left" if col == "dataset" else "right")
+    for name, r in result["datasets"].items():
+        table.add_row(name, str(r["trajectories"]), str(r["rollout_steps"]),
+                      f"{r['model']['one_step_l2re']:.4f}", f"{r['persistence']['one_step_l2re']:.4f}",
+                      f"{r['model']['rollout_l2re']:.4f}", f"{r['persistence']['rollout_l2re']:.4f}")
+    Console(width=120).print(table)
+
+
+def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",
+                        backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
+                        verify_checksums: bool = True, trusted: bool = False, t_in: int | None = None
+                        ) -> dict[str, Any]:
+    """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`."""
+    from dpot_train.model import load_pretrained
+    from dpot_train.model_setup import data_overrides, init_model
+    from dpot_train.data.manifest import read_manifests
+
+    datasets = read_manifests(manifests)
+    model = load_pretrained(checkpoint, trusted=trusted)
+    cfg = model.config
+    frames_in = t_in if t_in is not None else cfg.in_timesteps
+    grid = datasets[0].shape
+    if cfg.img_size != grid[0]:  # released weights at another grid: resample the positional embedding
+        model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted)
+    data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
+                      verify_checksums=verify_checksums)
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
+                            max_trajectories=max_trajectories)
+    result["checkpoint"] = str(checkpoint)
+    return result

@@ -1,0 +1,84 @@
+"""Relative L2 with channel-validity and geometry masks: the training loss, and one-step / rollout L2RE.
+
+Tensors are in the model layout (B, X, Y, T, C); `mask` is (B, X, Y) with True on fluid cells, `channel_valid`
+is (B, C). The relative error of a sample and channel is ||(pred - true) * m|| / ||true * m|| over (X, Y, T),
+averaged over the sample's valid channels; the loss is the mean of that over the batch (the reference sums).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+EPS = 1e-8
+
+
+def relative_l2_per_channel(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None = None,
+                            eps: float = EPS) -> torch.Tensor:
+    """(B, C) relative L2 error over space and time, counting only cells where mask is True."""
+    diff = (pred - true).float()
+    true = true.float()
+    if mask is not None:
+        m = mask.to(diff.dtype)[:, :, :, None, None]
+        diff = diff * m
+        true = true * m
+    num = diff.pow(2).sum(dim=(1, 2, 3)).sqrt()
+    den = true.pow(2).sum(dim=(1, 2, 3)).sqrt()
+    return num / (den + eps)
+
+
+def masked_channel_mean(per_channel: torch.Tensor, channel_valid: torch.Tensor | None) -> torch.Tensor:
+    """(B, C) -> (B,): mean over the valid channels of each sample (all channels when None)."""
+    if channel_valid is None:
+        return per_channel.mean(dim=1)
+    w = channel_valid.to(per_channel.dtype)
+    return (per_channel * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
+
+
+def relative_l2_loss(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
+                     channel_valid: torch.Tensor | None, mode: str = "valid") -> torch.Tensor:
+    """Training loss: 'valid' = valid channels and fluid cells; 'all' = every channel and cell (reference), batch mean."""
+    if mode == "valid":
+        per = relative_l2_per_channel(pred, true, mask)
+        return masked_channel_mean(per, channel_valid).mean()
+    if mode == "all":
+        return relative_l2_per_channel(pred, true, None).mean(dim=1).mean()
+    raise ValueError(f"unknown loss mode {mode!r}; expected 'valid' or 'all'")
+
+
+Predictor = Callable[[torch.Tensor], torch.Tensor]
+
+
+def rollout(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int) -> torch.Tensor:
+    """Auto-regressive rollout from the first t_in true frames of (B, X, Y, T, C): returns (B, X, Y, steps, C).
+
+    `predict` maps (B, X, Y, t_in, C) to (B, X, Y, k, C) with k >= 1 new frames; they are appended and the window
+    slides forward until `steps` frames are produced.
+    """
+    window = frames[:, :, :, :t_in]
+    out: list[torch.Tensor] = []
+    produced = 0
+    while produced < steps:
+        new = predict(window)
+        out.append(new)
+        produced += new.shape[3]
+        window = torch.cat([window, new], dim=3)[:, :, :, -t_in:]
+    return torch.cat(out, dim=3)[:, :, :, :steps]
+
+
+def one_step(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int) -> torch.Tensor:
+    """Teacher-forced next-frame predictions for frames t_in .. t_in + steps - 1 (each from the true previous t_in)."""
+    preds = [predict(frames[:, :, :, t - t_in:t])[:, :, :, :1] for t in range(t_in, t_in + steps)]
+    return torch.cat(preds, dim=3)
+
+
+def persistence(window: torch.Tensor) -> torch.Tensor:
+    """Baseline predictor: the last input frame, (B, X, Y, 1, C)."""
+    return window[:, :, :, -1:]
+
+
+def l2re(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
+         channel_valid: torch.Tensor | None) -> torch.Tensor:
+    """(B,) L2RE: relative L2 over the whole predicted space-time block, averaged over valid channels."""
+    return masked_channel_mean(relative_l2_per_channel(pred, true, mask), channel_valid)

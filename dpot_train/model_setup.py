@@ -1,0 +1,50 @@
+"""Build the model a run trains: a preset fitted to the data, or `--init` weights (released format or ours)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dpot_train.model import DPOTConfig, build_model, infer_config, load_state_dict_file, resolve_config
+
+
+def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int) -> dict[str, Any]:
+    """Model config fields the data fixes: grid side, channel count, input and output frames."""
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(f"the model needs a square 2D grid; the data grid is {list(shape)}")
+    return {"img_size": int(shape[0]), "in_channels": channels, "out_channels": channels,
+            "in_timesteps": t_in, "out_timesteps": t_out}
+
+
+def resize_pos_embed(pos: torch.Tensor, side: int) -> torch.Tensor:
+    """(1, D, n, n) positional embedding resampled bicubically to (1, D, side, side) (fine-tuning at another grid)."""
+    if pos.shape[-1] == side:
+        return pos
+    return F.interpolate(pos.float(), size=(side, side), mode="bicubic", align_corners=False).to(pos.dtype)
+
+
+def fresh_model(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -> torch.nn.Module:
+    """A newly initialised preset with the data's fields and the user's overrides (user wins)."""
+    return build_model(resolve_config(preset, **{**fixed, **overrides}))
+
+
+def init_model(path: str, fixed: dict[str, Any], trusted: bool = False) -> torch.nn.Module:
+    """Weights of `path` (released `{'model': state_dict}` or ours) adapted to the data grid.
+
+    Channels and frame counts must match the data; a different grid side resamples the positional embedding.
+    """
+    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
+    config = DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
+    for key in ("in_channels", "out_channels", "in_timesteps", "out_timesteps"):
+        if getattr(config, key) != fixed[key]:
+            raise ValueError(f"--init {path}: the checkpoint has {key}={getattr(config, key)} but the data/run "
+                             f"needs {fixed[key]} (pad channels to {getattr(config, 'in_channels')} at ingest, "
+                             "or set t_in/t_out to match)")
+    config = config.replace(img_size=fixed["img_size"])
+    model = build_model(config)
+    state = dict(state)
+    state["pos_embed"] = resize_pos_embed(state["pos_embed"], config.latent_size)
+    model.load_state_dict(state, strict=True)
+    return model

@@ -1,0 +1,233 @@
+"""The DDP training loop: data stream, AdamW + one-cycle, bf16 autocast on CUDA, clipping, exact checkpoint/resume.
+
+Run it under torchrun (`dpot-train launch` builds the command); a plain `python -m dpot_train.worker` is one process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dpot_train import distributed as D
+from dpot_train.checkpoint import (FORMAT, checkpoint_path, latest_checkpoint, list_checkpoints, prune, rng_state,
+                                   save_atomic, set_rng_state)
+from dpot_train.config import TrainConfig, save_config
+from dpot_train.data.prepare import prepare_stream
+from dpot_train.data.stream import WindowStream, make_loader
+from dpot_train.metrics import relative_l2_loss
+from dpot_train.model_setup import data_overrides, fresh_model, init_model
+
+
+class RunDirError(RuntimeError):
+    """RUN_DIR is in a state that does not fit the request (e.g. checkpoints exist but --resume is not given)."""
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW (paper betas and weight decay) and a one-cycle schedule that leaves beta1 alone (no momentum cycling)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    o = cfg.optim
+    opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=o.lr, total_steps=max(cfg.steps, 1), pct_start=o.warmup_pct, anneal_strategy="cos",
+        cycle_momentum=False, div_factor=o.div_factor, final_div_factor=o.final_div_factor)
+    return opt, sched
+
+
+def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...]) -> torch.nn.Module:
+    """Seeded preset fitted to the data, or the --init weights; the unused dataset-classification head is frozen."""
+    fixed = data_overrides(channels, shape, cfg.data.t_in, cfg.data.t_out)
+    torch.manual_seed(cfg.seed)
+    model = init_model(cfg.init, fixed) if cfg.init else fresh_model(cfg.model, cfg.model_overrides, fixed)
+    cls_head = getattr(model, "cls_head", None)
+    if cls_head is not None:  # never trained (loss weight 0 in the reference); frozen so DDP sees no unused grads
+        for p in cls_head.parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def _autocast(device: torch.device, enabled: bool) -> Any:
+    if enabled and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _truncate_jsonl(path: Path, step: int) -> None:
+    """Drop log lines written after `step` (they are redone after a resume)."""
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and json.loads(ln).get("step", 0) <= step]
+    path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+
+
+def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None) -> dict[str, Any]:
+    """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir)."""
+    info = D.init_distributed(cfg.device)
+    run = Path(cfg.out)
+    ckpt_dir = run / "checkpoints"
+    if info.is_main:
+        run.mkdir(parents=True, exist_ok=True)
+    D.barrier()
+
+    found = latest_checkpoint(ckpt_dir) if resume else None
+    if not resume and list_checkpoints(ckpt_dir):
+        raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
+
+    verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
+    spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
+    ds0 = spec.datasets[0]
+    model = build_run_model(cfg, len(ds0.channels), ds0.shape).to(info.device)
+    opt, sched = build_optimizer(model, cfg)
+    step, position = 0, 0
+    if found is not None:
+        path, ckpt = found
+        saved = ckpt["train_config"]
+        if saved.get("batch_size") != cfg.batch_size or saved.get("seed") != cfg.seed:
+            raise RunDirError(f"{path}: batch_size/seed differ from the checkpoint ({saved.get('batch_size')}, "
+                              f"{saved.get('seed')}); a resume must keep them to continue the same data stream")
+        model.load_state_dict(ckpt["model"], strict=True)
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        step, position = int(ckpt["step"]), int(ckpt["loader"]["position"])
+        states = ckpt["rng"]
+        if len(states) == info.world:
+            set_rng_state(states[info.rank])
+        else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
+            torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
+        if info.is_main:
+            print(f"resumed from {path} at step {step} (stream position {position})", flush=True)
+    elif resume and info.is_main:
+        print(f"no checkpoint in {ckpt_dir}: starting from step 0", flush=True)
+
+    ddp_model = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None) \
+        if info.world > 1 else model
+    stream = WindowStream(spec, reader, start=position, global_batch=cfg.batch_size, world=info.world, rank=info.rank)
+    loader = make_loader(stream, cfg.data.num_workers)
+    summary = _loop(cfg, info, ddp_model, model, opt, sched, loader, spec, step, position, run)
+    D.barrier()
+    if info.is_main and cfg.eval_at_end:
+        from dpot_train.evaluate import evaluate_model, print_table, write_eval
+
+        model.eval()
+        result = evaluate_model(model, cfg.data, split=cfg.eval_split, rollout_steps=cfg.rollout_steps,
+                                device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False)
+        result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
+        write_eval(result, run / "eval.json")
+        print_table(result)
+        summary["eval"] = result
+    D.barrier()
+    return summary
+
+
+def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,
+          opt: torch.optim.Optimizer, sched: Any, loader: Any, spec: Any, step: int, position: int,
+          run: Path) -> dict[str, Any]:
+    """The step loop; rank 0 logs and saves."""
+    ckpt_dir = run / "checkpoints"
+    writer = bar = None
+    metrics_path = run / "metrics.jsonl"
+    if info.is_main:
+        save_config(cfg, run / "config.yaml")
+        _truncate_jsonl(metrics_path, step)
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step)
+        if cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+    audit = None
+    if cfg.audit:
+        (run / "audit").mkdir(parents=True, exist_ok=True)
+        audit_path = run / "audit" / f"rank-{info.rank}.jsonl"
+        _truncate_jsonl(audit_path, step)
+        audit = open(audit_path, "a", encoding="utf-8")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    clip = cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf
+    it = iter(loader)
+    t_last, n_last, last_loss = time.perf_counter(), 0, float("nan")
+    ddp_model.train()
+    try:
+        while step < cfg.steps:
+            batch = next(it)
+            x = batch["x"].to(info.device, non_blocking=True)
+            y = batch["y"].to(info.device, non_blocking=True)
+            mask = batch["mask"].to(info.device, non_blocking=True)
+            cv = batch["channel_valid"].to(info.device, non_blocking=True)
+            with _autocast(info.device, cfg.amp):
+                pred = ddp_model(x)
+            loss = relative_l2_loss(pred.float(), y, mask, cv, cfg.loss)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
+            opt.step()
+            sched.step()
+            step += 1
+            position += cfg.batch_size
+            if audit is not None:
+                audit.write(json.dumps({"step": step, "rank": info.rank, "ids": batch["id"],
+                                        "positions": batch["position"].tolist()}) + "\n")
+                audit.flush()
+            mean_loss = float(D.mean_across_ranks(loss.detach()).item())
+            last_loss = mean_loss
+            n_last += cfg.batch_size
+            if info.is_main:
+                lr = sched.get_last_lr()[0]
+                rec = {"step": step, "loss": mean_loss, "lr": lr, "grad_norm": float(grad_norm),
+                       "epoch": position / spec.epoch_length}
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    now = time.perf_counter()
+                    rec["samples_per_s"] = n_last / max(now - t_last, 1e-9)
+                    t_last, n_last = now, 0
+                    msg = (f"step {step}/{cfg.steps} | epoch {rec['epoch']:.2f} | loss {mean_loss:.4f} | lr {lr:.2e} "
+                           f"| grad {rec['grad_norm']:.3f} | {rec['samples_per_s']:.1f} samples/s")
+                    (bar.write if bar is not None else print)(msg)
+                    assert writer is not None
+                    writer.add_scalar("train/samples_per_s", rec["samples_per_s"], step)
+                with open(metrics_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+                assert writer is not None
+                writer.add_scalar("train/loss", mean_loss, step)
+                writer.add_scalar("train/lr", lr, step)
+                writer.add_scalar("train/grad_norm", rec["grad_norm"], step)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}")
+            if step % cfg.ckpt_every == 0 or step == cfg.steps:
+                _save(cfg, info, model, opt, sched, step, position, spec, ckpt_dir)
+    finally:
+        if audit is not None:
+            audit.close()
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+    return {"step": step, "position": position, "loss": last_loss, "run": str(run)}
+
+
+def _save(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
+          step: int, position: int, spec: Any, ckpt_dir: Path) -> None:
+    """Every rank contributes its RNG state; rank 0 writes the checkpoint atomically and prunes old ones."""
+    states = D.all_gather_object(rng_state())
+    if info.is_main:
+        payload = {
+            "format": FORMAT,
+            "model": model.state_dict(),
+            "config": model.config.to_dict(),
+            "train_config": cfg.to_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "step": step,
+            "loader": {"position": position, "epoch": position // spec.epoch_length,
+                       "epoch_length": spec.epoch_length, "global_batch": cfg.batch_size},
+            "rng": states,
+        }
+        save_atomic(payload, checkpoint_path(ckpt_dir, step))
+        prune(ckpt_dir, cfg.keep_checkpoints)
+    D.barrier()
