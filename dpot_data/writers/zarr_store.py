@@ -1,0 +1,156 @@
+"""Zarr v3 writer of one dataset group: `fields` one trajectory per chunk, `mask`, `channel_valid`, coordinates and
+CF-style attributes, written block by block with fixed codec settings so the same data gives the same bytes."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
+
+from dpot_data.hashing import ArrayHasher, sha256_array
+
+CODEC = ZstdCodec(level=3, checksum=False)
+
+LONG_NAMES = {
+    "fields": "physical fields per trajectory, frame and channel on the target grid",
+    "mask": "geometry mask (1 = fluid/valid cell, 0 = solid)",
+    "channel_valid": "true for data channels, false for padded channels",
+    "sample": "stable trajectory id: <raw file name>#<index>[/seg<k>]",
+    "split": "split of the trajectory (train, valid or test)",
+    "time": "time of each frame",
+    "channel": "channel name",
+    "x": "x coordinate of cell",
+    "y": "y coordinate of cell",
+    "z": "z coordinate of cell",
+}
+
+
+@dataclass
+class ZarrLayout:
+    """Everything about a dataset group that is known before the data: shapes, coordinates, per-sample labels."""
+
+    group: str
+    frames: int
+    channels: list[str]
+    channel_valid: np.ndarray
+    fill_value: float
+    coords: dict[str, np.ndarray]  # spatial coordinates by dim name, in (z,) y, x order
+    time: np.ndarray
+    samples: np.ndarray  # str ids, one per stored trajectory
+    splits: np.ndarray  # str, one per stored trajectory
+    sample_params: dict[str, np.ndarray] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spatial_dims(self) -> list[str]:
+        return list(self.coords)
+
+    @property
+    def spatial_shape(self) -> tuple[int, ...]:
+        return tuple(len(v) for v in self.coords.values())
+
+
+class ZarrDatasetWriter:
+    """Creates the group's arrays up front, then takes consecutive blocks of trajectories; hashes them as it goes."""
+
+    def __init__(self, store_path: str | Path, layout: ZarrLayout) -> None:
+        self.store_path = Path(store_path)
+        self.layout = layout
+        self.n = len(layout.samples)
+        self.written = 0
+        self._hash = {"fields": ArrayHasher(), "mask": ArrayHasher()}
+        root = zarr.open_group(str(self.store_path), mode="a", zarr_format=3)
+        self.group = root.create_group(layout.group, overwrite=True, attributes=_json_safe(layout.attrs))
+        space = layout.spatial_dims
+        shape = layout.spatial_shape
+        c = len(layout.channels)
+        self.fields = self._array("fields", (self.n, layout.frames, c, *shape), (1, layout.frames, c, *shape),
+                                  "float32", ["sample", "time", "channel", *space], np.nan,
+                                  {"coordinates": "split", "pad_fill_value": layout.fill_value})
+        self.mask = self._array("mask", (self.n, *shape), (1, *shape), "uint8", ["sample", *space], 0,
+                                {"flag_values": [0, 1], "flag_meanings": "solid fluid"})
+        self._put("channel_valid", np.asarray(layout.channel_valid, dtype=bool), ["channel"])
+        self._put("channel", np.asarray(layout.channels, dtype=str), ["channel"])
+        self._put("sample", np.asarray(layout.samples, dtype=str), ["sample"])
+        self._put("split", np.asarray(layout.splits, dtype=str), ["sample"])
+        self._put("time", np.asarray(layout.time, dtype=np.float64), ["time"])
+        for dim, values in layout.coords.items():
+            self._put(dim, np.asarray(values, dtype=np.float64), [dim])
+        for name, values in layout.sample_params.items():
+            self._put(name, np.asarray(values), ["sample"], {"long_name": f"per-trajectory parameter {name}"})
+
+    def _array(self, name: str, shape: tuple, chunks: tuple, dtype: str, dims: list[str], fill: Any,
+               extra: Mapping[str, Any] | None = None) -> zarr.Array:
+        attrs = {"long_name": LONG_NAMES.get(name, name), **(extra or {})}
+        return self.group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, compressors=CODEC,
+                                       fill_value=fill, dimension_names=dims, attributes=_json_safe(attrs))
+
+    def _put(self, name: str, values: np.ndarray, dims: list[str], extra: Mapping[str, Any] | None = None) -> None:
+        shape = tuple(values.shape)
+        chunks = tuple(max(1, s) for s in shape)
+        dtype = str if values.dtype.kind in "UO" else values.dtype
+        fill = "" if dtype is str else (False if values.dtype == bool else 0)
+        arr = self._array(name, shape, chunks, dtype, dims, fill, extra)
+        if values.size:
+            arr[...] = values
+
+    def write_block(self, fields: np.ndarray, mask: np.ndarray) -> None:
+        """Write the next consecutive trajectories: fields (b, time, channel, *space) float32, mask (b, *space) uint8."""
+        b = fields.shape[0]
+        if self.written + b > self.n:
+            raise ValueError(f"block of {b} overruns the {self.n} trajectories of {self.layout.group}")
+        rows = slice(self.written, self.written + b)
+        fields = np.ascontiguousarray(fields, dtype=np.float32)
+        mask = np.ascontiguousarray(mask, dtype=np.uint8)
+        self.fields[rows] = fields
+        self.mask[rows] = mask
+        self._hash["fields"].update(fields)
+        self._hash["mask"].update(mask)
+        self.written += b
+
+    def close(self) -> dict[str, str]:
+        """Check completeness, consolidate metadata, fsync every file; returns {array name: sha256} of numeric arrays."""
+        if self.written != self.n:
+            raise ValueError(f"{self.layout.group}: wrote {self.written} of {self.n} trajectories")
+        digests = {"fields": self._hash["fields"].hexdigest(), "mask": self._hash["mask"].hexdigest()}
+        for name in ["channel_valid", "time", *self.layout.coords]:
+            digests[name] = sha256_array(self.group[name])
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
+            zarr.consolidate_metadata(str(self.store_path))
+        fsync_tree(self.store_path)
+        return digests
+
+
+def fsync_tree(root: str | Path) -> None:
+    """fsync every file and folder under root (after a bulk write, before it is renamed into place)."""
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as fh:
+                os.fsync(fh.fileno())
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _json_safe(value: Any) -> Any:
+    """Convert numpy scalars/arrays inside attributes to plain JSON types."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _json_safe(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    return value
