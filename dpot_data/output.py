@@ -74,7 +74,7 @@ class DatasetView:
         """The split of every trajectory, in index order (from Zarr, else from the shards' split)."""
         group = self.zarr_group()
         if group is not None and "split" in group:
-            return np.asarray(group["split"][:]).astype(str)
+            return _as_str(group["split"][:])
         labels: dict[int, str] = {}
         for sample in self.iter_shards():
             labels[int(sample.meta["index"])] = str(sample.meta["split"])
@@ -89,7 +89,7 @@ class DatasetView:
                     yield sample
             return
         labels = self.split_labels()
-        ids = np.asarray(group["sample"][:]).astype(str) if "sample" in group else None
+        ids = _as_str(group["sample"][:]) if "sample" in group else None
         for i in np.flatnonzero(labels == split) if split is not None else range(len(labels)):
             yield self.trajectory(int(i), group=group, split=str(labels[i]), sample_id=None if ids is None else ids[i])
 
@@ -112,6 +112,11 @@ class DatasetView:
         """Every sample of every shard listed in the manifest, shard by shard (streamed, nothing whole)."""
         for shard in self.entry.get("shards", []):
             yield from iter_tar(fs.join(self.root, shard["path"]))
+
+
+def _as_str(values: Any) -> np.ndarray:
+    """A numpy str array from whatever string dtype Zarr returns (StringDType, object or fixed width)."""
+    return np.array([str(v) for v in np.asarray(values).ravel().tolist()], dtype=str)
 
 
 def datasets(root: str, manifest: dict | None = None) -> list[DatasetView]:

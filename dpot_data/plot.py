@@ -62,8 +62,8 @@ def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, n
     return rows
 
 
-def render(root: str, opts: PlotOptions = PlotOptions()) -> bytes:
-    """The PNG bytes of the frame grid of the output folder (or URL) `root`."""
+def build_figure(root: str, opts: PlotOptions = PlotOptions()) -> "plt.Figure":
+    """The matplotlib figure of the frame grid of the output folder (or URL) `root` (caller closes it)."""
     views = [v for v in datasets(root) if opts.datasets is None or v.name in set(opts.datasets)]
     if not views:
         raise ValueError(f"{root}: no dataset to plot (asked for {list(opts.datasets or [])})")
@@ -102,11 +102,21 @@ def render(root: str, opts: PlotOptions = PlotOptions()) -> bytes:
             if col == 0:
                 ax.set_ylabel(label, fontsize=8)
         if image is not None:
-            fig.colorbar(image, ax=list(axes[r, : len(picks)]), shrink=0.9, pad=0.02)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=opts.dpi)
-    plt.close(fig)
-    return buf.getvalue()
+            bar = fig.colorbar(image, ax=list(axes[r, : len(picks)]), shrink=0.9, pad=0.02)
+            bar.set_label(label.split("\n")[-1], fontsize=8)
+    fig.suptitle(f"{root}: first, middle and last frame; solid cells blank, outlined in black", fontsize=9)
+    return fig
+
+
+def render(root: str, opts: PlotOptions = PlotOptions()) -> bytes:
+    """The PNG bytes of the frame grid of the output folder (or URL) `root`."""
+    fig = build_figure(root, opts)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=opts.dpi)
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
 
 
 def plot_output(root: str, png: str, opts: PlotOptions = PlotOptions()) -> str:
@@ -116,4 +126,4 @@ def plot_output(root: str, png: str, opts: PlotOptions = PlotOptions()) -> str:
 
     with fsspec.open(str(png), "wb") as f:
         f.write(data)
-    return fs.join(str(png))
+    return str(png)
