@@ -120,3 +120,27 @@ def test_compare_warns_on_counts_shapes_and_channels(catalog):
     three_d = compare(small, catalog.get("pdebench-cfd3d-m1-turb"))
     assert "pdebench-cfd3d-m1-turb: 3 trajectories read, the complete public set has 600 (a partial set) " \
            "(catalog value uncertain)" in three_d
+
+
+def test_detect_source_by_name_and_by_content(tmp_path):
+    from dpot_data.errors import InputError
+    from dpot_data.sources.detect import detect
+    from dpot_data.synth import cfdbench, pdearena, pdebench
+
+    arena = pdearena.write_standard(tmp_path / "arena", n=1, frames=3, res=8)
+    assert detect([tmp_path / "arena"]).source == "pdearena"  # a folder expands to its files
+    renamed = tmp_path / "renamed.h5"
+    renamed.write_bytes(arena[0].read_bytes())
+    found = detect([renamed])
+    assert (found.source, found.how) == ("pdearena", "content")
+    dr = pdebench.write_diff_react(tmp_path / "pdb", n=1, frames=2, res=8)
+    assert detect([dr]).source == "pdebench"
+    cfdbench.write_cfdbench(tmp_path / "cfdb", problems=("cavity",), cases=1, frames=(3, 3), res=8)
+    found = detect([tmp_path / "cfdb"])
+    assert found.source == "cfdbench" and found.paths == (tmp_path / "cfdb",)
+    with pytest.raises(InputError, match="inputs come from several sources"):
+        detect([dr, arena[0]])
+    odd = tmp_path / "notes.txt"
+    odd.write_text("x")
+    with pytest.raises(InputError, match=r"notes.txt: cannot tell its source"):
+        detect([odd])

@@ -1,0 +1,229 @@
+"""CFDBench reader (FORMATS.md §4): cavity, tube, cylinder and dam cases, with the geometry mask from `case.json`.
+
+Input: the tree root, problem or subset folders, case folders, or files inside case folders; every
+`<problem>/<subset>/caseNNNN/` with `u.npy`, `v.npy` (T_i, 64, 64) [t, y, x] and `case.json` becomes one
+trajectory, ordered by problem, subset and case number. Trajectories differ in length: `fields` is NaN-padded to
+the longest, `lengths` gives each one's frames, and ingest cuts them into `segment`-frame pieces after the split.
+
+The grid is 64×64 cell centres over the physical domain (row 0 at the bottom). Solid cells, whose centre lies
+inside the obstacle, get mask 0:
+cylinder, a disc of `radius` centred at (−x_min, −y_min) on [0, x_max − x_min] × [0, y_max − y_min];
+dam, the barrier x ∈ [0.5, 0.5 + barrier_width], y ∈ [0, barrier_height] on [0, width] × [0, height];
+cavity and tube are all fluid (the tube's inlet column and wall rows are boundary values, not solid).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from dpot_data.catalog import manifest_name
+from dpot_data.errors import InputError
+from dpot_data.sources._blocks import SampleBlocks, auto_block, file_token, npy_header, to_dask
+from dpot_data.sources.base import ReadResult
+
+READER_VERSION = "1"
+CHANNELS = ("u", "v")
+FRAME_DT = 0.1
+DEFAULT_SEGMENT = 20
+KEYS = {
+    "cavity": ("vel_top", "density", "viscosity", "height", "width"),
+    "tube": ("vel_in", "density", "viscosity", "height", "width"),
+    "cylinder": ("vel_in", "density", "viscosity", "radius", "x_min", "x_max", "y_min", "y_max"),
+    "dam": ("velocity", "density", "viscosity", "barrier_height", "barrier_width", "height", "width"),
+}
+VELOCITY_KEY = {"cavity": "vel_top", "tube": "vel_in", "cylinder": "vel_in", "dam": "velocity"}
+_CASE = re.compile(r"^case(\d+)$")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case folder, checked: its problem, subset, number, parameters, frame count and on-disk dtypes."""
+
+    folder: Path
+    problem: str
+    subset: str
+    number: int
+    params: dict[str, object]
+    frames: int
+    grid: tuple[int, int]
+    dtypes: tuple[str, str]
+
+    @property
+    def id(self) -> str:
+        return f"{self.problem}/{self.subset}/{self.folder.name}"
+
+
+def domain_size(problem: str, params: dict[str, object]) -> tuple[float, float]:
+    """Physical (width, height) covered by the grid."""
+    if problem == "cylinder":
+        return float(params["x_max"]) - float(params["x_min"]), float(params["y_max"]) - float(params["y_min"])
+    return float(params["width"]), float(params["height"])
+
+
+def geometry_mask(problem: str, params: dict[str, object], shape: tuple[int, int]) -> np.ndarray:
+    """uint8 (y, x) mask, 1 = fluid, 0 = solid, of the obstacle `case.json` describes, on cell centres."""
+    ny, nx = shape
+    lx, ly = domain_size(problem, params)
+    x = (np.arange(nx) + 0.5) * lx / nx
+    y = (np.arange(ny) + 0.5) * ly / ny
+    yy, xx = np.meshgrid(y, x, indexing="ij")
+    solid = np.zeros(shape, dtype=bool)
+    if problem == "cylinder":
+        cx, cy, r = -float(params["x_min"]), -float(params["y_min"]), float(params["radius"])
+        solid = (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
+    elif problem == "dam":
+        x0, x1, top = 0.5, 0.5 + float(params["barrier_width"]), float(params["barrier_height"])
+        solid = (xx >= x0) & (xx <= x1) & (yy <= top)
+    return (~solid).astype(np.uint8)
+
+
+def _case_folders(paths: Sequence[Path]) -> list[Path]:
+    """Case folders named by or below the given paths (files name their folder), without duplicates."""
+    found: dict[Path, None] = {}
+    for p in paths:
+        if p.is_file():
+            p = p.parent
+        if not p.exists():
+            raise InputError(p, "not found")
+        if _CASE.match(p.name):
+            found[p] = None
+            continue
+        folders = sorted({q.parent for pattern in ("case.json", "u.npy") for q in p.rglob(pattern)
+                          if _CASE.match(q.parent.name)})
+        if not folders:
+            raise InputError(p, "expected CFDBench case folders <problem>/<subset>/caseNNNN/ with u.npy, v.npy, "
+                                "case.json below it; found none")
+        found.update(dict.fromkeys(folders))
+    return list(found)
+
+
+def _check_case(folder: Path) -> Case | str:
+    """Validate one case folder; a string says why it is skipped (unreadable file), InputError for wrong content."""
+    problem, subset = folder.parent.parent.name, folder.parent.name
+    if problem not in KEYS:
+        raise InputError(folder, f"expected the case under <problem>/<subset>/ with problem one of {sorted(KEYS)}, "
+                                 f"found {problem!r}")
+    case_json = folder / "case.json"
+    for needed in (case_json, folder / "u.npy", folder / "v.npy"):
+        if not needed.is_file():
+            return f"{needed.name} is missing"
+    try:
+        params = json.loads(case_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"case.json is unreadable: {exc}"
+    if not isinstance(params, dict):
+        raise InputError(case_json, "expected a JSON object of case parameters")
+    missing = [k for k in KEYS[problem] if k not in params]
+    if missing:
+        raise InputError(case_json, f"{problem} case: missing key(s) {missing}; expected {list(KEYS[problem])}")
+    for k in KEYS[problem]:
+        if isinstance(params[k], bool) or not isinstance(params[k], (int, float)):
+            raise InputError(case_json, f"key {k!r}: expected a number, found {params[k]!r}")
+    headers = []
+    for name in ("u.npy", "v.npy"):
+        try:
+            headers.append(npy_header(folder / name))
+        except (OSError, ValueError, EOFError) as exc:
+            return f"{name} is unreadable (truncated or corrupt): {exc}"
+    (shape_u, dt_u), (shape_v, dt_v) = headers
+    for name, shape, dtype in (("u.npy", shape_u, dt_u), ("v.npy", shape_v, dt_v)):
+        if len(shape) != 3 or shape[0] < 1 or dtype.kind != "f":
+            raise InputError(folder / name, f"expected a float array (T, y, x), found {dtype} {shape}")
+    if shape_u != shape_v:
+        raise InputError(folder / "v.npy", f"expected the shape of u.npy {shape_u}, found {shape_v}")
+    number = int(_CASE.match(folder.name).group(1))
+    return Case(folder, problem, subset, number, params, shape_u[0], (shape_u[1], shape_u[2]),
+                (dt_u.name, dt_v.name))
+
+
+class _Blocks(SampleBlocks):
+    """(N, T_max, 2, y, x) float32 view of the cases, NaN past each case's own frame count."""
+
+    def __init__(self, cases: list[Case], frames: int) -> None:
+        self.cases = cases
+        ny, nx = cases[0].grid
+        self.shape = (len(cases), frames, len(CHANNELS), ny, nx)
+
+    def block(self, n0: int, n1: int) -> np.ndarray:
+        out = np.full((n1 - n0,) + self.shape[1:], np.nan, dtype=np.float32)
+        for i, case in enumerate(self.cases[n0:n1]):
+            for c, name in enumerate(CHANNELS):
+                out[i, : case.frames, c] = np.load(case.folder / f"{name}.npy", allow_pickle=False)
+        return out
+
+
+def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int = DEFAULT_SEGMENT,
+         problems: Sequence[str] | None = None, block: int | None = None) -> ReadResult:
+    """Open CFDBench cases lazily as one dataset of variable-length trajectories with per-case geometry masks.
+
+    `problems` keeps only the named problems (default: all found). A case whose u/v/case.json cannot be read is
+    skipped and reported; wrong shapes or missing case.json keys raise InputError naming the file and the key.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise InputError("<no files>", "expected a CFDBench folder or case folders")
+    if problems is not None and not set(problems) <= set(KEYS):
+        raise InputError(",".join(problems), f"unknown CFDBench problem(s); expected some of {sorted(KEYS)}")
+    cases: list[Case] = []
+    skipped: list[tuple[str, str]] = []
+    for folder in _case_folders(paths):
+        if problems is not None and folder.parent.parent.name not in problems:
+            continue
+        checked = _check_case(folder)
+        if isinstance(checked, str):
+            skipped.append((f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}", checked))
+        else:
+            cases.append(checked)
+    if not cases:
+        raise InputError(paths[0], "no readable CFDBench case: " + ("; ".join(f"{w}: {r}" for w, r in skipped)
+                                                                     or "none matched"))
+    order = {p: i for i, p in enumerate(KEYS)}
+    cases.sort(key=lambda c: (order[c.problem], c.subset, c.number))
+    grid = cases[0].grid
+    for c in cases:
+        if c.grid != grid:
+            raise InputError(c.folder / "u.npy", f"expected a {grid[0]}x{grid[1]} grid like {cases[0].id}, "
+                                                 f"found {c.grid[0]}x{c.grid[1]}")
+    lengths = np.array([c.frames for c in cases], dtype=np.int64)
+    t_max = int(lengths.max())
+    blk = auto_block(t_max * len(CHANNELS) * grid[0] * grid[1] * 4, block)
+    blocks = _Blocks(cases, t_max)
+    token = [file_token(c.folder / n) for c in cases for n in ("u.npy", "v.npy", "case.json")]
+    fields = to_dask(blocks, blk, "cfdbench", token, t_max)
+    masks = np.stack([geometry_mask(c.problem, c.params, grid) for c in cases])
+    mask = da.from_array(masks, chunks=(fields.chunks[0], *grid))
+    sizes = np.array([domain_size(c.problem, c.params) for c in cases])
+    sample_params = {
+        "problem": np.array([c.problem for c in cases]),
+        "subset": np.array([c.subset for c in cases]),
+        "density": np.array([float(c.params["density"]) for c in cases]),
+        "viscosity": np.array([float(c.params["viscosity"]) for c in cases]),
+        "velocity": np.array([float(c.params[VELOCITY_KEY[c.problem]]) for c in cases]),
+        "domain_width": sizes[:, 0],
+        "domain_height": sizes[:, 1],
+    }
+    ny, nx = grid
+    data = xr.Dataset(
+        {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
+        coords={"sample": np.array([f"{c.id}#0" for c in cases], dtype=str),
+                "time": FRAME_DT * np.arange(t_max), "channel": np.array(CHANNELS),
+                "y": (np.arange(ny) + 0.5) / ny, "x": (np.arange(nx) + 0.5) / nx},
+        attrs={"source": "cfdbench", "dataset": manifest_name(name or "cfdbench"), "boundary": "non-periodic",
+               "parameters": {"problems": sorted({c.problem for c in cases}, key=order.get)}, "dt": FRAME_DT,
+               "provenance": {
+                   "reader": "dpot_data.sources.cfdbench", "reader_version": READER_VERSION,
+                   "coordinates": "x, y are cell centres of the unit square; the physical domain of each case is "
+                                  "domain_width x domain_height (sample params)",
+                   "cases": {c.id: {"frames": c.frames, "dtype": list(c.dtypes), "case": c.params} for c in cases},
+               }},
+    )
+    return ReadResult(data=data, lengths=lengths, segment=int(segment), sample_params=sample_params,
+                      skipped=skipped, inputs=[c.folder / n for c in cases for n in ("u.npy", "v.npy", "case.json")])

@@ -1,0 +1,167 @@
+"""PDEArena Navier–Stokes 2D reader (FORMATS.md §3): standard and conditioned smoke-buoyancy files, lazily.
+
+Each file holds one top group named after its split (`train`, `valid`, `test`) with `u`, `vx`, `vy` (N, T, nx, ny)
+float64 stored in (x, y) order (the generator groups phiflow axes as x, y). They become float32 channels
+`u, vx, vy` in (y, x) order. The split comes from the group and is kept per trajectory; `buo_y` is kept per
+trajectory as a sample parameter. A file that cannot be opened or is truncated is skipped and reported by name
+(one such file is known in the public set); a readable file with missing keys or wrong shapes is an error naming
+the file and the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+import dask.array as da
+import h5py
+import numpy as np
+import xarray as xr
+
+from dpot_data.catalog import manifest_name
+from dpot_data.errors import InputError
+from dpot_data.sources._blocks import SampleBlocks, auto_block, file_token, hdf5_problem, to_dask
+from dpot_data.sources.base import SPLITS, ReadResult
+
+READER_VERSION = "1"
+CHANNELS = ("u", "vx", "vy")
+_NAME = re.compile(r"NavierStokes2D_(?P<split>train|valid|test)_(?P<seed>\d+)_(?P<buo>[0-9.]+?)(?:_(?P<n>\d+))?\.h5$")
+_COND_FOLDER = re.compile(r"condit?i?oned", re.IGNORECASE)  # the public folder is spelled "conditoned"
+
+
+class _Blocks(SampleBlocks):
+    """(N, T, 3, y, x) float32 view of one PDEArena file."""
+
+    def __init__(self, path: Path, group: str, shape: tuple[int, int, int, int]) -> None:
+        self.path, self.group = path, group
+        n, t, nx, ny = shape
+        self.shape = (n, t, len(CHANNELS), ny, nx)
+
+    def block(self, n0: int, n1: int) -> np.ndarray:
+        with h5py.File(self.path, "r") as f:
+            g = f[self.group]
+            parts = [np.asarray(g[k][n0:n1], dtype=np.float32) for k in CHANNELS]  # float64 -> float32
+        return np.ascontiguousarray(np.stack(parts, axis=2).transpose(0, 1, 2, 4, 3))
+
+
+def parse_name(path: Path) -> dict[str, object] | None:
+    """Split, seed, buo_y (and sample count for train files) from a generator file name, or None."""
+    match = _NAME.search(path.name)
+    if not match:
+        return None
+    return {"split": match.group("split"), "seed": int(match.group("seed")), "buo_y": float(match.group("buo")),
+            "n": int(match.group("n")) if match.group("n") else None}
+
+
+def _order(path: Path) -> tuple[int, str, str]:
+    """Files in split order (train, valid, test), then by folder and name."""
+    named = parse_name(path)
+    return (SPLITS.index(named["split"]) if named else len(SPLITS), str(path.parent), path.name)
+
+
+def _inspect(path: Path) -> dict[str, object]:
+    """Check keys and shapes of one readable file; InputError naming the file and the key otherwise."""
+    with h5py.File(path, "r") as f:
+        groups = [k for k in f.keys() if k in SPLITS and isinstance(f[k], h5py.Group)]
+        if len(groups) != 1:
+            raise InputError(path, f"expected exactly one top group named train, valid or test; found {sorted(f.keys())}")
+        split = groups[0]
+        g = f[split]
+        missing = [k for k in (*CHANNELS, "t", "x", "y", "buo_y") if k not in g]
+        if missing:
+            raise InputError(path, f"group {split!r}: missing key(s) {missing}; expected u, vx, vy (N, T, nx, ny), "
+                                   "t (N, T), x (N, nx), y (N, ny), buo_y (N,)")
+        shape = tuple(g["u"].shape)
+        if len(shape) != 4:
+            raise InputError(path, f"{split}/u: expected (N, T, nx, ny), found shape {shape}")
+        n, nt, nx, ny = shape
+        for k in CHANNELS[1:]:
+            if tuple(g[k].shape) != shape:
+                raise InputError(path, f"{split}/{k}: expected shape {shape} like {split}/u, found {tuple(g[k].shape)}")
+        for k, want in (("t", (n, nt)), ("x", (n, nx)), ("y", (n, ny)), ("buo_y", (n,))):
+            if tuple(g[k].shape) != want:
+                raise InputError(path, f"{split}/{k}: expected shape {want}, found {tuple(g[k].shape)}")
+        for k in CHANNELS:
+            if g[k].dtype.kind != "f":
+                raise InputError(path, f"{split}/{k}: expected floats, found {g[k].dtype}")
+        info = {
+            "split": split, "shape": shape, "dtype": g["u"].dtype.name,
+            "buo_y": np.asarray(g["buo_y"], dtype=np.float64),
+            "t": np.asarray(g["t"][0], dtype=np.float64) if n else None,
+            "x": np.asarray(g["x"][0], dtype=np.float64) if n else None,
+            "y": np.asarray(g["y"][0], dtype=np.float64) if n else None,
+            "dt": float(np.asarray(g["dt"][0])) if "dt" in g and g["dt"].shape == (n,) and n else None,
+        }
+    return info
+
+
+def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: bool | None = None,
+         block: int | None = None) -> ReadResult:
+    """Open PDEArena NS files lazily as one dataset; the split and buo_y of every trajectory come from its file.
+
+    `conditioned` picks the dataset name (pdearena-ns-cond or pdearena-ns); by default it is true when a folder
+    name says "conditoned"/"conditioned", buo_y differs between trajectories, or trajectories have 56 frames.
+    """
+    paths = sorted({Path(p) for p in paths}, key=_order)
+    if not paths:
+        raise InputError("<no files>", "expected PDEArena NavierStokes2D_*.h5 files")
+    skipped: list[tuple[str, str]] = []
+    good: list[tuple[Path, dict[str, object]]] = []
+    for p in paths:
+        if not p.is_file():
+            raise InputError(p, "file not found")
+        problem = hdf5_problem(p)
+        if problem is not None:
+            skipped.append((p.name, problem))
+            continue
+        good.append((p, _inspect(p)))
+    if not good:
+        raise InputError(paths[0], "no readable file among the inputs: " + "; ".join(f"{w}: {r}" for w, r in skipped))
+    p0, first = good[0]
+    for p, info in good[1:]:
+        if info["shape"][1:] != first["shape"][1:]:
+            raise InputError(p, f"expected {first['shape'][1]} frames on a {first['shape'][2]}x{first['shape'][3]} "
+                                f"grid like {p0.name}, found {info['shape'][1:]}: standard (14 frames) and "
+                                "conditioned (56 frames) files are different datasets")
+    _, n_t, nx, ny = first["shape"]
+    blk = auto_block(n_t * len(CHANNELS) * nx * ny * 4, block)
+    parts, ids, splits, buo, notes = [], [], [], [], {}
+    for p, info in good:
+        n = info["shape"][0]
+        if n == 0:
+            skipped.append((p.name, "holds no trajectories"))
+            continue
+        parts.append(to_dask(_Blocks(p, info["split"], info["shape"]), blk, "pdearena", file_token(p)))
+        ids.extend(f"{p.name}#{i}" for i in range(n))
+        splits.extend([info["split"]] * n)
+        buo.append(info["buo_y"])
+        named = parse_name(p)
+        notes[p.name] = {
+            "container": "hdf5", "dtype": info["dtype"], "split": info["split"], "trajectories": n,
+            "storage_axes": ["sample", "time", "x", "y"],
+            "name": named,
+            "name_split_differs": bool(named and named["split"] != info["split"]),
+        }
+    if not parts:
+        raise InputError(p0, "no trajectories in the readable inputs")
+    fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    buo_y = np.concatenate(buo)
+    if conditioned is None:
+        conditioned = (any(_COND_FOLDER.search(part) for p, _ in good for part in p.parent.parts)
+                       or len(np.unique(buo_y)) > 1 or n_t == 56)
+    parameters: dict[str, object] = {"buo_y": float(buo_y[0])} if len(np.unique(buo_y)) == 1 else {}
+    mask = da.ones((fields.shape[0], ny, nx), dtype=np.uint8, chunks=(fields.chunks[0], ny, nx))
+    time = first["t"] if first["t"] is not None and len(first["t"]) == n_t else np.arange(n_t, dtype=np.float64)
+    dt = float(np.diff(time)[0]) if n_t > 1 else first["dt"]
+    data = xr.Dataset(
+        {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
+        coords={"sample": np.array(ids, dtype=str), "time": time, "channel": np.array(CHANNELS),
+                "y": first["y"], "x": first["x"]},
+        attrs={"source": "pdearena", "dataset": manifest_name(name or ("pdearena-ns-cond" if conditioned else "pdearena-ns")),
+               "boundary": "non-periodic", "parameters": parameters, "dt": dt,
+               "provenance": {"reader": "dpot_data.sources.pdearena", "reader_version": READER_VERSION,
+                              "conditioned": bool(conditioned), "files": notes}},
+    )
+    return ReadResult(data=data, split=np.array(splits), sample_params={"buo_y": buo_y}, skipped=skipped,
+                      inputs=[p for p, _ in good])

@@ -1,0 +1,113 @@
+"""CFDBench reader: geometry masks where case.json puts them, variable-length trajectories read exactly, broken
+cases skipped, and errors that name the file and the key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpot_data.errors import InputError
+from dpot_data.sources import cfdbench
+from dpot_data.sources.base import check_result
+from dpot_data.synth import cfdbench as synth
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cfdbench")
+    synth.write_cfdbench(root, cases=2, frames=(21, 30))
+    return root
+
+
+def _case(root: Path, problem: str, k: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    folder = root / problem / "bc" / f"case{k:04d}"
+    return (json.loads((folder / "case.json").read_text()), np.load(folder / "u.npy"), np.load(folder / "v.npy"))
+
+
+def test_tree_reads_as_variable_length_trajectories(tree):
+    result = cfdbench.read([tree])
+    check_result(result)
+    ds = result.data
+    assert ds.attrs["dataset"] == "cfdbench" and ds.attrs["boundary"] == "non-periodic"
+    assert list(ds["channel"].values) == ["u", "v"]
+    assert result.sample_params["problem"].tolist() == ["cavity"] * 2 + ["tube"] * 2 + ["cylinder"] * 2 + ["dam"] * 2
+    assert list(ds["sample"].values[:2]) == ["cavity/bc/case0000#0", "cavity/bc/case0001#0"]
+    assert result.segment == 20
+    values = ds["fields"].values
+    for i, problem in enumerate(["cavity", "tube", "cylinder", "dam"]):
+        for k in range(2):
+            case, u, v = _case(tree, problem, k)
+            n = 2 * i + k
+            assert result.lengths[n] == len(u)
+            np.testing.assert_array_equal(values[n, : len(u), 0], u.astype(np.float32))
+            np.testing.assert_array_equal(values[n, : len(u), 1], v.astype(np.float32))
+            assert np.isnan(values[n, len(u):]).all()  # NaN past the case's own end
+            assert result.sample_params["viscosity"][n] == case["viscosity"]
+    assert {d for c in ds.attrs["provenance"]["cases"].values() for d in c["dtype"]} == {"float32", "float64"}
+
+
+def _cell_centres(n: int, length: float) -> np.ndarray:
+    return np.array([(i + 0.5) * length / n for i in range(n)])
+
+
+def test_cylinder_disc_is_solid_where_case_json_puts_it(tree):
+    result = cfdbench.read([tree / "cylinder"])
+    for n in range(2):
+        case, u, _ = _case(tree, "cylinder", n)
+        xs = _cell_centres(64, case["x_max"] - case["x_min"])
+        ys = _cell_centres(64, case["y_max"] - case["y_min"])
+        expected = np.ones((64, 64), np.uint8)
+        for iy, y in enumerate(ys):
+            for ix, x in enumerate(xs):
+                if np.hypot(x + case["x_min"], y + case["y_min"]) <= case["radius"]:
+                    expected[iy, ix] = 0
+        mask = result.data["mask"].values[n]
+        np.testing.assert_array_equal(mask, expected)
+        assert 20 < (mask == 0).sum() < 400  # a disc of several cells, not a point or the whole box
+        assert np.all(u[:, mask == 0] == 0)  # the solver's data is zero inside the solid too
+
+
+def test_dam_barrier_is_solid_where_case_json_puts_it(tree):
+    result = cfdbench.read([tree / "dam" / "bc" / "case0001" / "u.npy"])  # a file names its case
+    case, u, _ = _case(tree, "dam", 1)
+    mask = result.data["mask"].values[0]
+    xs, ys = _cell_centres(64, case["width"]), _cell_centres(64, case["height"])
+    cols = [i for i, x in enumerate(xs) if 0.5 <= x <= 0.5 + case["barrier_width"]]
+    rows = [i for i, y in enumerate(ys) if y <= case["barrier_height"]]
+    expected = np.ones((64, 64), np.uint8)
+    expected[np.ix_(rows, cols)] = 0
+    np.testing.assert_array_equal(mask, expected)
+    assert rows[0] == 0 and mask[0, cols[0] - 1] == 1  # the barrier stands on the floor, fluid beside it
+
+
+def test_cavity_and_tube_are_all_fluid(tree):
+    result = cfdbench.read([tree / "cavity", tree / "tube"])
+    assert result.data["mask"].values.min() == 1
+
+
+def test_broken_case_is_skipped_and_bad_keys_are_errors(tree, tmp_path):
+    copy = tmp_path / "tree"
+    shutil.copytree(tree / "dam", copy / "dam")
+    u = copy / "dam" / "bc" / "case0000" / "u.npy"
+    u.write_bytes(u.read_bytes()[:1000])
+    result = cfdbench.read([copy])
+    assert result.n_samples == 1
+    assert result.skipped[0][0] == "dam/bc/case0000" and "u.npy is unreadable" in result.skipped[0][1]
+    case_json = copy / "dam" / "bc" / "case0001" / "case.json"
+    params = json.loads(case_json.read_text())
+    del params["barrier_height"]
+    case_json.write_text(json.dumps(params))
+    with pytest.raises(InputError, match=r"case0001/case.json: dam case: missing key\(s\) \['barrier_height'\]"):
+        cfdbench.read([copy])
+
+
+def test_wrong_shape_names_the_file(tree, tmp_path):
+    copy = tmp_path / "tree"
+    shutil.copytree(tree / "tube", copy / "tube")
+    np.save(copy / "tube" / "bc" / "case0001" / "v.npy", np.zeros((5, 64, 64), np.float32))
+    with pytest.raises(InputError, match=r"case0001/v.npy: expected the shape of u.npy \(\d+, 64, 64\)"):
+        cfdbench.read([copy])

@@ -1,0 +1,107 @@
+"""PDEArena reader: float64 -> float32 values in (y, x) order, the split and buo_y from the files, a truncated file
+among several skipped and reported, and errors that name the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from dpot_data.errors import InputError
+from dpot_data.sources import pdearena
+from dpot_data.sources.base import check_result
+from dpot_data.synth import pdearena as synth
+
+
+@pytest.fixture(scope="module")
+def standard(tmp_path_factory) -> list[Path]:
+    return synth.write_standard(tmp_path_factory.mktemp("ns"), n=2, frames=14, res=16)
+
+
+@pytest.fixture(scope="module")
+def conditioned(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("pdearena") / "NavierStokes-2D-conditoned"
+    return synth.write_conditioned(folder, n=2, frames=6, res=16, buoyancies=(0.2, 0.4))
+
+
+def test_standard_files_read_exactly_with_their_split(standard):
+    result = pdearena.read(standard, block=1)
+    check_result(result)
+    ds = result.data
+    assert ds.attrs["dataset"] == "pdearena-ns" and ds.attrs["boundary"] == "non-periodic"
+    assert ds.attrs["parameters"] == {"buo_y": 0.5}
+    assert list(ds["channel"].values) == ["u", "vx", "vy"]
+    assert ds["fields"].dtype == np.float32 and ds["fields"].shape == (6, 14, 3, 16, 16)
+    assert result.split.tolist() == ["train", "train", "valid", "valid", "test", "test"]
+    assert list(ds["sample"].values[:3]) == [f"{standard[0].name}#0", f"{standard[0].name}#1", f"{standard[1].name}#0"]
+    values = ds["fields"].values
+    with h5py.File(standard[1]) as f:
+        assert f["valid/u"].dtype == np.float64
+        for c, key in enumerate(["u", "vx", "vy"]):
+            raw = f[f"valid/{key}"][()]  # (N, T, x, y)
+            np.testing.assert_array_equal(values[2:4, :, c], np.swapaxes(raw, 2, 3).astype(np.float32))
+        np.testing.assert_array_equal(ds["time"].values, f["valid/t"][0])
+        np.testing.assert_array_equal(ds["x"].values, f["valid/x"][0])
+    assert result.sample_params["buo_y"].tolist() == [0.5] * 6
+    assert ds.attrs["dt"] == 6.0
+
+
+def test_plume_rises_along_y(standard):
+    """Buoyancy acts along y: the smoke's centre of mass must move to larger y rows, not columns."""
+    u = pdearena.read(standard[:1]).data["fields"].values[0, :, 0]  # (T, y, x)
+    rows = np.arange(u.shape[1])
+    centre_y = (u.sum(axis=2) * rows).sum(axis=1) / u.sum(axis=(1, 2))
+    assert centre_y[-1] > centre_y[0] + 1.0
+
+
+def test_conditioned_set_keeps_buo_y_per_trajectory(conditioned):
+    result = pdearena.read(conditioned)
+    ds = result.data
+    assert ds.attrs["dataset"] == "pdearena-ns-cond"
+    assert ds.attrs["parameters"] == {}
+    assert result.sample_params["buo_y"].tolist() == [0.2, 0.2, 0.4, 0.4, 0.2, 0.2, 0.4, 0.4]
+    assert result.split.tolist() == ["train"] * 4 + ["valid"] * 2 + ["test"] * 2
+
+
+def test_truncated_file_among_three_is_skipped_and_reported(standard, tmp_path):
+    copies = []
+    for p in standard:
+        q = tmp_path / p.name
+        q.write_bytes(p.read_bytes())
+        copies.append(q)
+    broken = copies[1]
+    broken.write_bytes(broken.read_bytes()[: broken.stat().st_size * 2 // 3])
+    result = pdearena.read(copies)
+    assert result.skipped and result.skipped[0][0] == broken.name
+    assert "truncated" in result.skipped[0][1]
+    assert result.split.tolist() == ["train", "train", "test", "test"]
+    assert result.inputs == [copies[0], copies[2]]
+    assert np.isfinite(result.data["fields"].values).all()
+
+
+def test_unreadable_file_is_skipped_and_a_missing_key_is_an_error(standard, tmp_path):
+    junk = tmp_path / "NavierStokes2D_valid_9_0.50000.h5"
+    junk.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    result = pdearena.read([standard[0], junk])
+    assert [w for w, _ in result.skipped] == [junk.name]
+    nokey = tmp_path / "NavierStokes2D_test_5_0.50000.h5"
+    with h5py.File(standard[2]) as src, h5py.File(nokey, "w") as dst:
+        g = dst.create_group("test")
+        for k in ("u", "vx", "t", "x", "y", "buo_y"):
+            src.copy(f"test/{k}", g)
+    with pytest.raises(InputError, match=rf"{nokey.name}: group 'test': missing key\(s\) \['vy'\]"):
+        pdearena.read([standard[0], nokey])
+
+
+def test_standard_and_conditioned_files_do_not_mix(standard, conditioned):
+    with pytest.raises(InputError, match=r"expected 14 frames on a 16x16 grid .* different datasets"):
+        pdearena.read([standard[0], conditioned[0]])
+
+
+def test_file_names_parse():
+    assert pdearena.parse_name(Path("NavierStokes2D_train_101_0.50000_100.h5")) == {
+        "split": "train", "seed": 101, "buo_y": 0.5, "n": 100}
+    assert pdearena.parse_name(Path("NavierStokes2D_test_7_0.31250.h5"))["buo_y"] == 0.3125
+    assert pdearena.parse_name(Path("other.h5")) is None

@@ -1,0 +1,166 @@
+"""PDEBench reader: exact values from the synth writers and the real-format diffusion–reaction fixture, parameters,
+safe handling of the `config` attribute, and errors that name the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from dpot_data.errors import InputError
+from dpot_data.sources import pdebench
+from dpot_data.sources.base import check_result
+from dpot_data.synth import pdebench as synth
+
+FIXTURE = "2D_diff-react_NA_NA.h5"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("pdebench")
+    return {
+        "cfd": synth.write_cfd(d, m=0.1, eta=0.01, n=3, frames=5, res=16),
+        "cfd_noattrs": synth.write_cfd(d / "noattrs", m=1.0, eta=0.1, n=2, frames=3, res=8, with_attrs=False),
+        "cfd3d": synth.write_cfd(d, dims=3, m=1.0, eta=1e-8, n=2, frames=3, res=6),
+        "dr": synth.write_diff_react(d, n=3, frames=4, res=16),
+        "swe": synth.write_swe(d, n=3, frames=4, res=16),
+    }
+
+
+def test_cfd_reads_raw_values_exactly_in_dpot_channel_order(files):
+    result = pdebench.read([files["cfd"]], block=2)
+    check_result(result)
+    ds = result.data
+    assert ds.attrs["dataset"] == "pdebench-cfd-m0p1-eta0p01-16"
+    assert ds.attrs["parameters"] == {"M": 0.1, "eta": 0.01, "zeta": 0.01, "kind": "Rand"}
+    assert ds.attrs["boundary"] == "periodic"
+    assert list(ds["channel"].values) == ["Vx", "Vy", "density", "pressure"]
+    assert ds["fields"].dtype == np.float32 and ds["fields"].shape == (3, 5, 4, 16, 16)
+    assert ds["fields"].chunks[0] == (2, 1)  # lazy, in blocks of whole trajectories
+    values = ds["fields"].values
+    with h5py.File(files["cfd"]) as f:
+        for c, name in enumerate(["Vx", "Vy", "density", "pressure"]):
+            np.testing.assert_array_equal(values[:, :, c], np.swapaxes(f[name][()], 2, 3))  # (N,T,X,Y) -> (y, x)
+        np.testing.assert_array_equal(ds["time"].values, f["t-coordinate"][:5].astype(np.float64))  # 6 stored
+        np.testing.assert_array_equal(ds["x"].values, f["x-coordinate"][()].astype(np.float64))
+    assert list(ds["sample"].values) == [f"{files['cfd'].name}#{i}" for i in range(3)]
+    assert ds["mask"].values.min() == 1
+
+
+def test_cfd_axis_order_is_physical(files):
+    """The synth field is an analytic function of (x, y): the reader's (y, x) frame must equal it on the grid."""
+    ds = pdebench.read([files["cfd"]]).data
+    yy, xx = np.meshgrid(ds["y"].values, ds["x"].values, indexing="ij")
+    expected = synth.cfd_channel(1, 2)((xx, yy), float(ds["time"].values[3]))
+    np.testing.assert_allclose(ds["fields"].values[1, 3, 2], expected, atol=1e-6)
+
+
+def test_cfd_parameters_from_name_when_no_attributes(files):
+    ds = pdebench.read([files["cfd_noattrs"]]).data
+    assert ds.attrs["parameters"]["M"] == 1.0 and ds.attrs["parameters"]["eta"] == 0.1
+    assert ds.attrs["provenance"]["files"][files["cfd_noattrs"].name]["parameters_from"] == "file name"
+    assert ds.attrs["dataset"] == "pdebench-cfd-m1-eta0p1-8"
+
+
+def test_cfd3d_is_written_as_3d_fields(files):
+    result = pdebench.read([files["cfd3d"]])
+    check_result(result)
+    ds = result.data
+    assert ds["fields"].dims == ("sample", "time", "channel", "z", "y", "x")
+    assert ds["mask"].dims == ("sample", "z", "y", "x")
+    assert list(ds["channel"].values) == ["Vx", "Vy", "Vz", "density", "pressure"]
+    assert ds.attrs["dataset"] == "pdebench-cfd3d-m1-rand"
+    with h5py.File(files["cfd3d"]) as f:
+        raw = f["Vz"][()]  # (N, T, X, Y, Z)
+    np.testing.assert_array_equal(ds["fields"].values[:, :, 2], np.transpose(raw, (0, 1, 4, 3, 2)))
+
+
+@pytest.mark.parametrize("kind,channels,name", [("dr", ["u", "v"], "pdebench-dr"), ("swe", ["h"], "pdebench-swe")])
+def test_grouped_files_read_exactly(files, kind, channels, name):
+    result = pdebench.read([files[kind]])
+    check_result(result)
+    ds = result.data
+    assert ds.attrs["dataset"] == name and ds.attrs["boundary"] == "non-periodic"
+    assert list(ds["channel"].values) == channels
+    with h5py.File(files[kind]) as f:
+        # the SWE synth writes groups in reverse order, as workers finishing out of order do: ids are sorted
+        assert list(f.keys()) == ["0000", "0001", "0002"]
+        assert list(ds["sample"].values) == [f"{files[kind].name}#{g:04d}" for g in range(3)]
+        for i in range(3):
+            np.testing.assert_array_equal(ds["fields"].values[i], np.moveaxis(f[f"{i:04d}/data"][()], -1, 1))
+        np.testing.assert_array_equal(ds["time"].values, f["0000/grid/t"][()].astype(np.float64))
+        np.testing.assert_array_equal(ds["y"].values, f["0000/grid/y"][()].astype(np.float64))
+        config = f["0000"].attrs["config"]
+    assert result.sample_params["seed"].tolist() == [0, 1, 2]
+    assert ds.attrs["provenance"]["files"][files[kind].name]["config"] == config  # verbatim
+
+
+def test_real_diffusion_reaction_fixture(raw_fixtures):
+    path = raw_fixtures / FIXTURE
+    result = pdebench.read([path])
+    check_result(result)
+    ds = result.data
+    assert ds["fields"].shape == (3, 21, 2, 128, 128)
+    assert ds.attrs["parameters"] == {"pde": "diffusion-reaction", "Du": 0.001, "Dv": 0.005, "k": 0.005}
+    assert ds.attrs["dt"] == 0.25 and ds["x"].values[0] == -0.9921875
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(ds["fields"].values[2, 7], np.moveaxis(f["0002/data"][7], -1, 0))
+        config = f["0000"].attrs["config"]
+    # the attribute really carries a Python tag that a safe loader refuses and an unsafe one would execute
+    with pytest.raises(yaml.constructor.ConstructorError):
+        yaml.safe_load(config)
+    assert ds.attrs["provenance"]["files"][FIXTURE]["config"] == config
+    parsed = pdebench.parse_config(config)
+    assert parsed["output_path"] == {"tag": "tag:yaml.org,2002:python/object/apply:pathlib.PosixPath",
+                                     "value": ["/", "data", "pdebench", "2D_diff-react_NA_NA",
+                                               "2D_diff-react_NA_NA.h5"]}
+    assert parsed["work_dir"] == "${hydra:runtime.cwd}"
+    assert result.sample_params["seed"].tolist() == [0, 1, 2]
+
+
+def test_parse_config_never_builds_objects():
+    text = "a: !!python/object/apply:os.system ['echo unsafe']\nb: !!python/name:builtins.print ''\nc: 1\n"
+    assert pdebench.parse_config(text) == {
+        "a": {"tag": "tag:yaml.org,2002:python/object/apply:os.system", "value": ["echo unsafe"]},
+        "b": {"tag": "tag:yaml.org,2002:python/name:builtins.print", "value": ""}, "c": 1}
+
+
+def test_missing_key_and_wrong_shape_name_the_file_and_key(tmp_path, files):
+    bad = tmp_path / "2D_CFD_Rand_M1.0_Eta0.1_Zeta0.1_periodic_128_Train.hdf5"
+    with h5py.File(files["cfd"]) as src, h5py.File(bad, "w") as dst:
+        for k in ("Vx", "Vy", "density", "t-coordinate"):
+            src.copy(k, dst)
+    with pytest.raises(InputError, match=rf"{bad.name}: expected datasets .* missing \['pressure'\]"):
+        pdebench.read([bad])
+    with h5py.File(bad, "a") as f:
+        f.create_dataset("pressure", data=np.zeros((3, 5, 16, 8), np.float32))
+    with pytest.raises(InputError, match=r"expected 'pressure' of shape \(3, 5, 16, 16\) like 'density', "
+                                         r"found \(3, 5, 16, 8\)"):
+        pdebench.read([bad])
+    grouped = tmp_path / "2D_diff-react_NA_NA.h5"
+    with h5py.File(grouped, "w") as f:
+        f.create_group("0000").create_dataset("data", data=np.zeros((2, 4, 4, 2), np.float32))
+        f.create_group("0001").create_group("grid")
+    with pytest.raises(InputError, match=r"2D_diff-react_NA_NA.h5: group '0001': expected dataset 'data'"):
+        pdebench.read([grouped])
+
+
+def test_truncated_single_file_is_an_error_naming_it(tmp_path, files):
+    cut = tmp_path / files["cfd"].name
+    cut.write_bytes(files["cfd"].read_bytes()[: files["cfd"].stat().st_size // 2])
+    with pytest.raises(InputError, match=rf"{cut.name}: .*truncated"):
+        pdebench.read([cut])
+
+
+def test_dataset_names_follow_the_catalog():
+    assert pdebench.cfd_dataset_name(kind="Rand", m=1.0, eta=0.01, zeta=0.01, res=128, dims=2) == \
+        "pdebench-cfd-m1-eta0.01"
+    assert pdebench.cfd_dataset_name(kind="Turb", m=0.1, eta=1e-8, zeta=1e-8, res=512, dims=2) == \
+        "pdebench-cfd-turb-m0.1-eta1e-8-512"
+    assert pdebench.cfd_dataset_name(kind="Rand", m=0.1, eta=1e-8, zeta=1e-8, res=None, dims=3) == \
+        "pdebench-cfd3d-m0.1-rand"
+    assert pdebench.parse_cfd_name(Path("2D_CFD_Rand_M0.1_Eta1e-08_Zeta1e-08_periodic_512_Train.hdf5")) == {
+        "M": 0.1, "eta": 1e-8, "zeta": 1e-8, "kind": "Rand", "dims": 2, "res": 512}
