@@ -5,6 +5,7 @@ memory stays a few blocks big and results (for the resume journal) arrive while 
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
@@ -61,24 +62,50 @@ class Runner:
             return list(dask.compute(*tasks, scheduler=self.client))
         return list(dask.compute(*tasks, scheduler="threads", num_workers=self.workers))
 
-    def imap(self, fn: Callable[[T], R], items: Iterable[T], window: int | None = None) -> Iterator[R]:
-        """Yield fn(item) for every item, in order, computing `window` (default 2 × workers) items at a time."""
+    def imap(self, fn: Callable[[T], R], items: Iterable[T], window: int | None = None,
+             prefetch: bool = True) -> Iterator[R]:
+        """Yield fn(item) for every item, in order, computing `window` (default 2 × workers) items at a time.
+
+        With `prefetch`, the next window is computed while the caller consumes the current one (writing shards,
+        say), so reading and writing overlap; at most two windows of results are held at once.
+        """
         size = window or 2 * self.workers
         if size < 1:
             raise ValueError(f"window must be at least 1, got {size}")
-        batch: list[T] = []
-        for item in items:
-            batch.append(item)
-            if len(batch) >= size:
+        batches = _batched(items, size)
+        if not prefetch:
+            for batch in batches:
                 yield from self._run(fn, batch)
-                batch = []
-        if batch:
-            yield from self._run(fn, batch)
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-prefetch") as pool:
+            pending: Future[list[R]] | None = None
+            try:
+                for batch in batches:
+                    upcoming = pool.submit(self._run, fn, batch)
+                    if pending is not None:
+                        yield from pending.result()
+                    pending = upcoming
+                if pending is not None:
+                    yield from pending.result()
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self, fn: Callable[[T], R], batch: list[T]) -> list[R]:
         """One window: each item becomes an impure delayed call (so equal items still run separately)."""
         tasks = [dask.delayed(fn, pure=False)(item) for item in batch]
         return self.compute(tasks)
+
+
+def _batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive lists of `size` items (the last one shorter)."""
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 @contextmanager

@@ -84,3 +84,31 @@ def test_unreachable_scheduler_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="cannot reach the dask scheduler at tcp://127.0.0.1:1"):
         with scheduler_context(SchedulerOptions(address="tcp://127.0.0.1:1", connect_timeout=1)):
             pass
+
+
+def test_prefetch_computes_the_next_window_while_the_caller_works() -> None:
+    import time
+
+    started: dict[int, float] = {}
+
+    def work(i: int) -> int:
+        started[i] = time.perf_counter()
+        return i
+
+    consumed_first_window_at = None
+    with scheduler_context(SchedulerOptions(workers=2)) as runner:
+        out = []
+        for value in runner.imap(work, range(4), window=2):
+            out.append(value)
+            if value == 1:
+                time.sleep(0.3)  # the caller "writes" the first window
+                consumed_first_window_at = time.perf_counter()
+    assert out == [0, 1, 2, 3]
+    assert started[2] < consumed_first_window_at and started[3] < consumed_first_window_at
+    with scheduler_context(SchedulerOptions(workers=2)) as runner:
+        started.clear()
+        for value in runner.imap(work, range(4), window=2, prefetch=False):
+            if value == 1:
+                time.sleep(0.1)
+                consumed_first_window_at = time.perf_counter()
+    assert started[2] > consumed_first_window_at
