@@ -31,3 +31,19 @@ def reference_dir(shared_dir: Path) -> Path:
     if not path.is_dir():
         pytest.skip(f"reference checkpoints not found at {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def fno_train_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Small FNO Navier-Stokes shards for training tests, made through dpot_data's library API (synth + ingest).
+
+    16 trajectories of 14 frames at 32x32 (1 valid channel padded to 4): 12 train, 2 valid, 2 test.
+    """
+    from dpot_data.ingest import IngestOptions, ingest_files
+    from dpot_data.synth.fno import synth_fno
+
+    base = tmp_path_factory.mktemp("fno_train")
+    files = synth_fno(base / "raw", n=16, frames=13, viscosity=1e-3, seed=0, resolution=32)
+    out = base / "shards"
+    ingest_files("fno", [files[0]], out, IngestOptions(resolution=32, split=(0.75, 0.125), seed=0))
+    return out
