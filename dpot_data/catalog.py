@@ -261,3 +261,78 @@ def compare(result: ReadResult, entry: Entry) -> list[str]:
 
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
+
+
+# ------------------------------------------------------------------------------------------------ catalog-driven ingest
+
+@dataclass
+class CatalogIngest:
+    """What `ingest_with_catalog` did: the ingest outcome, the catalog entry used (if any) and the mismatch warnings."""
+
+    outcome: object  # dpot_data.ingest.IngestOutcome
+    source: str
+    entry: Entry | None
+    warnings: list[str]
+
+
+def reader_options_for(entry: Entry) -> dict[str, object]:
+    """Reader options that make a reader produce the catalog's dataset (its manifest name, its variant)."""
+    options: dict[str, object] = {"name": entry.manifest_name}
+    if entry.source == "pdearena":
+        options["conditioned"] = entry.name == "pdearena-ns-cond"
+    if entry.source == "cfdbench" and entry.segment is not None:
+        options["segment"] = entry.segment
+    return options
+
+
+def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: object | None = None, *,
+                        dataset: str | None = None, source: str | None = None, catalog_split: bool = True,
+                        catalog: Catalog | None = None, **reader_options: object) -> CatalogIngest:
+    """Ingest raw files named by a catalog dataset, or of a detected source, and compare them with the catalog.
+
+    With `dataset`, the catalog entry gives the source, the dataset name and (unless `catalog_split` is False) the
+    split ratios and seed; the files must belong to that source. Without it, the source is detected from the files
+    and the entry is looked up by the dataset name the reader gives. Warnings (partial sets, odd shapes, counts)
+    are returned and recorded in the manifest entry's provenance under "catalog".
+    """
+    from dataclasses import replace
+
+    from dpot_data.errors import InputError
+    from dpot_data.ingest import IngestOptions, ingest, read_source
+    from dpot_data.sources.detect import detect, expand
+
+    catalog = catalog or load_catalog()
+    opts = options if options is not None else IngestOptions()
+    entry = None
+    if dataset is not None:
+        try:
+            entry = catalog.get(dataset)
+        except KeyError as exc:
+            raise InputError("--dataset", str(exc.args[0])) from None
+        if source is not None and source != entry.source:
+            raise InputError("--dataset", f"{entry.name} is a {entry.source} dataset, not {source}")
+        source = entry.source
+        reader_options = {**reader_options_for(entry), **reader_options}
+    if source is None:
+        found = detect(paths)
+        source, inputs = found.source, list(found.paths)
+    else:
+        inputs = expand(paths)
+        if source == "cfdbench":
+            inputs = list(dict.fromkeys(p.parent if p.is_file() else p for p in inputs))
+    if dataset is not None:
+        detected = {detect([p]).source for p in inputs[:1]} if inputs else set()
+        if detected and detected != {source}:
+            raise InputError(inputs[0], f"is a {detected.pop()} file, but {entry.name} is a {source} dataset")
+    result = read_source(source, inputs, **reader_options)
+    if entry is None:
+        entry = catalog.find(str(result.data.attrs.get("dataset", "")))
+    warnings = compare(result, entry) if entry is not None else [
+        f"{result.data.attrs.get('dataset')}: not in the catalog ({catalog.path}); nothing to compare with"]
+    if entry is not None and catalog_split and entry.split.rule == "random" and result.split is None:
+        opts = replace(opts, split=(entry.split.ratios["train"], entry.split.ratios["valid"]), seed=entry.split.seed)
+    provenance = dict(result.data.attrs.get("provenance") or {})
+    provenance["catalog"] = {"entry": entry.name if entry else None, "warnings": warnings}
+    result.data.attrs["provenance"] = provenance
+    outcome = ingest(result, out, opts)
+    return CatalogIngest(outcome, source, entry, warnings)

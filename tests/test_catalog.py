@@ -144,3 +144,32 @@ def test_detect_source_by_name_and_by_content(tmp_path):
     odd.write_text("x")
     with pytest.raises(InputError, match=r"notes.txt: cannot tell its source"):
         detect([odd])
+
+
+def test_catalog_driven_ingest_names_splits_and_warns(tmp_path):
+    from dpot_data.catalog import ingest_with_catalog
+    from dpot_data.errors import InputError
+    from dpot_data.ingest import IngestOptions
+    from dpot_data.synth import pdebench, pdearena
+
+    raw = pdebench.write_cfd(tmp_path / "raw", m=0.1, eta=0.01, n=10, frames=3, res=8)
+    opts = IngestOptions(formats=("wds",), stats=False, resolution=None)
+    done = ingest_with_catalog([raw], tmp_path / "out", opts, dataset="pdebench-cfd-m0.1-eta0.01")
+    entry = done.outcome.manifest["datasets"][0]
+    assert entry["name"] == "pdebench-cfd-m0p1-eta0p01"  # the manifest name of the catalog entry
+    assert entry["splits"]["counts"] == {"train": 8, "valid": 1, "test": 1}  # the catalog's 80/10/10
+    assert done.warnings == [
+        "pdebench-cfd-m0.1-eta0.01: grid [8, 8] differs from the catalog's [128, 128]",
+        "pdebench-cfd-m0.1-eta0.01: 3 frames per trajectory, the catalog expects 21",
+        "pdebench-cfd-m0.1-eta0.01: 10 trajectories read, the complete public set has 10000 (a partial set)",
+    ]
+    assert entry["provenance"]["catalog"] == {"entry": "pdebench-cfd-m0.1-eta0.01", "warnings": done.warnings}
+    # auto-detected: the source from the files, the entry from the name the reader gives
+    arena = pdearena.write_standard(tmp_path / "arena", n=1, frames=14, res=8)
+    done = ingest_with_catalog([tmp_path / "arena"], tmp_path / "out2", opts)
+    assert done.source == "pdearena" and done.entry.name == "pdearena-ns"
+    assert done.outcome.manifest["datasets"][0]["splits"]["rule"] == "fixed by the source files"
+    with pytest.raises(InputError, match="is a pdearena file, but pdebench-dr is a pdebench dataset"):
+        ingest_with_catalog(arena, tmp_path / "out3", opts, dataset="pdebench-dr")
+    with pytest.raises(InputError, match="--dataset: unknown dataset 'nope'"):
+        ingest_with_catalog([raw], tmp_path / "out4", opts, dataset="nope")

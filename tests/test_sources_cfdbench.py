@@ -111,3 +111,53 @@ def test_wrong_shape_names_the_file(tree, tmp_path):
     np.save(copy / "tube" / "bc" / "case0001" / "v.npy", np.zeros((5, 64, 64), np.float32))
     with pytest.raises(InputError, match=r"case0001/v.npy: expected the shape of u.npy \(\d+, 64, 64\)"):
         cfdbench.read([copy])
+
+
+# ------------------------------------------------------------------------------------------------ through ingest
+
+def _ingest(paths, out, **options):
+    import zarr
+
+    from dpot_data.ingest import IngestOptions, ingest
+
+    opts = IngestOptions(formats=("zarr",), stats=False, **options)
+    manifest = ingest(cfdbench.read(paths), out, opts).manifest
+    entry = manifest["datasets"][0]
+    return entry, zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
+
+
+def test_ingest_segments_after_the_split_and_keeps_raw_values(tree, tmp_path):
+    entry, group = _ingest([tree], tmp_path / "out", resolution=None, split=(0.5, 0.25), seed=3)
+    assert entry["frames"] == 20 and entry["segment"] == 20
+    ids, splits = [str(s) for s in group["sample"][:]], [str(s) for s in group["split"][:]]
+    fields = group["fields"][:]
+    by_case: dict[str, set[str]] = {}
+    for sid, split in zip(ids, splits):
+        by_case.setdefault(sid.split("/seg")[0], set()).add(split)
+    assert all(len(s) == 1 for s in by_case.values())  # every piece of a case has its case's split
+    assert len(by_case) == 8 and set().union(*by_case.values()) == {"train", "valid", "test"}
+    _, u, v = _case(tree, "dam", 1)
+    assert sum(1 for s in ids if s.startswith("dam/bc/case0001#0/seg")) == len(u) // 20
+    row = ids.index("dam/bc/case0001#0/seg0")
+    np.testing.assert_array_equal(fields[row, :, 0], u[:20].astype(np.float32))
+    np.testing.assert_array_equal(fields[row, :, 1], v[:20].astype(np.float32))
+    assert np.isfinite(fields).all()  # no NaN padding reaches a stored piece
+
+
+@pytest.mark.parametrize("method", ["nearest", "area-threshold"])
+def test_masks_stay_binary_at_128(tree, tmp_path, method):
+    entry, group = _ingest([tree / "cylinder", tree / "dam"], tmp_path / method, mask_resample=method)
+    assert group["fields"].shape[1:] == (20, 4, 128, 128)
+    assert entry["channels"] == ["u", "v", "pad2", "pad3"] and entry["channel_valid"] == [True, True, False, False]
+    assert entry["resample"]["mask"] == method
+    masks = group["mask"][:]
+    assert masks.dtype == np.uint8 and set(np.unique(masks).tolist()) == {0, 1}
+    ids = [str(s) for s in group["sample"][:]]
+    for problem in ("cylinder", "dam"):
+        row = ids.index(f"{problem}/bc/case0000#0/seg0")
+        native = cfdbench.read([tree / problem / "bc" / "case0000"]).data["mask"].values[0]
+        np.testing.assert_array_equal(masks[row], np.kron(native, np.ones((2, 2), np.uint8)))
+        # and close to the geometry evaluated directly on the 128 grid (differences only at the solid's edge)
+        case, _, _ = _case(tree, problem, 0)
+        direct = cfdbench.geometry_mask(problem, case, (128, 128))
+        assert np.mean(masks[row] != direct) < 0.01

@@ -105,3 +105,64 @@ def test_file_names_parse():
         "split": "train", "seed": 101, "buo_y": 0.5, "n": 100}
     assert pdearena.parse_name(Path("NavierStokes2D_test_7_0.31250.h5"))["buo_y"] == 0.3125
     assert pdearena.parse_name(Path("other.h5")) is None
+
+
+# ------------------------------------------------------------------------------------------------ through ingest
+
+def _ingest(paths, out, **options):
+    import zarr
+
+    from dpot_data.ingest import IngestOptions, ingest
+
+    opts = IngestOptions(stats=False, **{"formats": ("zarr",), **options})
+    manifest = ingest(pdearena.read(paths), out, opts).manifest
+    entry = manifest["datasets"][0]
+    return entry, zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
+
+
+def test_ingest_native_exact_and_split_from_files(standard, tmp_path):
+    entry, group = _ingest(standard, tmp_path / "out", resolution=None)
+    assert entry["splits"]["counts"] == {"train": 2, "valid": 2, "test": 2}
+    assert entry["splits"]["rule"] == "fixed by the source files"
+    ids, splits = list(group["sample"][:]), list(group["split"][:])
+    with h5py.File(standard[2]) as f:
+        raw = np.stack([np.swapaxes(f[f"test/{k}"][()], 2, 3) for k in ("u", "vx", "vy")], axis=2).astype(np.float32)
+    rows = [ids.index(f"{standard[2].name}#{i}") for i in range(2)]
+    np.testing.assert_array_equal(group["fields"][:][rows, :, :3], raw)
+    assert [splits[r] for r in rows] == ["test", "test"]
+    assert group["buo_y"][:].tolist() == [0.5] * 6
+
+
+def test_ingest_at_128_shards_carry_buo_y(conditioned, tmp_path):
+    import io
+    import json
+    import tarfile
+
+    entry, group = _ingest(conditioned, tmp_path / "out", formats=("zarr", "wds"))
+    assert group["fields"].shape == (8, 6, 4, 128, 128)
+    assert entry["channels"] == ["u", "vx", "vy", "pad3"] and entry["channel_valid"] == [True, True, True, False]
+    assert entry["resample"] == {"fields": "bilinear", "mask": "nearest", "antialias": False}
+    metas = []
+    for shard in entry["shards"]:
+        with tarfile.open(tmp_path / "out" / shard["path"]) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".meta.json"):
+                    metas.append(json.load(tar.extractfile(member)))
+                if member.name.endswith(".fields.npy"):
+                    arr = np.load(io.BytesIO(tar.extractfile(member).read()), allow_pickle=False)
+                    assert arr.shape == (6, 4, 128, 128) and arr.dtype == np.float32
+    assert sorted(m["params"]["buo_y"] for m in metas) == [0.2] * 4 + [0.4] * 4
+
+
+def test_ingest_truncated_file_among_three_is_skipped_in_the_manifest(standard, tmp_path):
+    copies = []
+    for p in standard:
+        q = tmp_path / p.name
+        q.write_bytes(p.read_bytes())
+        copies.append(q)
+    copies[0].write_bytes(copies[0].read_bytes()[:5000])
+    entry, group = _ingest(copies, tmp_path / "out")
+    assert [s["what"] for s in entry["skipped"]] == [copies[0].name]
+    assert "truncated" in entry["skipped"][0]["reason"]
+    assert entry["trajectories"] == 4 and entry["splits"]["counts"] == {"train": 0, "valid": 2, "test": 2}
+    assert sorted(Path(i["path"]).name for i in entry["inputs"]) == sorted(p.name for p in copies[1:])

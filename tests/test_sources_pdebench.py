@@ -164,3 +164,76 @@ def test_dataset_names_follow_the_catalog():
         "pdebench-cfd3d-m0.1-rand"
     assert pdebench.parse_cfd_name(Path("2D_CFD_Rand_M0.1_Eta1e-08_Zeta1e-08_periodic_512_Train.hdf5")) == {
         "M": 0.1, "eta": 1e-8, "zeta": 1e-8, "kind": "Rand", "dims": 2, "res": 512}
+
+
+# ------------------------------------------------------------------------------------------------ through ingest
+
+def _ingest(paths, out, **options):
+    import zarr
+
+    from dpot_data.ingest import IngestOptions, ingest
+
+    opts = IngestOptions(formats=("zarr",), stats=False, **options)
+    manifest = ingest(pdebench.read(paths), out, opts).manifest
+    entry = manifest["datasets"][0]
+    return entry, zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
+
+
+def test_ingest_at_native_resolution_reproduces_raw_values(files, tmp_path):
+    entry, group = _ingest([files["cfd"]], tmp_path / "cfd", resolution=None)
+    assert entry["resample"] == {"fields": "none", "mask": "none", "antialias": False}
+    with h5py.File(files["cfd"]) as f:
+        raw = np.stack([np.swapaxes(f[k][()], 2, 3) for k in ("Vx", "Vy", "density", "pressure")], axis=2)
+    ids = list(group["sample"][:])
+    order = [ids.index(f"{files['cfd'].name}#{i}") for i in range(3)]
+    np.testing.assert_array_equal(group["fields"][:][order], raw)
+    assert entry["channel_valid"] == [True] * 4
+
+    entry, group = _ingest([files["dr"]], tmp_path / "dr", resolution=None)
+    with h5py.File(files["dr"]) as f:
+        raw = np.stack([np.moveaxis(f[f"{i:04d}/data"][()], -1, 1) for i in range(3)])
+    ids = list(group["sample"][:])
+    fields = group["fields"][:][[ids.index(f"{files['dr'].name}#{i:04d}") for i in range(3)]]
+    np.testing.assert_array_equal(fields[:, :, :2], raw)
+    assert np.all(fields[:, :, 2:] == 1.0)  # padded with the recorded fill value
+    assert entry["channels"] == ["u", "v", "pad2", "pad3"] and entry["channel_valid"] == [True, True, False, False]
+
+
+@pytest.mark.parametrize("kind,channels,method", [
+    ("cfd", ["Vx", "Vy", "density", "pressure"], "fourier"),
+    ("dr", ["u", "v", "pad2", "pad3"], "bilinear"),
+    ("swe", ["h", "pad1", "pad2", "pad3"], "bilinear"),
+])
+def test_ingest_at_128_has_dpots_layout(files, tmp_path, kind, channels, method):
+    entry, group = _ingest([files[kind]], tmp_path / kind)
+    assert group["fields"].shape[2:] == (4, 128, 128) and group["mask"].shape[1:] == (128, 128)
+    assert entry["channels"] == channels
+    assert entry["channel_valid"] == [not c.startswith("pad") for c in channels]
+    assert entry["grid"] == {"dims": ["y", "x"], "shape": [128, 128], "native_shape": [16, 16]}
+    assert entry["resample"]["fields"] == method
+    assert np.isfinite(group["fields"][:]).all()
+
+
+def test_ingest_3d_keeps_three_spatial_axes(files, tmp_path):
+    entry, group = _ingest([files["cfd3d"]], tmp_path / "cfd3d", resolution=None, channels=5)
+    assert group["fields"].shape == (2, 3, 5, 6, 6, 6) and entry["grid"]["dims"] == ["z", "y", "x"]
+    with h5py.File(files["cfd3d"]) as f:
+        raw = np.transpose(f["density"][()], (0, 1, 4, 3, 2))
+    ids = list(group["sample"][:])
+    np.testing.assert_array_equal(group["fields"][:][[ids.index(f"{files['cfd3d'].name}#{i}") for i in range(2)], :, 3],
+                                  raw)
+
+
+def test_real_fixture_ingests_with_its_config_as_provenance(raw_fixtures, tmp_path):
+    path = raw_fixtures / FIXTURE
+    entry, group = _ingest([path], tmp_path / "dr")
+    assert entry["name"] == "pdebench-dr" and entry["trajectories"] == 3 and entry["frames"] == 21
+    assert entry["parameters"]["Du"] == 0.001 and entry["dt"] == 0.25 and entry["skipped"] == []
+    assert entry["resample"]["fields"] == "none"
+    with h5py.File(path) as f:
+        assert entry["provenance"]["files"][FIXTURE]["config"] == f["0001"].attrs["config"].replace(
+            "seed: 1", "seed: 0")  # the first group's text, verbatim
+        raw = np.moveaxis(f["0001/data"][()], -1, 1)
+    ids = list(group["sample"][:])
+    np.testing.assert_array_equal(group["fields"][ids.index(f"{FIXTURE}#0001")][:, :2], raw)
+    assert entry["inputs"][0]["sha256"] == "d921d968951ce025361f06db702c6467aca23d0634faaef061e88673ce664b9b"
