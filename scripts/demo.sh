@@ -5,5 +5,6 @@ OUT=${1:-demo-out}
 BIN=${BIN:-.venv/bin}
 rm -rf "$OUT"
 "$BIN/dpot-data" synth fno --out "$OUT/raw" --n 24 --frames 20 --seed 0
-"$BIN/dpot-data" ingest fno "$OUT"/raw/*.mat --out "$OUT/shards"
+# the v5 and v7.3 files hold the same trajectories: ingest one of them
+"$BIN/dpot-data" ingest fno "$OUT"/raw/NavierStokes_*.mat --out "$OUT/shards"
 "$BIN/dpot-data" inspect "$OUT/shards"

@@ -1,0 +1,108 @@
+"""`inspect`: what an ingest output folder holds, read from its manifest and checked against the files on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpot_data import manifest as mf
+from dpot_data.hashing import check_dataset
+
+
+def _tree_bytes(path: Path) -> int:
+    """Total size of the files under a folder (0 when absent)."""
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def dataset_report(root: Path, entry: dict[str, Any], verify: bool = False) -> dict[str, Any]:
+    """One dataset: its manifest facts, the bytes found on disk, and the size (or sha256 when verify) checks."""
+    checks = check_dataset(root, entry, rehash=verify)
+    failed = [c.to_dict() for c in checks if not c.ok]
+    shard_bytes_disk = sum((root / s["path"]).stat().st_size for s in entry["shards"] if (root / s["path"]).is_file())
+    zarr_bytes = _tree_bytes(root / entry["zarr"]["path"] / entry["zarr"]["group"]) if entry["zarr"] else 0
+    if not checks:
+        status = "nothing to check"
+    elif failed:
+        status = f"FAILED ({len(failed)} of {len(checks)})"
+    else:
+        status = "sha256 ok" if verify else "sizes ok"
+    return {
+        "name": entry["name"],
+        "source": entry["source"],
+        "boundary": entry["boundary"],
+        "parameters": entry["parameters"],
+        "trajectories": entry["trajectories"],
+        "splits": entry["splits"]["counts"],
+        "frames": entry["frames"],
+        "dt": entry["dt"],
+        "channels": [{"name": n, "valid": v} for n, v in zip(entry["channels"], entry["channel_valid"])],
+        "fill_value": entry["fill_value"],
+        "grid": entry["grid"],
+        "resample": entry["resample"],
+        "shards": {
+            "count": len(entry["shards"]),
+            "samples": sum(s["samples"] for s in entry["shards"]),
+            "bytes_manifest": sum(s["bytes"] for s in entry["shards"]),
+            "bytes_on_disk": shard_bytes_disk,
+        },
+        "zarr": None if not entry["zarr"] else {"path": f"{entry['zarr']['path']}/{entry['zarr']['group']}",
+                                                "arrays": sorted(entry["zarr"]["arrays"]), "bytes_on_disk": zarr_bytes},
+        "bytes_on_disk": shard_bytes_disk + zarr_bytes,
+        "inputs": len(entry["inputs"]),
+        "skipped": len(entry["skipped"]),
+        "checksums": {"verified": verify, "checked": len(checks), "status": status, "ok": not failed,
+                      "failed": failed},
+    }
+
+
+def inspect_dir(path: str | Path, verify: bool = False) -> dict[str, Any]:
+    """Report on an ingest output folder: manifest header plus one `dataset_report` per dataset."""
+    root = Path(path)
+    manifest = mf.read(root)
+    datasets = [dataset_report(root, entry, verify) for entry in manifest["datasets"]]
+    return {
+        "path": str(root),
+        "manifest": str(root / mf.MANIFEST_NAME),
+        "schema_version": manifest["schema_version"],
+        "tool": manifest["tool"],
+        "created": manifest["created"],
+        "command": manifest["command"],
+        "datasets": datasets,
+        "ok": all(d["checksums"]["ok"] for d in datasets),
+    }
+
+
+def human_bytes(n: int) -> str:
+    """1536 → '1.5 KiB'."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def render(report: dict[str, Any]) -> Any:
+    """A rich Table of the report: one row per dataset."""
+    from rich.table import Table
+
+    table = Table(title=f"{report['path']}  (manifest v{report['schema_version']}, {report['created']})")
+    for column in ("dataset", "source", "trajectories", "frames", "channels", "grid", "resample", "shards", "bytes",
+                   "checksums"):
+        table.add_column(column)
+    for d in report["datasets"]:
+        splits = " / ".join(f"{k} {v}" for k, v in d["splits"].items() if v)
+        names = [c["name"] for c in d["channels"] if c["valid"]]
+        pads = len(d["channels"]) - len(names)
+        channels = ", ".join(names) + (f" + {pads} pad" if pads else "")
+        grid = "x".join(map(str, d["grid"]["shape"]))
+        native = "x".join(map(str, d["grid"]["native_shape"]))
+        grid_text = grid if grid == native else f"{grid} (from {native})"
+        resample = d["resample"]["fields"] + ("" if d["resample"]["mask"] == "none" else f", mask {d['resample']['mask']}")
+        status = d["checksums"]["status"]
+        table.add_row(d["name"], d["source"], f"{d['trajectories']} ({splits})", str(d["frames"]), channels, grid_text,
+                      resample, str(d["shards"]["count"]), human_bytes(d["bytes_on_disk"]),
+                      status if d["checksums"]["ok"] else f"[red]{status}[/red]")
+    return table
