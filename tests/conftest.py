@@ -47,3 +47,13 @@ def fno_train_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = base / "shards"
     ingest_files("fno", [files[0]], out, IngestOptions(resolution=32, split=(0.75, 0.125), seed=0))
     return out
+
+
+@pytest.fixture(scope="session")
+def fno_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny FNO Navier-Stokes solution (4 trajectories, 4 frames, 64x64) written as MAT v5 and as MAT v7.3."""
+    from dpot_data.synth.fno import synth_fno
+
+    folder = tmp_path_factory.mktemp("fno_pair")
+    v5, v73 = synth_fno(folder, n=4, frames=4, viscosity=1e-3, seed=1, resolution=64)
+    return {"dir": folder, "v5": v5, "v73": v73}
