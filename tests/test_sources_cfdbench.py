@@ -161,3 +161,15 @@ def test_masks_stay_binary_at_128(tree, tmp_path, method):
         case, _, _ = _case(tree, problem, 0)
         direct = cfdbench.geometry_mask(problem, case, (128, 128))
         assert np.mean(masks[row] != direct) < 0.01
+
+
+def test_nonfinite_case_is_left_out_but_padding_is_not(tree, tmp_path):
+    copy = tmp_path / "tree"
+    shutil.copytree(tree / "cavity", copy / "cavity")
+    u = np.load(copy / "cavity" / "bc" / "case0001" / "u.npy")
+    u[-1, 10, 10] = np.nan
+    np.save(copy / "cavity" / "bc" / "case0001" / "u.npy", u)
+    result = cfdbench.read([copy])
+    assert result.skipped == [("cavity/bc/case0001#0", f"NaN or Inf in 1 of {len(u)} frames (first: frame {len(u) - 1})")]
+    assert list(result.data["sample"].values) == ["cavity/bc/case0000#0"] and result.lengths.tolist() == [
+        len(np.load(copy / "cavity" / "bc" / "case0000" / "u.npy"))]

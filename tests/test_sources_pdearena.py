@@ -166,3 +166,21 @@ def test_ingest_truncated_file_among_three_is_skipped_in_the_manifest(standard, 
     assert "truncated" in entry["skipped"][0]["reason"]
     assert entry["trajectories"] == 4 and entry["splits"]["counts"] == {"train": 0, "valid": 2, "test": 2}
     assert sorted(Path(i["path"]).name for i in entry["inputs"]) == sorted(p.name for p in copies[1:])
+
+
+def test_nonfinite_trajectory_is_left_out_and_counted(standard, tmp_path):
+    copy = tmp_path / standard[0].name
+    copy.write_bytes(standard[0].read_bytes())
+    with h5py.File(copy, "a") as f:
+        f["train/vx"][1, 5, 3, 4] = np.nan
+        f["train/u"][1, 7, 0, 0] = np.inf
+    result = pdearena.read([copy, standard[1]])
+    assert result.skipped == [(f"{copy.name}#1", "NaN or Inf in 2 of 14 frames (first: frame 5)")]
+    assert list(result.data["sample"].values) == [f"{copy.name}#0", f"{standard[1].name}#0", f"{standard[1].name}#1"]
+    assert result.split.tolist() == ["train", "valid", "valid"] and len(result.sample_params["buo_y"]) == 3
+    entry, group = _ingest([copy, standard[1]], tmp_path / "out")
+    assert entry["trajectories"] == 3
+    assert entry["skipped"] == [{"what": f"{copy.name}#1", "reason": "NaN or Inf in 2 of 14 frames (first: frame 5)"}]
+    assert np.isfinite(group["fields"][:]).all()
+    kept = pdearena.read([copy], check_finite=False)
+    assert kept.n_samples == 2 and kept.skipped == []

@@ -11,11 +11,17 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dask.array as da
 import h5py
 import numpy as np
 from dask.base import tokenize
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+    from dpot_data.sources.base import ReadResult
 
 TARGET_BLOCK_BYTES = 64 << 20
 
@@ -90,3 +96,43 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a .npy file from its header (memory-mapped, no data read); ValueError/OSError if broken."""
     arr = np.load(path, mmap_mode="r", allow_pickle=False)
     return tuple(arr.shape), arr.dtype
+
+
+def nonfinite_samples(data: "xr.Dataset", lengths: np.ndarray | None = None) -> list[tuple[int, str]]:
+    """(index, reason) of every trajectory holding NaN or Inf in its valid frames (one streamed read pass).
+
+    Frames past `lengths` (NaN padding of variable-length sources) are not checked.
+    """
+    fields = data["fields"].data
+    finite = da.isfinite(fields).all(axis=tuple(range(2, fields.ndim)))  # (sample, time)
+    per_frame = np.asarray(finite.compute())
+    out = []
+    for i, frames in enumerate(per_frame):
+        valid = frames[: int(lengths[i])] if lengths is not None else frames
+        bad = np.flatnonzero(~valid)
+        if bad.size:
+            out.append((i, f"NaN or Inf in {bad.size} of {valid.size} frames (first: frame {int(bad[0])})"))
+    return out
+
+
+def drop_nonfinite(result: "ReadResult") -> "ReadResult":
+    """The result without trajectories holding NaN/Inf; each one is added to `skipped` with its id and reason."""
+    bad = nonfinite_samples(result.data, result.lengths)
+    if not bad:
+        return result
+    drop = {i for i, _ in bad}
+    keep = np.array([i for i in range(result.n_samples) if i not in drop], dtype=np.int64)
+    if keep.size == 0:
+        from dpot_data.errors import InputError
+
+        where = result.inputs[0] if result.inputs else "<inputs>"
+        raise InputError(where, f"every trajectory holds NaN or Inf ({bad[0][1]} in the first); nothing to ingest")
+    ids = result.data["sample"].values
+    result.skipped.extend((str(ids[i]), reason) for i, reason in bad)
+    result.data = result.data.isel(sample=keep)
+    if result.split is not None:
+        result.split = np.asarray(result.split)[keep]
+    if result.lengths is not None:
+        result.lengths = np.asarray(result.lengths)[keep]
+    result.sample_params = {k: np.asarray(v)[keep] for k, v in result.sample_params.items()}
+    return result

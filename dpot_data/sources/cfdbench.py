@@ -26,7 +26,7 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, file_token, npy_header, to_dask
+from dpot_data.sources._blocks import SampleBlocks, auto_block, drop_nonfinite, file_token, npy_header, to_dask
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -161,11 +161,13 @@ class _Blocks(SampleBlocks):
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int = DEFAULT_SEGMENT,
-         problems: Sequence[str] | None = None, block: int | None = None) -> ReadResult:
+         problems: Sequence[str] | None = None, block: int | None = None, check_finite: bool = True) -> ReadResult:
     """Open CFDBench cases lazily as one dataset of variable-length trajectories with per-case geometry masks.
 
     `problems` keeps only the named problems (default: all found). A case whose u/v/case.json cannot be read is
     skipped and reported; wrong shapes or missing case.json keys raise InputError naming the file and the key.
+    With `check_finite` (one streamed pass over the data), cases holding NaN or Inf in their frames are left out and
+    listed in `skipped` with their id.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -225,5 +227,6 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
                    "cases": {c.id: {"frames": c.frames, "dtype": list(c.dtypes), "case": c.params} for c in cases},
                }},
     )
-    return ReadResult(data=data, lengths=lengths, segment=int(segment), sample_params=sample_params,
-                      skipped=skipped, inputs=[c.folder / n for c in cases for n in ("u.npy", "v.npy", "case.json")])
+    result = ReadResult(data=data, lengths=lengths, segment=int(segment), sample_params=sample_params,
+                        skipped=skipped, inputs=[c.folder / n for c in cases for n in ("u.npy", "v.npy", "case.json")])
+    return drop_nonfinite(result) if check_finite else result

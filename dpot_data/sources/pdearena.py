@@ -21,7 +21,7 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, file_token, hdf5_problem, to_dask
+from dpot_data.sources._blocks import SampleBlocks, auto_block, drop_nonfinite, file_token, hdf5_problem, to_dask
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -97,8 +97,11 @@ def _inspect(path: Path) -> dict[str, object]:
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: bool | None = None,
-         block: int | None = None) -> ReadResult:
+         block: int | None = None, check_finite: bool = True) -> ReadResult:
     """Open PDEArena NS files lazily as one dataset; the split and buo_y of every trajectory come from its file.
+
+    With `check_finite` (one streamed pass over the data), trajectories holding NaN or Inf are left out and listed
+    in `skipped` with their id.
 
     `conditioned` picks the dataset name (pdearena-ns-cond or pdearena-ns); by default it is true when a folder
     name says "conditoned"/"conditioned", buo_y differs between trajectories, or trajectories have 56 frames.
@@ -163,5 +166,6 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
                "provenance": {"reader": "dpot_data.sources.pdearena", "reader_version": READER_VERSION,
                               "conditioned": bool(conditioned), "files": notes}},
     )
-    return ReadResult(data=data, split=np.array(splits), sample_params={"buo_y": buo_y}, skipped=skipped,
-                      inputs=[p for p, _ in good])
+    result = ReadResult(data=data, split=np.array(splits), sample_params={"buo_y": buo_y}, skipped=skipped,
+                        inputs=[p for p, _ in good])
+    return drop_nonfinite(result) if check_finite else result

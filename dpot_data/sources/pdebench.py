@@ -25,7 +25,7 @@ import yaml
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, file_token, hdf5_problem, to_dask
+from dpot_data.sources._blocks import SampleBlocks, auto_block, drop_nonfinite, file_token, hdf5_problem, to_dask
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -366,11 +366,13 @@ def layout(path: Path) -> str:
                            f"'0000'.. holding 'data' (diffusion-reaction, shallow water); found {found}")
 
 
-def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | None = None) -> ReadResult:
+def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | None = None,
+         check_finite: bool = True) -> ReadResult:
     """Open PDEBench files lazily as one canonical dataset (all files of one kind and parameter set).
 
     Among several files, one that cannot be opened (truncated, corrupt) is skipped and reported; a single bad
-    file, or files of different kinds, raise InputError naming the file.
+    file, or files of different kinds, raise InputError naming the file. With `check_finite` (one streamed pass over
+    the data), trajectories holding NaN or Inf are left out and listed in `skipped` with their id.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -396,4 +398,4 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
             raise InputError(p, f"expected a {kinds[0]} file like {good[0].name}: ingest each kind as its own dataset")
     result = (_read_cfd if kinds[0] == "cfd" else _read_grouped)(good, name=name, block=block)
     result.skipped.extend(skipped)
-    return result
+    return drop_nonfinite(result) if check_finite else result
