@@ -112,3 +112,24 @@ def test_prefetch_computes_the_next_window_while_the_caller_works() -> None:
                 time.sleep(0.1)
                 consumed_first_window_at = time.perf_counter()
     assert started[2] > consumed_first_window_at
+
+
+def test_ingest_on_a_distributed_cluster_equals_local(cluster, tmp_path) -> None:
+    import json
+
+    from dpot_data.ingest import IngestOptions, run_ingest
+    from tests.toy_output import write_fno_raw
+
+    raw = write_fno_raw(tmp_path / "raw", n=12, res=32, frames=6)
+
+    def run(out, **where):
+        opts = IngestOptions(resolution=16, shard_size=100 << 10, block=2, command="test", **where)
+        return run_ingest("fno", [raw], tmp_path / out, opts).manifest
+
+    local = run("local", workers=2)
+    remote = run("remote", scheduler=cluster.scheduler_address)
+    for m in (local, remote):
+        m.pop("created")
+    assert len(local["datasets"][0]["shards"]) >= 3
+    assert json.dumps(remote, sort_keys=True) == json.dumps(local, sort_keys=True)
+    assert local["datasets"][0]["stats"]["trajectories"] == local["datasets"][0]["splits"]["counts"]["train"]

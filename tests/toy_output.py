@@ -86,3 +86,22 @@ def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16) -> t
     with fsspec.open(fs.join(root, "manifest.json"), "w") as f:
         json.dump(build([entry], command="toy", created="2026-01-01T00:00:00Z"), f)
     return fields, mask
+
+
+def write_fno_raw(folder, n: int = 24, res: int = 64, frames: int = 10, seed: int = 7):
+    """A small FNO Navier–Stokes v5 file of smooth travelling waves (fast to write; the reader only checks layout)."""
+    from pathlib import Path
+
+    from dpot_data.synth.fno import write_mat_v5
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    g = np.arange(res) / res
+    xx, yy = np.meshgrid(g, g, indexing="ij")
+    phase = np.random.default_rng(seed).uniform(0, 2 * np.pi, size=(n, 2))
+    waves = np.stack([np.sin(2 * np.pi * (xx + 0.05 * k) + phase[:, :1, None]) *
+                      np.cos(2 * np.pi * yy + phase[:, 1:, None]) for k in range(frames + 1)], axis=-1)
+    path = folder / f"NavierStokes_V1e-3_N{n}_T{frames}.mat"
+    t = np.arange(1, frames + 1, dtype=np.float32)[None, :]
+    write_mat_v5(path, waves[..., 0].astype(np.float32), waves[..., 1:].astype(np.float32), t)
+    return path

@@ -1,0 +1,359 @@
+"""The resume journal of an ingest: what a re-run after a crash or SIGKILL may keep instead of redoing.
+
+Ingest writes everything into a staging folder `OUT/.staging-<dataset>` and publishes it at the end (manifest last).
+The journal (`journal.jsonl` in that folder, one fsynced JSON line per finished block of trajectories) records:
+
+- a header with the fingerprint of the job (inputs by path/size/mtime, every option that changes the output, tool
+  version): a re-run with anything different starts afresh;
+- per block: the stored trajectories written so far, the shards completed during the block (path, size, sha256,
+  samples), and the train statistics accumulated so far (float64 values, exact through JSON).
+
+A re-run resumes at the first block holding a trajectory that is in no completed shard of its split: completed
+shards stay as they are, the Zarr rows before that block are kept (and re-hashed), the statistics restart from the
+journalled accumulator, and every later block is written again. Because shard roll-over depends only on the
+trajectories in order, the resumed output is byte-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+import dpot_data
+from dpot_data.stats import FieldStats, Moments
+
+JOURNAL_NAME = "journal.jsonl"
+LOCK_NAME = "lock"
+STAGING_PREFIX = ".staging-"
+FORMAT = 1
+
+
+class JournalBusy(RuntimeError):
+    """Another process holds the staging folder of the same dataset (two ingests into one OUT)."""
+
+
+def fingerprint(parts: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of everything that determines the output."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def input_identity(paths: Sequence[str | os.PathLike[str]]) -> list[list[Any]]:
+    """Inputs as [resolved path, size, mtime_ns]: a changed raw file makes a different job."""
+    out = []
+    for p in paths:
+        st = os.stat(p)
+        out.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
+    return out
+
+
+NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command"})
+
+
+def options_identity(options: Any) -> dict[str, Any]:
+    """The fields of an IngestOptions dataclass that shape the output (not how or where it runs)."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(options).items() if k not in NOT_OUTPUT_OPTIONS}
+
+
+def job_fingerprint(inputs: Sequence[str | os.PathLike[str]], options: Mapping[str, Any],
+                    blocks: Sequence[tuple[int, int]]) -> str:
+    """Fingerprint of one ingest job: inputs, output-shaping options, block layout and tool version."""
+    return fingerprint({"format": FORMAT, "tool": dpot_data.__version__, "inputs": input_identity(inputs),
+                        "options": dict(options), "blocks": [list(b) for b in blocks]})
+
+
+# ------------------------------------------------------------------------------------------------ (de)serialising
+
+def moments_to_json(m: Moments) -> dict[str, list]:
+    """Moments as JSON lists (Python floats round-trip float64 exactly)."""
+    return {"count": m.count.tolist(), "mean": m.mean.tolist(), "m2": m.m2.tolist(),
+            "min": m.min.tolist(), "max": m.max.tolist()}
+
+
+def moments_from_json(d: Mapping[str, list]) -> Moments:
+    """Inverse of moments_to_json."""
+    return Moments(count=np.asarray(d["count"], dtype=np.int64), mean=np.asarray(d["mean"], dtype=np.float64),
+                   m2=np.asarray(d["m2"], dtype=np.float64), min=np.asarray(d["min"], dtype=np.float64),
+                   max=np.asarray(d["max"], dtype=np.float64))
+
+
+def stats_to_json(s: FieldStats | None) -> dict | None:
+    """FieldStats as JSON (None stays None)."""
+    if s is None:
+        return None
+    return {"values": moments_to_json(s.values), "diffs": moments_to_json(s.diffs), "trajectories": s.trajectories}
+
+
+def stats_from_json(d: Mapping[str, Any] | None) -> FieldStats | None:
+    """Inverse of stats_to_json."""
+    if d is None:
+        return None
+    return FieldStats(moments_from_json(d["values"]), moments_from_json(d["diffs"]), int(d["trajectories"]))
+
+
+# ------------------------------------------------------------------------------------------------ resume state
+
+@dataclass
+class ResumePoint:
+    """Where a job continues: first block to process, first stored row, kept shards and statistics."""
+
+    block: int = 0
+    row: int = 0
+    shards: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # split -> completed shard dicts
+    stats: dict | None = None
+
+    def kept_samples(self, split: str) -> int:
+        """Trajectories of `split` already in completed shards."""
+        return sum(int(s["samples"]) for s in self.shards.get(split, []))
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The journal's complete JSON lines (a line cut short by a kill is dropped)."""
+    if not path.is_file():
+        return []
+    out = []
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                out.append(json.loads(raw))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+def resume_point(lines: Sequence[Mapping[str, Any]], row_splits: Sequence[str],
+                 block_rows: Sequence[int]) -> ResumePoint:
+    """From journal block lines, the split of every stored row and the cumulative rows after each block."""
+    shards: dict[str, dict[str, dict[str, Any]]] = {}  # split -> path -> shard, in completion order
+    after: dict[int, Mapping[str, Any]] = {}
+    for line in lines:
+        if "block" not in line:
+            continue
+        after[int(line["block"])] = line
+        for shard in line.get("shards", []):
+            shards.setdefault(shard["split"], {})[shard["path"]] = dict(shard)
+    if not after:
+        return ResumePoint()
+    kept = {s: list(v.values()) for s, v in shards.items()}
+    # first row, per split, that no completed shard holds; the job resumes at the block of the earliest of them
+    done = {s: sum(int(x["samples"]) for x in v) for s, v in kept.items()}
+    seen: dict[str, int] = {}
+    first_missing = len(row_splits)
+    for row, split in enumerate(row_splits):
+        seen[split] = seen.get(split, 0) + 1
+        if seen[split] > done.get(split, 0):
+            first_missing = row
+            break
+    block = 0
+    while block < len(block_rows) and block_rows[block] <= first_missing:
+        block += 1
+    if block > 0 and (block - 1) not in after:  # cannot happen with an intact journal; restart to be safe
+        return ResumePoint()
+    row = block_rows[block - 1] if block > 0 else 0
+    stats = after[block - 1].get("stats") if block > 0 else None
+    # completed shards holding rows past `row` are kept too: `Journal.needs` skips their trajectories
+    return ResumePoint(block=block, row=row, shards=kept, stats=stats)
+
+
+# ------------------------------------------------------------------------------------------------ the journal
+
+class Journal:
+    """Owns `OUT/.staging-<name>`: creates or resumes it, records finished blocks, holds an exclusive lock."""
+
+    def __init__(self, staging: Path, point: ResumePoint, lock_fd: int) -> None:
+        self.staging = staging
+        self.point = point
+        self._lock_fd = lock_fd
+        self._reported: set[str] = {s["path"] for v in point.shards.values() for s in v}
+        self._seen: dict[str, int] = {}
+        self._kept = {split: point.kept_samples(split) for split in point.shards}
+
+    @property
+    def resumed(self) -> bool:
+        """True when this run continues an interrupted one."""
+        return self.point.block > 0
+
+    @classmethod
+    def open(cls, out: Path, name: str, job: str, row_splits: Sequence[str], block_rows: Sequence[int],
+             zarr: bool = True) -> "Journal":
+        """Resume the staging folder of `name` in `out` when its journal has the same job fingerprint and its kept
+        files are intact, else start it afresh. Raises JournalBusy when another process is writing it."""
+        out.mkdir(parents=True, exist_ok=True)
+        staging = out / f"{STAGING_PREFIX}{name}"
+        for child in out.iterdir():  # other staging folders: leftovers of other jobs, never under a final name
+            if child.is_dir() and child.name.startswith(STAGING_PREFIX) and child != staging:
+                shutil.rmtree(child, ignore_errors=True)
+        staging.mkdir(exist_ok=True)
+        lock_fd = _lock(staging)
+        try:
+            lines = read_lines(staging / JOURNAL_NAME)
+            point = ResumePoint()
+            if lines and lines[0].get("job") == job:
+                point = resume_point(lines, row_splits, block_rows)
+                if point.block > 0 and not _staged_files_ok(staging, point, zarr):
+                    point = ResumePoint()
+            if point.block == 0:
+                _empty_folder(staging, keep={LOCK_NAME})
+                _append(staging / JOURNAL_NAME, {"job": job, "format": FORMAT, "dataset": name})
+        except BaseException:
+            _unlock(lock_fd)
+            raise
+        journal = cls(staging, point, lock_fd)
+        journal.start_counts(row_splits)
+        return journal
+
+    def describe(self) -> str:
+        """One line for the user about what a resumed run kept."""
+        shards = sum(len(v) for v in self.point.shards.values())
+        return (f"{self.staging.parent}: resumed an interrupted ingest at trajectory {self.point.row} "
+                f"(block {self.point.block}); kept {shards} completed shard(s)")
+
+    def stats(self, n_channels: int) -> FieldStats:
+        """The train statistics accumulated before the resume point (empty when starting afresh)."""
+        restored = stats_from_json(self.point.stats)
+        return restored if restored is not None else FieldStats.empty(n_channels)
+
+    def restore_shards(self, writer: Any) -> Any:
+        """Give a SplitShardWriter the shards its split already completed, so numbering continues after them."""
+        from dpot_data.writers.wds_shards import ShardInfo
+
+        writer.done = [ShardInfo(**s) for s in self.point.shards.get(writer.split, [])]
+        return writer
+
+    def start_counts(self, row_splits: Sequence[str]) -> None:
+        """Count, per split, the stored rows before the resume row (used by `needs`)."""
+        self._seen = {}
+        for split in row_splits[: self.point.row]:
+            self._seen[split] = self._seen.get(split, 0) + 1
+
+    def needs(self, split: str) -> bool:
+        """Call once per stored trajectory from the resume row on, in order: False when a completed shard has it."""
+        self._seen[split] = self._seen.get(split, 0) + 1
+        return self._seen[split] > self._kept.get(split, 0)
+
+    def record(self, block: int, rows: int, stats: FieldStats | None, writers: Mapping[str, Any]) -> None:
+        """Journal a finished block: rows stored so far, shards completed since the last record, statistics."""
+        new = []
+        for split in sorted(writers):
+            for info in writers[split].done:
+                if info.path not in self._reported:
+                    new.append(info.to_dict())
+                    self._reported.add(info.path)
+        _append(self.staging / JOURNAL_NAME,
+                {"block": int(block), "rows": int(rows), "shards": new, "stats": stats_to_json(stats)})
+
+    def close(self) -> None:
+        """Release the lock (the staging folder itself is removed by publishing, or kept for a resume)."""
+        _unlock(self._lock_fd)
+        self._lock_fd = -1
+
+
+def zarr_writer(journal: Journal, store_path: Path, layout: Any) -> Any:
+    """A fresh ZarrDatasetWriter, or, when resuming, one that keeps the rows before the resume point (re-hashed)."""
+    from dpot_data.writers.zarr_store import ZarrDatasetWriter
+
+    if not journal.resumed:
+        return ZarrDatasetWriter(store_path, layout)
+    return _resumed_zarr_writer(store_path, layout, journal.point.row)
+
+
+def _resumed_zarr_writer(store_path: Path, layout: Any, rows: int) -> Any:
+    """Reopen the staged Zarr group without touching its data; hash rows [0, rows) as the writer would have."""
+    import zarr
+
+    from dpot_data.hashing import ArrayHasher
+    from dpot_data.writers.zarr_store import ZarrDatasetWriter
+
+    writer = ZarrDatasetWriter.__new__(ZarrDatasetWriter)
+    writer.store_path = Path(store_path)
+    writer.layout = layout
+    writer.n = len(layout.samples)
+    root = zarr.open_group(str(store_path), mode="r+")
+    writer.group = root[layout.group]
+    writer.fields = writer.group["fields"]
+    writer.mask = writer.group["mask"]
+    writer._hash = {"fields": ArrayHasher(), "mask": ArrayHasher()}
+    step = max(1, (64 << 20) // max(1, int(np.prod(writer.fields.shape[1:])) * 4))
+    for i in range(0, rows, step):
+        j = min(rows, i + step)
+        writer._hash["fields"].update(np.asarray(writer.fields[i:j], dtype=np.float32))
+        writer._hash["mask"].update(np.asarray(writer.mask[i:j], dtype=np.uint8))
+    writer.written = rows
+    return writer
+
+
+def rows_per_block(sources: Sequence[int], blocks: Sequence[tuple[int, int]]) -> list[int]:
+    """Cumulative stored rows after each block, from the source trajectory of every stored row (in order)."""
+    out, total = [], 0
+    src = np.asarray(sources, dtype=np.int64)
+    for i0, i1 in blocks:
+        total += int(np.count_nonzero((src >= i0) & (src < i1)))
+        out.append(total)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ file helpers
+
+def _staged_files_ok(staging: Path, point: ResumePoint, zarr: bool) -> bool:
+    """Every kept shard is there with its recorded size, and the staged Zarr store is there when one is written."""
+    for shards in point.shards.values():
+        for s in shards:
+            p = staging / s["path"]
+            if not p.is_file() or p.stat().st_size != int(s["bytes"]):
+                return False
+    return not zarr or (staging / "data.zarr" / "zarr.json").is_file()
+
+
+def _empty_folder(folder: Path, keep: set[str]) -> None:
+    for child in folder.iterdir():
+        if child.name in keep:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _append(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one JSON line and fsync it (a kill leaves at most one partial line, which is ignored)."""
+    data = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _lock(staging: Path) -> int:
+    """Exclusive, non-blocking lock on the staging folder; JournalBusy when another ingest holds it."""
+    fd = os.open(staging / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise JournalBusy(f"{staging}: another ingest of this dataset is running into the same folder") from None
+        raise
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    if fd >= 0:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
