@@ -114,3 +114,25 @@ def test_wrong_layout_is_refused(tmp_path: Path) -> None:
         load_pretrained(path)
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         load_pretrained(tmp_path / "absent.pth")
+
+
+def test_bf16_weights_load_as_float32_trainable_parameters(reference_dir: Path, reference_io: dict[str, np.ndarray],
+                                                          tmp_path: Path) -> None:
+    state = torch.load(reference_dir / "dpot_tiny.pth", map_location="cpu", weights_only=True)["model"]
+    path = tmp_path / "bf16.pth"
+    torch.save({"model": {k: v.to(torch.bfloat16) for k, v in state.items()}}, path)
+    model = load_pretrained(path)
+    params = list(model.named_parameters())
+    assert len(params) == 43
+    assert all(p.dtype == torch.float32 and p.requires_grad and p.device.type == "cpu" for _, p in params)
+    d_pred, _ = _max_diffs(model, reference_io)
+    assert 1e-6 < d_pred < 5e-2  # rounded weights: close to, but not equal to, the reference
+
+
+def test_payload_of_wrapped_model_has_plain_keys() -> None:
+    model = build_model("tiny")
+    payload = checkpoint_payload(torch.compile(model), epoch=1)
+    assert list(payload["model"]) == list(model.state_dict())
+    assert payload["config"] == model.config.to_dict() and payload["epoch"] == 1
+    with pytest.raises(ValueError, match="reserved"):
+        checkpoint_payload(model, config={})

@@ -16,7 +16,9 @@ from .checkpoint import (
     infer_config,
     load_pretrained,
     load_state_dict_file,
+    load_weights,
     strip_module_prefix,
+    unwrap_model,
 )
 from .config import PRESETS, DPOTConfig, preset
 from .dpot2d import DPOT2D
@@ -38,9 +40,11 @@ __all__ = [
     "infer_config",
     "load_pretrained",
     "load_state_dict_file",
+    "load_weights",
     "model_info",
     "preset",
     "resolve_config",
     "strip_module_prefix",
     "transfer_2d_to_3d",
+    "unwrap_model",
 ]

@@ -177,7 +177,23 @@ def load_weights(model: DPOTBase, state_dict: Mapping[str, torch.Tensor], source
         if mis_shaped:
             parts.append(f"shape mismatches {mis_shaped}")
         raise CheckpointError(f"{source} does not fit the DPOT model: " + "; ".join(parts))
-    model.load_state_dict(state_dict, strict=True)
+    on_meta = any(p.device.type == "meta" for p in expected.values())
+    if on_meta:
+        # Take the checkpoint tensors as the parameters (no second copy), cast to each parameter's dtype.
+        cast = {k: state_dict[k].to(dtype=v.dtype).contiguous() for k, v in expected.items()}
+        model.load_state_dict(cast, strict=True, assign=True)
+    else:
+        model.load_state_dict(state_dict, strict=True)
+
+
+def unwrap_model(model: Any) -> DPOTBase:
+    """The DPOT module inside DistributedDataParallel (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    while not isinstance(model, DPOTBase):
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None:
+            raise TypeError(f"expected a DPOT model (possibly wrapped), got {type(model).__name__}")
+        model = inner
+    return model
 
 
 def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> DPOTBase:
@@ -193,13 +209,14 @@ def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: boo
             config = infer_config(state, hints)
         except CheckpointError as exc:
             raise CheckpointError(f"{path}: {exc}") from exc
-    model = build_model(config)
+    model = build_model(config, device="meta")  # no random initialisation: every tensor comes from the file
     load_weights(model, state, source=str(path))
     return model.to(map_location) if map_location is not None else model
 
 
-def checkpoint_payload(model: DPOTBase, **extra: Any) -> dict[str, Any]:
-    """Dict in our checkpoint format: {'model': state dict, 'config': config dict, **extra}."""
+def checkpoint_payload(model: Any, **extra: Any) -> dict[str, Any]:
+    """Dict in our checkpoint format: {'model': state dict (unwrapped, no prefixes), 'config': config dict, **extra}."""
     if "model" in extra or "config" in extra:
         raise ValueError("'model' and 'config' are reserved checkpoint keys")
-    return {"model": model.state_dict(), "config": model.config.to_dict(), **extra}
+    core = unwrap_model(model)
+    return {"model": core.state_dict(), "config": core.config.to_dict(), **extra}
