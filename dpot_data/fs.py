@@ -76,3 +76,59 @@ def zarr_store(path: str | os.PathLike[str], read_only: bool = True) -> Any:
             return zarr.storage.LocalStore(str(path).split("://", 1)[1], read_only=read_only)
         return zarr.storage.FsspecStore.from_url(str(path), read_only=read_only)
     return zarr.storage.LocalStore(str(path), read_only=read_only)
+
+
+def is_local(path: str | os.PathLike[str]) -> bool:
+    """Plain paths and file:// URLs are local; every other protocol is remote."""
+    return not is_url(path) or str(path).startswith("file://")
+
+
+def local_path(path: str | os.PathLike[str]) -> str:
+    """The local filesystem path of a plain path or file:// URL."""
+    text = str(path)
+    return text[len("file://"):] if text.startswith("file://") else text
+
+
+def localize(path: str | os.PathLike[str], cache: str | os.PathLike[str]) -> str:
+    """A local path for an input: itself when local, else a streamed copy in `cache` under the same file name
+    (readers parse parameters out of file names). A copy of the same size already there is reused."""
+    if is_local(path):
+        return local_path(path)
+    fsys, remote = filesystem(path)
+    name = remote.rstrip("/").rsplit("/", 1)[-1]
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    target = os.path.join(os.fspath(cache), digest, name)
+    size = fsys.size(remote)
+    if os.path.isfile(target) and os.path.getsize(target) == size:
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = target + ".part"
+    with fsys.open(remote, "rb") as src, open(tmp, "wb") as dst:
+        while block := src.read(CHUNK):
+            dst.write(block)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def upload_tree(local_root: str | os.PathLike[str], url: str, last: str = "manifest.json") -> list[str]:
+    """Copy a finished local output folder to `url`, file by file under a temporary name then moved into place,
+    the file `last` (the manifest) after every other one; returns the relative paths copied."""
+    fsys, base = filesystem(url)
+    root = os.fspath(local_root)
+    rels = []
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            rels.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/"))
+    rels.sort(key=lambda r: (r == last, r))
+    for rel in rels:
+        target = f"{base.rstrip('/')}/{rel}"
+        parent = target.rsplit("/", 1)[0]
+        fsys.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.part"
+        with open(os.path.join(root, rel), "rb") as src, fsys.open(tmp, "wb") as dst:
+            while block := src.read(CHUNK):
+                dst.write(block)
+        fsys.mv(tmp, target)
+    return rels

@@ -1,0 +1,80 @@
+"""Inputs and outputs as fsspec URLs: file:// and memory:// give the same output as plain local paths."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from dpot_data.ingest import IngestOptions
+from dpot_data.output import datasets, load_manifest, recompute_stats
+from dpot_data.plot import PlotOptions, render
+from dpot_data.remote import run_ingest_anywhere
+from dpot_data.stats import compare
+from dpot_data.verify import verify_output
+from tests.toy_output import write_fno_raw, write_toy_output
+
+
+def _opts(**kw) -> IngestOptions:
+    return IngestOptions(resolution=16, shard_size=100 << 10, block=4, workers=2, command="test", **kw)
+
+
+def _shards(manifest: dict) -> dict[str, str]:
+    return {s["path"]: s["sha256"] for d in manifest["datasets"] for s in d["shards"]}
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    base = tmp_path_factory.mktemp("fsspec")
+    raw = write_fno_raw(base / "raw", n=10, res=32, frames=5)
+    outcome = run_ingest_anywhere("fno", [raw], base / "local", _opts(), workdir=base / "work")
+    return raw, outcome.manifest
+
+
+def test_memory_input_and_output_match_local_paths(local_run, tmp_path: Path) -> None:
+    raw, local = local_run
+    mem = fsspec.filesystem("memory")
+    tag = uuid.uuid4().hex[:8]
+    mem.pipe(f"/raw-{tag}/{raw.name}", raw.read_bytes())
+    url_in, url_out = f"memory://raw-{tag}/{raw.name}", f"memory://out-{tag}"
+    outcome = run_ingest_anywhere("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
+    assert outcome.written and outcome.notes[-1] == f"uploaded to {url_out}"
+    remote = load_manifest(url_out)
+    assert _shards(remote) == _shards(local)
+    assert remote["datasets"][0]["zarr"]["arrays"] == local["datasets"][0]["zarr"]["arrays"]
+    assert remote["datasets"][0]["inputs"][0]["path"] == url_in
+    assert remote["datasets"][0]["inputs"][0]["sha256"] == local["datasets"][0]["inputs"][0]["sha256"]
+    assert not (tmp_path / "work").exists()  # the local working copy is gone once uploaded
+    # readers of the output work on the URL too
+    assert verify_output(url_out) == []
+    again = recompute_stats(url_out)
+    assert compare(remote["datasets"][0]["stats"], again[remote["datasets"][0]["name"]]) == []
+    assert render(url_out, PlotOptions(trajectories=1))[:4] == b"\x89PNG"
+    # a complete output is left alone
+    second = run_ingest_anywhere("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
+    assert not second.written and "left alone" in second.notes[0]
+
+
+def test_file_urls(local_run, tmp_path: Path) -> None:
+    raw, local = local_run
+    outcome = run_ingest_anywhere("fno", [f"file://{raw}"], f"file://{tmp_path}/out", _opts())
+    assert outcome.written
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert _shards(manifest) == _shards(local)
+    assert verify_output(f"file://{tmp_path}/out") == []
+
+
+def test_toy_output_readers_on_memory_urls() -> None:
+    url = f"memory://toy-{uuid.uuid4().hex[:8]}"
+    fields, mask = write_toy_output(url)
+    view = datasets(url)[0]
+    assert list(view.split_labels()) == ["train", "train", "valid", "train", "test"]
+    assert [int(s.meta["index"]) for s in view.iter_shards()] == [0, 1, 3, 2, 4]
+    sample = view.trajectory(3)
+    assert (sample.fields == fields[3]).all() and (sample.mask == mask[3]).all()
+    fsspec.filesystem("memory").pipe(url.replace("memory://", "/") + "/shards/toy/train-000000.tar", b"broken")
+    assert [(p.what, p.kind) for p in verify_output(url)] == [("shards/toy/train-000000.tar", "bytes"),
+                                                             ("shards/toy/train-000000.tar", "sha256")]
