@@ -8,12 +8,14 @@ valid manifest is left alone unless `overwrite` is set.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -49,7 +51,7 @@ class IngestOptions:
     name: str | None = None
     shard_size: int = DEFAULT_SHARD_BYTES
     segment: int | None = None  # frames per piece; defaults to the reader's when trajectories differ in length
-    block: int | None = None  # trajectories per task; default: the reader's dask chunks
+    block: int | None = None  # trajectories per task, passed to readers that take `block` (tasks follow dask chunks)
     overwrite: bool = False
     progress: bool = False
     stats: bool = True
@@ -144,10 +146,8 @@ def _pieces(result: ReadResult, splits: np.ndarray, segment: int | None) -> tupl
     return pieces, segment, skipped
 
 
-def _blocks(n: int, chunks: tuple[int, ...], block: int | None) -> list[tuple[int, int]]:
-    """Trajectory index ranges processed per task: `block` at a time, or the reader's dask chunks."""
-    if block:
-        return [(i, min(i + block, n)) for i in range(0, n, block)]
+def _blocks(chunks: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Trajectory index ranges processed per task: the reader's dask chunks (a task reads exactly one chunk)."""
     out, start = [], 0
     for c in chunks:
         out.append((start, start + c))
@@ -309,12 +309,12 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
                 writers[split] = SplitShardWriter(staging, f"shards/{name}", split, opts.shard_size)
         plan = _Plan(ds["fields"].data, ds["mask"].data, pieces, frames, target, method, mask_method,
                      opts.channels, float(opts.fill), opts.stats)
-        blocks = _blocks(len(ids), ds["fields"].data.chunks[0], opts.block)
+        blocks = _blocks(ds["fields"].data.chunks[0])
         acc = st.FieldStats.empty(len(native_channels)) if opts.stats else None
         index = 0
         with scheduler_context(SchedulerOptions(workers=opts.workers, address=opts.scheduler)) as runner, \
                 _progress(len(pieces), opts.progress, name) as bar:
-            for f, m, bstats, block_pieces in runner.imap(lambda r: _process_block(plan, r), blocks):
+            for f, m, bstats, block_pieces in runner.imap(partial(_process_block, plan), blocks):
                 if zw is not None:
                     zw.write_block(f, m)
                 for j, piece in enumerate(block_pieces):
@@ -424,6 +424,10 @@ def read_source(source: str, paths: Sequence[str | Path], **reader_options: Any)
         module = load_source(source)
     except ValueError as exc:
         raise InputError(source, str(exc)) from None
+    params = inspect.signature(module.read).parameters
+    if "block" in reader_options and "block" not in params and not any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        reader_options = {k: v for k, v in reader_options.items() if k != "block"}
     return module.read([Path(p) for p in paths], **reader_options)
 
 
@@ -435,6 +439,8 @@ def run_ingest(source: str, paths: Sequence[str | Path], out: str | Path, option
     if existing is not None and not opts.overwrite:
         return IngestOutcome(existing, Path(out) / mf.MANIFEST_NAME, False,
                              [f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)"])
+    if opts.block is not None and "block" not in reader_options:
+        reader_options["block"] = opts.block
     return ingest(read_source(source, paths, **reader_options), out, opts)
 
 

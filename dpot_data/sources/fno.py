@@ -30,7 +30,7 @@ from dpot_data.errors import InputError
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
-DEFAULT_BLOCK = 16
+DEFAULT_BLOCK = 8  # trajectories per dask chunk: ~7 MB raw, ~110 MB once resampled to 128x128x4 (T=50)
 _VISC = re.compile(r"_V(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?=_|\.mat$)")
 
 # MAT v5 data types (element tags) and numeric array classes
