@@ -8,6 +8,7 @@ Our trainer's format: the same dict with a `config` entry (`DPOTConfig.to_dict()
 from __future__ import annotations
 
 import argparse
+import math
 import pickle
 import re
 from collections.abc import Mapping
@@ -104,6 +105,14 @@ def _shape(state: Mapping[str, torch.Tensor], key: str) -> tuple[int, ...]:
     return tuple(state[key].shape)
 
 
+def _mlp_ratio(hidden: int, dim: int) -> float:
+    """Ratio r with int(dim * r) == hidden (the reference's rounding), robust to float error."""
+    ratio = hidden / dim
+    while int(dim * ratio) < hidden:
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
+
+
 def infer_config(state_dict: Mapping[str, torch.Tensor], hints: Mapping[str, Any] | None = None) -> DPOTConfig:
     """DPOTConfig from the tensor shapes of a DPOT state dict; `modes`/`modes_z`/`act` come from hints or defaults."""
     required = ["pos_embed", "patch_embed.proj.0.weight", "time_agg_layer.w", "out_layer.0.weight",
@@ -143,7 +152,7 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], hints: Mapping[str, Any
         embed_dim=dim,
         out_layer_dim=_shape(state_dict, "out_layer.0.weight")[1],
         depth=depth,
-        mlp_ratio=_shape(state_dict, "blocks.0.mlp.0.weight")[0] / dim,
+        mlp_ratio=_mlp_ratio(_shape(state_dict, "blocks.0.mlp.0.weight")[0], dim),
         n_cls=_shape(state_dict, "cls_head.4.weight")[0],
         normalize="scale_feats_mu.weight" in state_dict,
         time_agg="exp_mlp" if "time_agg_layer.gamma" in state_dict else "mlp",
