@@ -130,3 +130,39 @@ def test_bad_shapes_are_reported() -> None:
         trajectory_stats(np.zeros((2, 3, 4, 4), np.float32), np.ones((5, 4), np.uint8), [True] * 3)
     with pytest.raises(ValueError, match="cannot merge"):
         FieldStats.empty(2).merge(FieldStats.empty(3))
+
+
+def test_ingested_stats_equal_numpy_over_fluid_cells_of_stored_train_trajectories(tmp_path) -> None:
+    """End to end on a source with geometry (CFDBench cylinders): the manifest's statistics are those of the
+    stored train trajectories, valid channels only, solid cells left out, and `recompute_stats` finds them again."""
+    import zarr
+
+    from dpot_data.ingest import IngestOptions, run_ingest
+    from dpot_data.output import recompute_stats
+    from dpot_data.synth.cfdbench import write_cfdbench
+
+    write_cfdbench(tmp_path / "raw", problems=("cylinder", "dam"), cases=3, frames=(12, 16), res=32)
+    opts = IngestOptions(resolution=32, segment=6, split=(0.6,), channels=4, workers=2, command="test")
+    manifest = run_ingest("cfdbench", [tmp_path / "raw"], tmp_path / "out", opts).manifest
+    entry = manifest["datasets"][0]
+    g = zarr.open_group(str(tmp_path / "out" / "data.zarr"), mode="r", path=entry["zarr"]["group"])
+    split = np.array([str(s) for s in g["split"][:].tolist()])
+    train = np.flatnonzero(split == "train")
+    mask = np.asarray(g["mask"][:]).astype(bool)
+    assert (~mask).any(), "the geometry must put solid cells into the stored masks"
+    fields = np.asarray(g["fields"][:]).astype(np.float64)
+    stats = entry["stats"]
+    assert stats["channels"] == ["u", "v"] and entry["channels"][2:] == ["pad2", "pad3"]
+    assert stats["trajectories"] == len(train) == entry["splits"]["counts"]["train"]
+    for c, name in enumerate(["u", "v"]):
+        vals = np.concatenate([fields[i, :, c][:, mask[i]].ravel() for i in train])
+        diffs = np.concatenate([np.diff(fields[i, :, c], axis=0)[:, mask[i]].ravel() for i in train])
+        for family, ref in (("fields", vals), ("diff", diffs)):
+            got = stats[family][name]
+            assert got["count"] == ref.size
+            assert got["mean"] == pytest.approx(ref.mean(), rel=1e-10, abs=1e-12)
+            assert got["std"] == pytest.approx(ref.std(), rel=1e-10)
+            assert got["rms"] == pytest.approx(np.sqrt(np.mean(ref**2)), rel=1e-10)
+            assert got["min"] == ref.min() and got["max"] == ref.max()
+    again = recompute_stats(str(tmp_path / "out"))[entry["name"]]
+    assert compare(stats, again) == []
