@@ -298,11 +298,16 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
     from dataclasses import replace
 
     from dpot_data.errors import InputError
-    from dpot_data.ingest import IngestOptions, ingest, read_source
+    from dpot_data import manifest as mf
+    from dpot_data.ingest import IngestOptions, IngestOutcome, ingest, read_source
     from dpot_data.sources.detect import detect, expand
 
     catalog = catalog or load_catalog()
     opts = options if options is not None else IngestOptions()
+    done = Path(out) / mf.MANIFEST_NAME
+    if not opts.overwrite and done.exists():  # finished earlier: read nothing
+        note = f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)"
+        return CatalogIngest(IngestOutcome(mf.read(done), done, False, [note]), source or "", None, [])
     entry = None
     if dataset is not None:
         try:
@@ -323,13 +328,13 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
     if dataset is not None:
         detected = {detect([p]).source for p in inputs[:1]} if inputs else set()
         if detected and detected != {source}:
-            raise InputError(inputs[0], f"is a {detected.pop()} file, but {entry.name} is a {source} dataset")
+            raise InputError(inputs[0], f"holds {detected.pop()} data, but {entry.name} is a {source} dataset")
     result = read_source(source, inputs, **reader_options)
     if entry is None:
         entry = catalog.find(str(result.data.attrs.get("dataset", "")))
     warnings = compare(result, entry) if entry is not None else [
         f"{result.data.attrs.get('dataset')}: not in the catalog ({catalog.path}); nothing to compare with"]
-    if entry is not None and catalog_split and entry.split.rule == "random" and result.split is None:
+    if dataset is not None and catalog_split and entry.split.rule == "random" and result.split is None:
         opts = replace(opts, split=(entry.split.ratios["train"], entry.split.ratios["valid"]), seed=entry.split.seed)
     provenance = dict(result.data.attrs.get("provenance") or {})
     provenance["catalog"] = {"entry": entry.name if entry else None, "warnings": warnings}

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
+import click
 import typer
+from typer.core import TyperGroup
 
 app = typer.Typer(
     name="dpot-data",
@@ -16,7 +18,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 synth_app = typer.Typer(help="Write small raw files in the exact published layout of each source.", no_args_is_help=True)
-ingest_app = typer.Typer(help="Read raw files of one source and write shards, a Zarr store and a manifest.", no_args_is_help=True)
+
+
+class _IngestGroup(TyperGroup):
+    """`dpot-data ingest --dataset NAME FILES...` / `dpot-data ingest FILES...`: without a source, run `ingest auto`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["auto", *args]
+        return super().parse_args(ctx, args)
+
+
+ingest_app = typer.Typer(help="Read raw files of one source and write shards, a Zarr store and a manifest. Without a "
+                         "source (`dpot-data ingest [--dataset NAME] FILES...`) the source is detected from the files.",
+                         no_args_is_help=True, cls=_IngestGroup)
 app.add_typer(synth_app, name="synth")
 app.add_typer(ingest_app, name="ingest")
 
@@ -61,6 +76,114 @@ def synth_fno_command(
         typer.echo(str(path))
 
 
+def _echo_paths(paths: object) -> None:
+    for path in paths if isinstance(paths, (list, tuple)) else [paths]:
+        typer.echo(str(path))
+
+
+_OUT = typer.Option(..., "--out", help="Folder for the raw files.")
+_SEED = typer.Option(0, "--seed", help="Seed of the random smooth fields.")
+
+
+@synth_app.command("pdebench-cfd")
+def synth_pdebench_cfd_command(
+    out: Path = _OUT, m: float = typer.Option(1.0, "--m", help="Mach number M (in the name and attributes)."),
+    eta: float = typer.Option(0.1, "--eta", help="Shear viscosity eta."),
+    zeta: Optional[float] = typer.Option(None, "--zeta", help="Bulk viscosity zeta (default: eta)."),
+    kind: str = typer.Option("Rand", "--kind", help="Rand or Turb (initial condition family, in the name)."),
+    n: int = typer.Option(3, "--n", help="Trajectories."), frames: int = typer.Option(21, "--frames", help="Frames."),
+    res: int = typer.Option(32, "--res", help="Grid size per axis (published: 128 or 512)."),
+    attrs: bool = typer.Option(True, "--attrs/--no-attrs", help="Write the M, eta, zeta file attributes."),
+    seed: int = _SEED,
+) -> None:
+    """PDEBench 2D compressible NS: 2D_CFD_<kind>_M.._Eta.._Zeta.._periodic_<res>_Train.hdf5 (flat HDF5)."""
+    from dpot_data.synth.pdebench import write_cfd
+
+    _echo_paths(write_cfd(out, m=m, eta=eta, zeta=zeta, kind=kind, n=n, frames=frames, res=res, with_attrs=attrs,
+                          seed=seed))
+
+
+@synth_app.command("pdebench-cfd3d")
+def synth_pdebench_cfd3d_command(
+    out: Path = _OUT, m: float = typer.Option(1.0, "--m", help="Mach number M."),
+    kind: str = typer.Option("Rand", "--kind", help="Rand or Turb."),
+    n: int = typer.Option(2, "--n", help="Trajectories."), frames: int = typer.Option(6, "--frames", help="Frames."),
+    res: int = typer.Option(16, "--res", help="Grid size per axis (published: 64 or 128)."), seed: int = _SEED,
+) -> None:
+    """PDEBench 3D compressible NS: 3D_CFD_<kind>_M.._Eta1e-08_Zeta1e-08_periodic_Train.hdf5 with Vz."""
+    from dpot_data.synth.pdebench import write_cfd
+
+    _echo_paths(write_cfd(out, dims=3, m=m, eta=1e-8, kind=kind, n=n, frames=frames, res=res, seed=seed))
+
+
+@synth_app.command("pdebench-dr")
+def synth_pdebench_dr_command(
+    out: Path = _OUT, n: int = typer.Option(3, "--n", help="Samples (groups)."),
+    frames: int = typer.Option(11, "--frames", help="Frames (published: 101)."),
+    res: int = typer.Option(32, "--res", help="Grid size (published: 128)."), seed: int = _SEED,
+) -> None:
+    """PDEBench diffusion–reaction: 2D_diff-react_NA_NA.h5, one lzf group per sample with a YAML config."""
+    from dpot_data.synth.pdebench import write_diff_react
+
+    _echo_paths(write_diff_react(out, n=n, frames=frames, res=res, seed=seed))
+
+
+@synth_app.command("pdebench-swe")
+def synth_pdebench_swe_command(
+    out: Path = _OUT, n: int = typer.Option(3, "--n", help="Samples (groups)."),
+    frames: int = typer.Option(11, "--frames", help="Frames (published: 101)."),
+    res: int = typer.Option(32, "--res", help="Grid size (published: 128)."), seed: int = _SEED,
+) -> None:
+    """PDEBench shallow water (radial dam break): 2D_rdb_NA_NA.h5, one lzf group per sample."""
+    from dpot_data.synth.pdebench import write_swe
+
+    _echo_paths(write_swe(out, n=n, frames=frames, res=res, seed=seed))
+
+
+@synth_app.command("pdearena-ns")
+def synth_pdearena_ns_command(
+    out: Path = _OUT, n: int = typer.Option(3, "--n", help="Trajectories per file."),
+    frames: int = typer.Option(14, "--frames", help="Frames (published: 14)."),
+    res: int = typer.Option(32, "--res", help="Grid size (published: 128)."), seed: int = _SEED,
+) -> None:
+    """PDEArena NS: one train, valid and test NavierStokes2D_*.h5 file (float64, buo_y 0.5)."""
+    from dpot_data.synth.pdearena import write_standard
+
+    _echo_paths(write_standard(out, n=n, frames=frames, res=res, seed=seed))
+
+
+@synth_app.command("pdearena-ns-cond")
+def synth_pdearena_ns_cond_command(
+    out: Path = _OUT, n: int = typer.Option(2, "--n", help="Trajectories per file."),
+    frames: int = typer.Option(12, "--frames", help="Frames (published: 56)."),
+    res: int = typer.Option(32, "--res", help="Grid size (published: 128)."), seed: int = _SEED,
+) -> None:
+    """PDEArena conditioned NS: train files at several buo_y, one valid and one test file."""
+    from dpot_data.synth.pdearena import write_conditioned
+
+    _echo_paths(write_conditioned(out, n=n, frames=frames, res=res, seed=seed))
+
+
+@synth_app.command("cfdbench")
+def synth_cfdbench_command(
+    out: Path = _OUT, cases: int = typer.Option(2, "--cases", help="Cases per problem and subset."),
+    problems: str = typer.Option("cavity,tube,cylinder,dam", "--problems", help="Comma list of problems."),
+    subsets: str = typer.Option("bc", "--subsets", help="Comma list of subsets (bc, geo, prop)."),
+    min_frames: int = typer.Option(24, "--min-frames", help="Fewest frames of a case."),
+    max_frames: int = typer.Option(45, "--max-frames", help="Most frames of a case."), seed: int = _SEED,
+) -> None:
+    """CFDBench tree <problem>/<subset>/caseNNNN/{u.npy, v.npy, case.json}, cases of different lengths."""
+    from dpot_data.synth.cfdbench import write_cfdbench
+
+    try:
+        folders = write_cfdbench(out, problems=tuple(p.strip() for p in problems.split(",") if p.strip()),
+                                 subsets=tuple(p.strip() for p in subsets.split(",") if p.strip()), cases=cases,
+                                 frames=(min_frames, max_frames), seed=seed)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(f"{out}: {len(folders)} cases")
+
+
 def _ingest_command(source: str, help_text: str) -> None:
     """Register `dpot-data ingest <source>` with the options every source shares (the reader is found by name)."""
 
@@ -73,7 +196,10 @@ def _ingest_command(source: str, help_text: str) -> None:
         resample: str = typer.Option("auto", "--resample", help="auto | fourier | bilinear | bicubic."),
         mask_resample: str = typer.Option("nearest", "--mask-resample", help="nearest | area-threshold."),
         formats: str = typer.Option("zarr,wds", "--format", help="Comma list of outputs: zarr, wds."),
-        split: str = typer.Option("0.9", "--split", help="Train fraction, or 'train,valid' fractions; rest is test."),
+        split: Optional[str] = typer.Option(None, "--split", help="Train fraction, or 'train,valid' fractions; rest "
+                                            "is test (default 0.9, or the catalog's split with --dataset)."),
+        dataset: Optional[str] = typer.Option(None, "--dataset", help="Catalog dataset (manifests/catalog.yaml), e.g. "
+                                              "pdebench-cfd-m1-eta0.1: its name, split and expected counts."),
         seed: int = typer.Option(0, "--seed", help="Seed of the trajectory split."),
         name: Optional[str] = typer.Option(None, "--name", help="Dataset name (default: from the source)."),
         shard_size: str = typer.Option("256MiB", "--shard-size", help="Target bytes per WebDataset shard."),
@@ -86,18 +212,23 @@ def _ingest_command(source: str, help_text: str) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
         from dpot_data.errors import InputError
-        from dpot_data.ingest import IngestOptions, parse_split, run_ingest
+        from dpot_data.catalog import ingest_with_catalog
+        from dpot_data.ingest import IngestOptions, parse_split
 
         try:
             options = IngestOptions(
                 resolution=resolution or None, channels=channels, fill=fill, resample=resample,
                 mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
-                split=parse_split(split), seed=seed, name=name, shard_size=_parse_bytes(shard_size), segment=segment,
+                split=parse_split(split or "0.9"), seed=seed, name=name, shard_size=_parse_bytes(shard_size), segment=segment,
                 block=block, overwrite=overwrite, progress=progress, stats=stats, workers=workers, scheduler=scheduler,
             )
-            outcome = run_ingest(source, files, out, options)
+            done = ingest_with_catalog(files, out, options, dataset=dataset, source=None if source == "auto" else source,
+                                       catalog_split=split is None)
         except InputError as exc:
             raise _fail(exc) from None
+        outcome = done.outcome
+        for warning in done.warnings:
+            typer.echo(f"warning: {warning}", err=True)
         for note in outcome.notes:
             typer.echo(note, err=True)
         for d in outcome.manifest["datasets"]:
@@ -112,6 +243,14 @@ def _ingest_command(source: str, help_text: str) -> None:
 
 
 _ingest_command("fno", "FNO Navier–Stokes .mat files (v5 or v7.3): a then u along time, viscosity from the name.")
+_ingest_command("pdebench", "PDEBench HDF5: 2D/3D compressible NS (flat; Vx, Vy, [Vz,] density, pressure), "
+                "diffusion–reaction (u, v) or shallow water (h) with one group per sample.")
+_ingest_command("pdearena", "PDEArena NavierStokes2D_*.h5 files or folders (standard or conditioned): u, vx, vy; "
+                "the split and buo_y of every trajectory come from its file; unreadable files are skipped.")
+_ingest_command("cfdbench", "CFDBench case trees (cavity, tube, cylinder, dam): u, v and the geometry mask from "
+                "case.json; split by case, then cut into --segment pieces (default 20 frames).")
+_ingest_command("auto", "Raw files of any source, detected from names or content; with --dataset NAME the catalog "
+                "entry gives the source, name and split. Warns where the files differ from the catalog.")
 
 
 @app.command("inspect")

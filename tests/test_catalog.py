@@ -169,7 +169,7 @@ def test_catalog_driven_ingest_names_splits_and_warns(tmp_path):
     done = ingest_with_catalog([tmp_path / "arena"], tmp_path / "out2", opts)
     assert done.source == "pdearena" and done.entry.name == "pdearena-ns"
     assert done.outcome.manifest["datasets"][0]["splits"]["rule"] == "fixed by the source files"
-    with pytest.raises(InputError, match="is a pdearena file, but pdebench-dr is a pdebench dataset"):
+    with pytest.raises(InputError, match="holds pdearena data, but pdebench-dr is a pdebench dataset"):
         ingest_with_catalog(arena, tmp_path / "out3", opts, dataset="pdebench-dr")
     with pytest.raises(InputError, match="--dataset: unknown dataset 'nope'"):
         ingest_with_catalog([raw], tmp_path / "out4", opts, dataset="nope")
