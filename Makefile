@@ -9,7 +9,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch first, so that the `torch>=2.4` requirement does not pull CUDA wheels.
 	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
 	$(BIN)/pip install -q -e ".[test]"
