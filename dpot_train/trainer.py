@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -75,6 +77,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         run.mkdir(parents=True, exist_ok=True)
     D.barrier()
 
+    random.seed(cfg.seed * 1000003 + info.rank)  # nothing in training draws from these; seeded so runs are identical
+    np.random.seed((cfg.seed * 1000003 + info.rank) % 2**32)
     found = latest_checkpoint(ckpt_dir) if resume else None
     if not resume and list_checkpoints(ckpt_dir):
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")

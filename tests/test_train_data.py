@@ -107,6 +107,9 @@ def test_noise_scale_follows_the_per_channel_norm() -> None:
     mask[:, :16] = True
     d = add_noise(x, 1e-3, np.random.default_rng(1), mask) - x
     assert np.all(d[:, 16:] == 0) and np.any(d[:, :16] != 0)
+    x[..., 2] = 1.0  # a padded channel filled with 1: still no noise when marked invalid
+    d = add_noise(x, 1e-3, np.random.default_rng(1), None, np.array([True, True, False])) - x
+    assert np.all(d[..., 2] == 0) and np.any(d[..., 0] != 0)
     assert add_noise(x, 0.0, rng) is x
 
 

@@ -169,7 +169,7 @@ class ZarrReader:
         if ds.zarr_url is None or ds.zarr_group is None:
             raise DataError(f"{ds.manifest}: dataset {ds.name!r} has no Zarr store; use the webdataset backend")
         g = self._group(ds.zarr_url, ds.zarr_group)
-        splits = np.asarray(g["split"][:]).astype(str)
+        splits = np.array([str(v) for v in np.asarray(g["split"][:]).ravel()])  # zarr 3 strings -> plain str
         return [TrajRef(ds.name, int(i), f"{ds.zarr_url}::{ds.zarr_group}", -1, -1, -1, int(i))
                 for i in np.flatnonzero(splits == split)]
 

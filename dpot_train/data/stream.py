@@ -113,8 +113,9 @@ def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef
     window = to_model_layout(fields)
     mask_xy = np.ascontiguousarray(mask.T)
     x, y = split_window(window, spec.t_in)
-    x = add_noise(x, spec.noise, rng, mask_xy)
-    return {"x": x, "y": y, "mask": mask_xy.astype(bool), "channel_valid": np.asarray(ds.channel_valid, bool),
+    cv = np.asarray(ds.channel_valid, bool)
+    x = add_noise(x, spec.noise, rng, mask_xy, cv)
+    return {"x": x, "y": y, "mask": mask_xy.astype(bool), "channel_valid": cv,
             "dataset": k, "id": ref.id, "position": position, "t0": t0}
 
 

@@ -22,10 +22,11 @@ def split_window(window: np.ndarray, t_in: int) -> tuple[np.ndarray, np.ndarray]
     return window[:, :, :t_in], window[:, :, t_in:]
 
 
-def add_noise(x: np.ndarray, eps: float, rng: np.random.Generator, mask: np.ndarray | None = None) -> np.ndarray:
-    """x + eps * ||x||_2 * N(0, 1), the norm per channel over (X, Y, T); noise only on fluid cells when masked.
+def add_noise(x: np.ndarray, eps: float, rng: np.random.Generator, mask: np.ndarray | None = None,
+              channel_valid: np.ndarray | None = None) -> np.ndarray:
+    """x + eps * ||x||_2 * N(0, 1), the norm per channel over (X, Y, T); noise only on fluid cells and valid channels.
 
-    x is one sample (X, Y, T, C). Padded channels (all fill value 0) get no noise since their norm is 0.
+    x is one sample (X, Y, T, C); mask (X, Y) True on fluid cells; channel_valid (C,) False on padded channels.
     """
     if eps <= 0:
         return x
@@ -33,4 +34,6 @@ def add_noise(x: np.ndarray, eps: float, rng: np.random.Generator, mask: np.ndar
     noise = rng.standard_normal(x.shape, dtype=np.float32) * (np.float32(eps) * norm)
     if mask is not None:
         noise *= mask[:, :, None, None].astype(np.float32)
+    if channel_valid is not None:
+        noise *= np.asarray(channel_valid, dtype=np.float32)
     return x + noise

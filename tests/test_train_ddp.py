@@ -1,0 +1,87 @@
+"""Two gloo processes through `dpot-train launch`: every training trajectory is consumed exactly once per epoch,
+each by exactly one rank, following the documented partition rule; the stream does not depend on ranks or workers."""
+
+from __future__ import annotations
+
+import collections
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpot_train.config import DataConfig
+from dpot_train.data.prepare import prepare_stream
+from dpot_train.data.stream import WindowStream, make_loader, rank_slice
+from tests import train_runs
+
+
+def _train_ids(shards: Path) -> list[str]:
+    """Trajectory ids of the train split, read straight from the tar member names."""
+    manifest = json.loads((shards / "manifest.json").read_text())
+    ds = manifest["datasets"][0]
+    ids = []
+    for s in ds["shards"]:
+        if s["split"] == "train":
+            with tarfile.open(shards / s["path"]) as tar:
+                ids += [f"{ds['name']}:{int(n.split('.')[0][1:])}" for n in tar.getnames() if n.endswith(".fields.npy")]
+    return ids
+
+
+def test_two_process_epoch_audit(fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
+    train_ids = _train_ids(fno_train_shards)
+    assert len(train_ids) == 12
+    records = {r: [json.loads(ln) for ln in (run / "audit" / f"rank-{r}.jsonl").read_text().splitlines()]
+               for r in range(2)}
+    assert [len(records[r]) for r in range(2)] == [train_runs.STEPS, train_runs.STEPS]
+    by_position: dict[int, tuple[int, str]] = {}
+    for r, recs in records.items():
+        for rec in recs:
+            first = (rec["step"] - 1) * train_runs.BATCH
+            assert rec["positions"] == list(rank_slice(first, train_runs.BATCH, 2, r))  # the documented slice
+            for p, i in zip(rec["positions"], rec["ids"]):
+                assert p not in by_position, f"position {p} consumed twice"
+                by_position[p] = (r, i)
+    total = train_runs.STEPS * train_runs.BATCH
+    assert sorted(by_position) == list(range(total))  # no gap, no duplicate, across both ranks
+    m = len(train_ids)
+    for epoch in range(total // m):
+        ids = [by_position[p][1] for p in range(epoch * m, (epoch + 1) * m)]
+        assert collections.Counter(ids) == collections.Counter(train_ids), f"epoch {epoch}"
+        assert {by_position[p][0] for p in range(epoch * m, (epoch + 1) * m)} == {0, 1}  # both ranks worked
+    orders = [[by_position[p][1] for p in range(e * m, (e + 1) * m)] for e in range(2)]
+    assert orders[0] != orders[1]  # reshuffled every epoch
+    eval_json = json.loads((run / "eval.json").read_text())
+    assert set(eval_json["datasets"]) == {"fno-ns-v1e-3"}
+
+
+def _batches(spec, reader, start: int, world: int, workers: int, steps: int) -> list[list[dict]]:
+    """steps x ranks batches of a stream."""
+    loaders = [iter(make_loader(WindowStream(spec, reader, start, 4, world, r), workers)) for r in range(world)]
+    return [[next(it) for it in loaders] for _ in range(steps)]
+
+
+def test_stream_is_independent_of_ranks_workers_and_resume_point(fno_train_shards: Path) -> None:
+    spec, reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards)], noise=5e-4), seed=7)
+    assert spec.epoch_length == 12 and spec.visits == [12]
+    single = _batches(spec, reader, 0, 1, 0, 6)
+    split = _batches(spec, reader, 0, 2, 2, 6)  # 2 ranks x 2 DataLoader workers each
+    for a, b in zip(single, split):
+        (one,), (r0, r1) = a, b
+        assert one["id"] == r0["id"] + r1["id"]
+        assert torch.equal(one["x"], torch.cat([r0["x"], r1["x"]]))
+        assert torch.equal(one["y"], torch.cat([r0["y"], r1["y"]]))
+    resumed = _batches(spec, reader, 3 * 4, 1, 0, 3)  # start at step 3
+    for a, b in zip(single[3:], resumed):
+        assert a[0]["id"] == b[0]["id"] and torch.equal(a[0]["x"], b[0]["x"])
+    batch = single[0][0]
+    assert batch["x"].shape == (4, 32, 32, 10, 4) and batch["y"].shape == (4, 32, 32, 1, 4)
+    assert batch["x"].dtype == torch.float32 and batch["mask"].dtype == torch.bool
+    assert batch["channel_valid"].tolist() == [[True, False, False, False]] * 4
+    # padded channels carry the fill value untouched by noise; the valid one is noisy but close to the data
+    assert torch.all(batch["x"][..., 1:] == 1.0)
+    clean, _ = reader.read(spec.refs[0][0], 0, 1)
+    assert np.isfinite(clean).all()

@@ -1,0 +1,92 @@
+"""SIGKILL the launcher mid-run, `--resume`: the final weights and optimiser state equal an uninterrupted run's, bit
+for bit on CPU (2 gloo processes); the orphaned workers stop by themselves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpot_train.checkpoint import list_checkpoints
+from tests import train_runs
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        alive = [p for p in pids if Path(f"/proc/{p}").exists() and
+                 Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return alive
+
+
+def _tensors_equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_tensors_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to follow the worker processes")
+def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
+                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    reference = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
+    out = tmp_path_factory.mktemp("killed") / "run"
+    proc = subprocess.Popen(train_runs.launch_args(fno_train_shards, out), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=train_runs.env(), cwd=train_runs.ROOT)
+    target = out / "checkpoints" / "step-00000006.pt"
+    deadline = time.monotonic() + 180
+    workers: list[int] = []
+    while not target.exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        workers = train_runs.child_pids(proc.pid) or workers
+        time.sleep(0.01)
+    workers = train_runs.child_pids(proc.pid) or workers
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher became torchrun (exec): kill it without any cleanup
+    proc.wait()
+    assert len(workers) == 2
+    assert _wait_gone(workers, 15) == [], "workers kept running after their launcher was killed"
+    steps_done = [s for s, _ in list_checkpoints(out / "checkpoints")]
+    assert steps_done and max(steps_done) < train_runs.STEPS, steps_done  # really interrupted mid-run
+
+    r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--resume"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"resumed from {out / 'checkpoints'}" in r.stdout + r.stderr
+
+    final = f"step-{train_runs.STEPS:08d}.pt"
+    a = torch.load(reference / "checkpoints" / final, weights_only=True)
+    b = torch.load(out / "checkpoints" / final, weights_only=True)
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert _tensors_equal(a["optimizer"], b["optimizer"])
+    assert a["scheduler"] == b["scheduler"]
+    assert a["loader"] == b["loader"] == {"position": train_runs.STEPS * train_runs.BATCH, "epoch": 8,
+                                          "epoch_length": 12, "global_batch": train_runs.BATCH}
+    assert _tensors_equal(a["rng"], b["rng"])
+    # the loss log of the resumed run holds every step once, with the uninterrupted run's values
+    la = [json.loads(x) for x in (reference / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lb] == list(range(1, train_runs.STEPS + 1))
+    assert [x["loss"] for x in la] == [x["loss"] for x in lb]
+
+
+def test_resume_refuses_changed_settings_and_fresh_start_refuses_existing_run(
+        fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    reference = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
+    r = train_runs.run(train_runs.launch_args(fno_train_shards, reference))
+    assert r.returncode == 2 and "already holds checkpoints; pass --resume" in r.stderr
+    r = train_runs.run(train_runs.launch_args(fno_train_shards, reference, "--resume", "--lr", "0.01"))
+    assert r.returncode == 2 and "optim.lr differ from" in r.stderr

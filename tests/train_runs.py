@@ -1,0 +1,61 @@
+"""Helpers for the training tests: run `dpot-train launch` as a user would, and share one uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One small 2-process run shared by the audit (test_train_ddp) and the resume test (test_train_resume).
+STEPS = 24
+BATCH = 4
+NPROC = 2
+
+
+def launch_args(shards: Path, out: Path, *extra: str, steps: int = STEPS, nproc: int = NPROC) -> list[str]:
+    """`python -m dpot_train launch ...` for the small test runs (32x32 tiny model, checkpoint every 2 steps)."""
+    return [sys.executable, "-m", "dpot_train", "launch", "--manifest", str(shards), "--out", str(out),
+            "--steps", str(steps), "--batch-size", str(BATCH), "--nproc-per-node", str(nproc), "--ckpt-every", "2",
+            "--log-every", "5", "--no-progress", "--device", "cpu", *extra]
+
+
+def env() -> dict[str, str]:
+    """Same thread count in every run, so that runs are comparable bit for bit."""
+    e = dict(os.environ)
+    e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run to completion, capturing output."""
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
+
+
+_CACHE: dict[str, Path] = {}
+
+
+def uninterrupted_run(shards: Path, base: Path) -> Path:
+    """A 2-process run of STEPS steps with --audit (made once per session)."""
+    key = str(shards)
+    if key not in _CACHE:
+        out = base / "uninterrupted"
+        r = run(launch_args(shards, out, "--audit"))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of a process (Linux /proc)."""
+    out: list[int] = []
+    task_dir = Path(f"/proc/{pid}/task")
+    for task in task_dir.iterdir() if task_dir.exists() else []:
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
