@@ -173,3 +173,27 @@ def test_catalog_driven_ingest_names_splits_and_warns(tmp_path):
         ingest_with_catalog(arena, tmp_path / "out3", opts, dataset="pdebench-dr")
     with pytest.raises(InputError, match="--dataset: unknown dataset 'nope'"):
         ingest_with_catalog([raw], tmp_path / "out4", opts, dataset="nope")
+
+
+def test_cli_synth_then_ingest_by_catalog_name(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+
+    runner = CliRunner()
+    done = runner.invoke(app, ["synth", "pdebench-dr", "--out", str(tmp_path / "raw"), "--n", "4", "--res", "16"])
+    assert done.exit_code == 0, done.output
+    raw = tmp_path / "raw" / "2D_diff-react_NA_NA.h5"
+    done = runner.invoke(app, ["ingest", "--dataset", "pdebench-dr", str(raw), "--out", str(tmp_path / "out"),
+                               "--no-progress", "--format", "wds", "--no-stats"])
+    assert done.exit_code == 0, done.output
+    assert "warning: pdebench-dr: 4 trajectories read, the complete public set has 1000 (a partial set)" in done.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    entry = manifest["datasets"][0]
+    assert entry["name"] == "pdebench-dr" and entry["grid"]["shape"] == [128, 128]
+    assert "train 0.8, valid 0.1" in entry["splits"]["rule"]
+    done = runner.invoke(app, ["ingest", "pdearena", str(raw), "--out", str(tmp_path / "bad"), "--no-progress"])
+    assert done.exit_code == 2
+    assert f"{raw}: expected exactly one top group named train, valid or test" in done.output

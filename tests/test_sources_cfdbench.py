@@ -173,3 +173,17 @@ def test_nonfinite_case_is_left_out_but_padding_is_not(tree, tmp_path):
     assert result.skipped == [("cavity/bc/case0001#0", f"NaN or Inf in 1 of {len(u)} frames (first: frame {len(u) - 1})")]
     assert list(result.data["sample"].values) == ["cavity/bc/case0000#0"] and result.lengths.tolist() == [
         len(np.load(copy / "cavity" / "bc" / "case0000" / "u.npy"))]
+
+
+def test_synth_tree_follows_formats_md(tree):
+    cases = sorted(p.relative_to(tree).as_posix() for p in tree.glob("*/*/case*"))
+    assert cases == [f"{p}/bc/case{k:04d}" for p in ("cavity", "cylinder", "dam", "tube") for k in range(2)]
+    for problem in ("cavity", "tube", "cylinder", "dam"):
+        case, u, v = _case(tree, problem, 0)
+        assert set(case) >= set(cfdbench.KEYS[problem]) and u.shape == v.shape and u.shape[1:] == (64, 64)
+        assert not (tree / problem / "bc" / "case0000" / "mask.npy").exists()  # the geometry is in case.json only
+    lengths = {len(_case(tree, p, k)[1]) for p in ("cavity", "tube", "cylinder", "dam") for k in range(2)}
+    assert len(lengths) > 1  # trajectories of different lengths
+    _, u, _ = _case(tree, "tube", 0)
+    case = _case(tree, "tube", 0)[0]
+    assert np.all(u[:, 1:-1, 0] == case["vel_in"]) and np.all(u[:, [0, -1], :] == 0)  # inlet column, wall rows

@@ -184,3 +184,16 @@ def test_nonfinite_trajectory_is_left_out_and_counted(standard, tmp_path):
     assert np.isfinite(group["fields"][:]).all()
     kept = pdearena.read([copy], check_finite=False)
     assert kept.n_samples == 2 and kept.skipped == []
+
+
+def test_synth_layout_follows_formats_md(standard, conditioned):
+    assert [p.name for p in standard] == ["NavierStokes2D_train_0_0.50000_2.h5", "NavierStokes2D_valid_1_0.50000.h5",
+                                          "NavierStokes2D_test_2_0.50000.h5"]
+    with h5py.File(standard[0]) as f:
+        assert list(f.keys()) == ["train"]
+        g = f["train"]
+        assert sorted(g.keys()) == ["buo_y", "dt", "dx", "dy", "t", "u", "vx", "vy", "x", "y"]
+        assert g["u"].shape == (2, 14, 16, 16) and g["u"].dtype == np.float64 and g["u"].compression is None
+        assert g["t"].shape == (2, 14) and g["x"].shape == (2, 16) and g["buo_y"].shape == (2,)
+        assert g["x"][0, 0] == 0.0 and g["x"][0, -1] == 32.0
+    assert conditioned[0].parent.name == "NavierStokes-2D-conditoned"

@@ -237,3 +237,27 @@ def test_real_fixture_ingests_with_its_config_as_provenance(raw_fixtures, tmp_pa
     ids = list(group["sample"][:])
     np.testing.assert_array_equal(group["fields"][ids.index(f"{FIXTURE}#0001")][:, :2], raw)
     assert entry["inputs"][0]["sha256"] == "d921d968951ce025361f06db702c6467aca23d0634faaef061e88673ce664b9b"
+
+
+def test_synth_layouts_follow_formats_md(files):
+    with h5py.File(files["cfd"]) as f:
+        assert sorted(f.keys()) == ["Vx", "Vy", "density", "pressure", "t-coordinate", "x-coordinate", "y-coordinate"]
+        assert f["density"].shape == (3, 5, 16, 16) and f["density"].dtype == np.float32
+        assert f["density"].compression is None
+        assert f["t-coordinate"].shape == (6,)  # one more time than stored frames, as the generator writes
+        assert 0 < f["x-coordinate"][0] < f["x-coordinate"][-1] < 1
+        assert dict(f.attrs) == {"M": 0.1, "eta": 0.01, "zeta": 0.01}
+    with h5py.File(files["cfd3d"]) as f:
+        assert files["cfd3d"].name == "3D_CFD_Rand_M1.0_Eta1e-08_Zeta1e-08_periodic_Train.hdf5"
+        assert f["Vz"].shape == (2, 3, 6, 6, 6) and "z-coordinate" in f
+    for kind, channels, lo in (("dr", 2, -1.0), ("swe", 1, -2.5)):
+        with h5py.File(files[kind]) as f:
+            assert list(f.attrs) == [] and "grid" not in f  # no top-level grid
+            g = f["0001"]
+            assert g["data"].shape == (4, 16, 16, channels) and g["data"].dtype == np.float32
+            assert g["data"].compression == "lzf" and g["data"].chunks is not None
+            assert all(g[f"grid/{a}"].compression == "lzf" for a in "xyt")
+            assert g["grid/x"][0] == pytest.approx(lo + (-lo) / 16)
+            config = g.attrs["config"]
+            assert isinstance(config, str) and "!!python/object/apply:pathlib.PosixPath" in config
+            assert "${hydra:runtime.cwd}" in config and "seed: 1" in config
