@@ -259,6 +259,22 @@ def compare(result: ReadResult, entry: Entry) -> list[str]:
     return out
 
 
+def conflicts(result: ReadResult, entry: Entry) -> list[str]:
+    """Differences that make the files a different dataset than `entry` (source, channels, PDE parameters)."""
+    ds = result.data
+    out = []
+    if ds.attrs.get("source") != entry.source:
+        out.append(f"the files are {ds.attrs.get('source')} data, {entry.name} is a {entry.source} dataset")
+    channels = tuple(str(c) for c in ds["channel"].values)
+    if channels != entry.channels:
+        out.append(f"the files hold channels {list(channels)}, {entry.name} has {list(entry.channels)}")
+    for key, value in entry.parameters.items():
+        got = ds.attrs.get("parameters", {}).get(key)
+        if got is not None and isinstance(value, (int, float)) and not _close(float(got), float(value)):
+            out.append(f"the files have {key} = {got}, {entry.name} has {key} = {value}")
+    return out
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
 
@@ -330,6 +346,11 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
         if detected and detected != {source}:
             raise InputError(inputs[0], f"holds {detected.pop()} data, but {entry.name} is a {source} dataset")
     result = read_source(source, inputs, **reader_options)
+    if entry is not None:
+        wrong = conflicts(result, entry)
+        if wrong:
+            raise InputError(inputs[0], f"does not belong to catalog dataset {entry.name}: {'; '.join(wrong)}; "
+                                        "name the matching dataset, or leave out --dataset")
     if entry is None:
         entry = catalog.find(str(result.data.attrs.get("dataset", "")))
     warnings = compare(result, entry) if entry is not None else [

@@ -197,3 +197,16 @@ def test_cli_synth_then_ingest_by_catalog_name(tmp_path):
     done = runner.invoke(app, ["ingest", "pdearena", str(raw), "--out", str(tmp_path / "bad"), "--no-progress"])
     assert done.exit_code == 2
     assert f"{raw}: expected exactly one top group named train, valid or test" in done.output
+
+
+def test_dataset_with_other_parameters_is_refused(tmp_path):
+    from dpot_data.catalog import ingest_with_catalog
+    from dpot_data.errors import InputError
+    from dpot_data.ingest import IngestOptions
+    from dpot_data.synth import pdebench
+
+    raw = pdebench.write_cfd(tmp_path / "raw", m=0.1, eta=0.01, n=2, frames=2, res=8)
+    with pytest.raises(InputError, match=r"does not belong to catalog dataset pdebench-cfd-m1-eta0.1: the files have "
+                                         r"M = 0.1, pdebench-cfd-m1-eta0.1 has M = 1.0; the files have eta = 0.01"):
+        ingest_with_catalog([raw], tmp_path / "out", IngestOptions(formats=("wds",)), dataset="pdebench-cfd-m1-eta0.1")
+    assert not (tmp_path / "out").exists()
