@@ -210,3 +210,31 @@ def test_dataset_with_other_parameters_is_refused(tmp_path):
                                          r"M = 0.1, pdebench-cfd-m1-eta0.1 has M = 1.0; the files have eta = 0.01"):
         ingest_with_catalog([raw], tmp_path / "out", IngestOptions(formats=("wds",)), dataset="pdebench-cfd-m1-eta0.1")
     assert not (tmp_path / "out").exists()
+
+
+def test_corpus_sorts_a_download_folder_into_datasets_and_resumes(tmp_path):
+    from dpot_data.corpus import ingest_corpus, plan_corpus
+    from dpot_data.ingest import IngestOptions
+    from dpot_data.synth import cfdbench, pdearena, pdebench
+
+    raw = tmp_path / "downloads"
+    pdearena.write_standard(raw / "NavierStokes-2D", n=1, frames=14, res=8)
+    pdearena.write_conditioned(raw / "NavierStokes-2D-conditoned", n=1, frames=4, res=8)
+    pdebench.write_swe(raw / "pdebench", n=2, frames=3, res=8)
+    pdebench.write_cfd(raw / "pdebench", m=0.1, eta=0.01, n=2, frames=3, res=8,
+                       name="2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_128_Train.hdf5")
+    cfdbench.write_cfdbench(raw / "cfdbench", problems=("dam",), cases=2, frames=(20, 22), res=8)
+    (raw / "pdebench" / "unrelated.h5").write_bytes(b"")
+    plan = plan_corpus([raw])
+    assert list(plan.groups) == ["pdebench-cfd-m0.1-eta0.01", "pdebench-swe", "pdearena-ns", "pdearena-ns-cond",
+                                 "cfdbench"]
+    assert plan.groups["cfdbench"] == [raw / "cfdbench"] and len(plan.groups["pdearena-ns-cond"]) == 5
+    assert plan.unknown == [raw / "pdebench" / "unrelated.h5"]
+    assert "fno-ns-v1e-3" in plan.missing and "pdebench-dr" in plan.missing and "pdearena-ns" not in plan.missing
+    opts = IngestOptions(formats=("wds",), stats=False, resolution=None)
+    run = ingest_corpus([raw], tmp_path / "out", opts)
+    assert run.failed == [] and [d.entry.name for d in run.done] == list(plan.groups)
+    assert all(d.outcome.written for d in run.done)
+    assert (tmp_path / "out" / "pdebench-cfd-m0p1-eta0p01" / "manifest.json").is_file()
+    again = ingest_corpus([raw], tmp_path / "out", opts)
+    assert not any(d.outcome.written for d in again.done)  # complete datasets are kept: a rerun resumes
