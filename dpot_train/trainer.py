@@ -99,11 +99,6 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
         step, position = int(ckpt["step"]), int(ckpt["loader"]["position"])
-        states = ckpt["rng"]
-        if len(states) == info.world:
-            set_rng_state(states[info.rank])
-        else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
-            torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
         if info.is_main:
             print(f"resumed from {path} at step {step} (stream position {position})", flush=True)
     elif resume and info.is_main:
@@ -112,8 +107,14 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     ddp_model = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None) \
         if info.world > 1 else model
     stream = WindowStream(spec, reader, start=position, global_batch=cfg.batch_size, world=info.world, rank=info.rank)
-    loader = make_loader(stream, cfg.data.num_workers)
-    summary = _loop(cfg, info, ddp_model, model, opt, sched, loader, spec, step, position, run)
+    batches = iter(make_loader(stream, cfg.data.num_workers))  # draws a base seed from the torch RNG
+    if found is not None:  # restored last, so that the RNGs continue exactly where the checkpoint left them
+        states = found[1]["rng"]
+        if len(states) == info.world:
+            set_rng_state(states[info.rank])
+        else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
+            torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
+    summary = _loop(cfg, info, ddp_model, model, opt, sched, batches, spec, step, position, run)
     D.barrier()
     if info.is_main and cfg.eval_at_end:
         from dpot_train.evaluate import evaluate_model, print_table, write_eval
@@ -130,7 +131,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
 
 
 def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,
-          opt: torch.optim.Optimizer, sched: Any, loader: Any, spec: Any, step: int, position: int,
+          opt: torch.optim.Optimizer, sched: Any, it: Any, spec: Any, step: int, position: int,
           run: Path) -> dict[str, Any]:
     """The step loop; rank 0 logs and saves."""
     ckpt_dir = run / "checkpoints"
@@ -154,7 +155,6 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
         audit = open(audit_path, "a", encoding="utf-8")
     trainable = [p for p in model.parameters() if p.requires_grad]
     clip = cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf
-    it = iter(loader)
     t_last, n_last, last_loss = time.perf_counter(), 0, float("nan")
     ddp_model.train()
     try:
