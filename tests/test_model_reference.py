@@ -112,6 +112,10 @@ def test_wrong_layout_is_refused(tmp_path: Path) -> None:
     torch.save({"weights": [torch.zeros(2)]}, path)
     with pytest.raises(CheckpointError, match=r"expected a dict with a 'model' entry.*\['weights'\]"):
         load_pretrained(path)
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"garbage.pth: not a readable torch checkpoint"):
+        load_pretrained(garbage)
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         load_pretrained(tmp_path / "absent.pth")
 

@@ -56,6 +56,8 @@ def _read(path: Path, map_location: Any, trusted: bool) -> Any:
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        if "weights only" not in text.lower():
+            raise CheckpointError(f"{path}: not a readable torch checkpoint: {text.strip()[:300]}") from exc
         found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", text)))
         what = f" (found {', '.join(found)})" if found else f" ({text.strip().splitlines()[-1][:300]})" if text.strip() else ""
         raise CheckpointError(
@@ -63,8 +65,8 @@ def _read(path: Path, map_location: Any, trusted: bool) -> Any:
             f"numbers, strings, argparse.Namespace){what}. Load it with trusted=True "
             "(CLI: --trust) only if you trust its origin."
         ) from exc
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a readable torch checkpoint: {exc}") from exc
+    except Exception as exc:  # torch.load raises many types on corrupt input (IndexError, EOFError, RuntimeError ...)
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({type(exc).__name__}: {exc})") from exc
 
 
 def _is_state_dict(obj: Any) -> bool:
