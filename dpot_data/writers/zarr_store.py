@@ -129,7 +129,10 @@ class ZarrDatasetWriter:
 
 
 def fsync_tree(root: str | Path) -> None:
-    """fsync every file and folder under root (after a bulk write, before it is renamed into place)."""
+    """Make every file and folder under root durable before it is renamed into place: one syncfs(2) of the
+    filesystem on Linux (one journal commit instead of one per chunk file), else fsync of each file and folder."""
+    if _syncfs(root):
+        return
     for folder, _dirs, files in os.walk(root):
         for name in files:
             with open(os.path.join(folder, name), "rb") as fh:
@@ -139,6 +142,26 @@ def fsync_tree(root: str | Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _syncfs(path: str | Path) -> bool:
+    """syncfs(2) on the filesystem holding path; False where it is not available."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name or not hasattr(os, "O_DIRECTORY"):
+        return False
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return syncfs(fd) == 0
+    finally:
+        os.close(fd)
 
 
 def _json_safe(value: Any) -> Any:
