@@ -222,21 +222,37 @@ def _ingest_command(source: str, help_text: str) -> None:
                 split=parse_split(split or "0.9"), seed=seed, name=name, shard_size=_parse_bytes(shard_size), segment=segment,
                 block=block, overwrite=overwrite, progress=progress, stats=stats, workers=workers, scheduler=scheduler,
             )
-            done = ingest_with_catalog(files, out, options, dataset=dataset, source=None if source == "auto" else source,
-                                       catalog_split=split is None)
+            if source == "corpus":
+                from dpot_data.corpus import ingest_corpus
+
+                run = ingest_corpus(files, out, options, dataset=dataset, catalog_split=split is None)
+                runs, failed = run.done, run.failed
+                for path in run.plan.unknown:
+                    typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
+                for missing in run.plan.missing:
+                    typer.echo(f"warning: pre-training dataset {missing}: no raw files found", err=True)
+            else:
+                runs = [ingest_with_catalog(files, out, options, dataset=dataset,
+                                            source=None if source == "auto" else source, catalog_split=split is None)]
+                failed = []
         except InputError as exc:
             raise _fail(exc) from None
-        outcome = done.outcome
-        for warning in done.warnings:
-            typer.echo(f"warning: {warning}", err=True)
-        for note in outcome.notes:
-            typer.echo(note, err=True)
-        for d in outcome.manifest["datasets"]:
-            counts = ", ".join(f"{k} {v}" for k, v in d["splits"]["counts"].items() if v)
-            size = sum(s["bytes"] for s in d["shards"])
-            typer.echo(f"{'wrote' if outcome.written else 'kept'} {outcome.path}: {d['name']}, {d['trajectories']} "
-                       f"trajectories ({counts}), {d['frames']} frames, grid {'x'.join(map(str, d['grid']['shape']))}, "
-                       f"{len(d['shards'])} shards ({size} bytes)")
+        for done in runs:
+            outcome = done.outcome
+            for warning in done.warnings:
+                typer.echo(f"warning: {warning}", err=True)
+            for note in outcome.notes:
+                typer.echo(note, err=True)
+            for d in outcome.manifest["datasets"]:
+                counts = ", ".join(f"{k} {v}" for k, v in d["splits"]["counts"].items() if v)
+                size = sum(s["bytes"] for s in d["shards"])
+                typer.echo(f"{'wrote' if outcome.written else 'kept'} {outcome.path}: {d['name']}, {d['trajectories']} "
+                           f"trajectories ({counts}), {d['frames']} frames, "
+                           f"grid {'x'.join(map(str, d['grid']['shape']))}, {len(d['shards'])} shards ({size} bytes)")
+        for name, error in failed:
+            typer.echo(f"error: {name}: {error}", err=True)
+        if failed:
+            raise typer.Exit(code=2)
 
     command.__doc__ = help_text
     ingest_app.command(source)(command)
@@ -249,6 +265,10 @@ _ingest_command("pdearena", "PDEArena NavierStokes2D_*.h5 files or folders (stan
                 "the split and buo_y of every trajectory come from its file; unreadable files are skipped.")
 _ingest_command("cfdbench", "CFDBench case trees (cavity, tube, cylinder, dam): u, v and the geometry mask from "
                 "case.json; split by case, then cut into --segment pieces (default 20 frames).")
+_ingest_command("corpus", "Folders of downloaded raw files of several datasets: each catalog dataset found is "
+                "ingested into OUT/<dataset>/ with the catalog's name and split (--dataset: only that one); datasets "
+                "already complete are kept, so a rerun resumes. Lists files no dataset claims and missing "
+                "pre-training sets.")
 _ingest_command("auto", "Raw files of any source, detected from names or content; with --dataset NAME the catalog "
                 "entry gives the source, name and split. Warns where the files differ from the catalog.")
 
@@ -258,6 +278,9 @@ def inspect_command(
     folder: Path = typer.Argument(..., help="An ingest output folder (holding manifest.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     verify: bool = typer.Option(False, "--verify", help="Re-hash every shard and Zarr array (sha256)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG grid of first/middle/last frames of a few "
+                                        "trajectories per dataset (channel names, colour bars, mask outlined)."),
+    plot_trajectories: int = typer.Option(2, "--plot-trajectories", help="Trajectories per dataset in --plot."),
 ) -> None:
     """A table per dataset: trajectories per split, frames, channels, grid, resampling, shards, bytes, checksums."""
     import json
@@ -277,7 +300,83 @@ def inspect_command(
         from rich.console import Console
 
         Console(width=None if sys.stdout.isatty() else 160).print(render(report))
+    if plot is not None:
+        from dpot_data.plot import PlotOptions, plot_output
+
+        plot_output(str(folder), str(plot), PlotOptions(trajectories=plot_trajectories))
+        typer.echo(f"wrote {plot}", err=True)
     if not report["ok"]:
+        raise typer.Exit(code=1)
+
+
+@app.command("verify")
+def verify_command(
+    folder: str = typer.Argument(..., help="An ingest output folder or fsspec URL (holding manifest.json)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Local threads hashing in parallel."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="dask.distributed scheduler address."),
+    as_json: bool = typer.Option(False, "--json", help="Print the problems as JSON."),
+) -> None:
+    """Re-hash every shard and Zarr array against the manifest; exit 1 naming each mismatch (files the manifest
+    does not list are reported as warnings)."""
+    import json
+
+    from dpot_data.scheduler import SchedulerOptions
+    from dpot_data.verify import as_json as problems_json
+    from dpot_data.verify import manifest_items, summarise, verify_output
+
+    problems = verify_output(folder, SchedulerOptions(workers=workers, address=scheduler))
+    checked = None if any(p.kind in ("manifest", "schema") for p in problems) else manifest_items(folder)
+    code, lines = summarise(problems, checked)
+    if as_json:
+        typer.echo(json.dumps({"ok": code == 0, "problems": problems_json(problems)}, indent=2))
+    else:
+        for line in lines:
+            typer.echo(line)
+    raise typer.Exit(code=code)
+
+
+@app.command("stats")
+def stats_command(
+    folder: str = typer.Argument(..., help="An ingest output folder or fsspec URL (holding manifest.json)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Local threads."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="dask.distributed scheduler address."),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+) -> None:
+    """Recompute the normalisation statistics (train split, valid channels, fluid cells, float64) from the stored
+    trajectories, print them, and compare them with the manifest's (exit 1 when they differ)."""
+    import json
+
+    from dpot_data.output import OutputError, load_manifest, recompute_stats
+    from dpot_data.scheduler import SchedulerOptions, scheduler_context
+    from dpot_data.stats import compare
+
+    try:
+        manifest = load_manifest(folder)
+    except OutputError as exc:
+        raise _fail(exc) from None
+    with scheduler_context(SchedulerOptions(workers=workers, address=scheduler)) as runner:
+        recomputed = recompute_stats(folder, runner)
+    problems = {}
+    for entry in manifest["datasets"]:
+        stored = entry.get("stats")
+        problems[entry["name"]] = (["the manifest holds no statistics"] if stored is None
+                                   else compare(stored, recomputed[entry["name"]]))
+    if as_json:
+        typer.echo(json.dumps({"datasets": recomputed, "differences": problems}, indent=2))
+    else:
+        for name, doc in recomputed.items():
+            typer.echo(f"{name}: {doc['trajectories']} train trajectories, float64, fluid cells, ddof 0")
+            typer.echo(f"  {'channel':<12} {'kind':<6} {'count':>12} {'mean':>13} {'std':>13} {'rms':>13} "
+                       f"{'min':>13} {'max':>13}")
+            for family, label in (("fields", "value"), ("diff", "dt")):
+                for ch in doc["channels"]:
+                    v = doc[family][ch]
+                    nums = " ".join(f"{v[k]:>13.6g}" if v[k] is not None else f"{'-':>13}"
+                                    for k in ("mean", "std", "rms", "min", "max"))
+                    typer.echo(f"  {ch:<12} {label:<6} {v['count']:>12} {nums}")
+            diffs = problems[name]
+            typer.echo(f"  manifest: {'matches' if not diffs else 'DIFFERS: ' + '; '.join(diffs[:5])}")
+    if any(problems.values()):
         raise typer.Exit(code=1)
 
 

@@ -57,3 +57,20 @@ def test_unknown_dataset_is_an_error(tmp_path: Path) -> None:
     write_toy_output(str(tmp_path))
     with pytest.raises(ValueError, match="no dataset to plot"):
         build_figure(str(tmp_path), PlotOptions(datasets=["nope"]))
+
+
+def test_cli_inspect_plot_writes_the_png(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+    from dpot_data.ingest import IngestOptions, run_ingest
+    from tests.toy_output import write_fno_raw
+
+    raw = write_fno_raw(tmp_path / "raw", n=6, res=32, frames=4)
+    run_ingest("fno", [raw], tmp_path / "out", IngestOptions(resolution=32, workers=2, command="test"))
+    png = tmp_path / "frames.png"
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path / "out"), "--plot", str(png), "--plot-trajectories", "3"])
+    assert result.exit_code == 0, result.output
+    img = plt.imread(str(png))
+    assert img.shape[0] > 3 * 150  # three rows: one valid channel (vorticity) per trajectory
+    assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 50

@@ -166,3 +166,28 @@ def test_ingested_stats_equal_numpy_over_fluid_cells_of_stored_train_trajectorie
             assert got["min"] == ref.min() and got["max"] == ref.max()
     again = recompute_stats(str(tmp_path / "out"))[entry["name"]]
     assert compare(stats, again) == []
+
+
+def test_cli_stats_recomputes_prints_and_checks_the_manifest(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+    from dpot_data.ingest import IngestOptions, run_ingest
+    from tests.toy_output import write_fno_raw
+
+    raw = write_fno_raw(tmp_path / "raw", n=8, res=32, frames=4)
+    out = tmp_path / "out"
+    manifest = run_ingest("fno", [raw], out, IngestOptions(resolution=32, workers=2, command="test")).manifest
+    runner = CliRunner()
+    shown = runner.invoke(app, ["stats", str(out), "--workers", "2"])
+    assert shown.exit_code == 0, shown.output
+    name = manifest["datasets"][0]["name"]
+    assert f"{name}: {manifest['datasets'][0]['splits']['counts']['train']} train trajectories" in shown.output
+    assert "vorticity" in shown.output and "manifest: matches" in shown.output
+    as_json = json.loads(runner.invoke(app, ["stats", str(out), "--json"]).output)
+    assert as_json["datasets"][name]["fields"] == manifest["datasets"][0]["stats"]["fields"]
+    doc = json.loads((out / "manifest.json").read_text())
+    doc["datasets"][0]["stats"]["fields"]["vorticity"]["mean"] += 1.0
+    (out / "manifest.json").write_text(json.dumps(doc))
+    changed = runner.invoke(app, ["stats", str(out)])
+    assert changed.exit_code == 1 and "DIFFERS: fields.vorticity.mean" in changed.output

@@ -70,3 +70,38 @@ def test_missing_or_invalid_manifest(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     problems = verify_output(str(tmp_path))
     assert [str(p) for p in problems] == ["manifest.json: datasets/0: 'frames' is a required property"]
+
+
+def _ingested(tmp_path: Path) -> Path:
+    from dpot_data.ingest import IngestOptions, run_ingest
+    from tests.toy_output import write_fno_raw
+
+    raw = write_fno_raw(tmp_path / "raw", n=8, res=32, frames=4)
+    out = tmp_path / "out"
+    run_ingest("fno", [raw], out, IngestOptions(resolution=16, shard_size=40 << 10, workers=2, command="test"))
+    return out
+
+
+def test_cli_verify_and_inspect_verify_name_the_flipped_shard(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+
+    out = _ingested(tmp_path)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", str(out), "--workers", "2"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    shards = [s["path"] for s in manifest["datasets"][0]["shards"]]
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.strip().endswith(f"OK: {len(shards) + len(manifest['datasets'][0]['zarr']['arrays'])} item(s) "
+                                      "match the manifest")
+    victim = shards[len(shards) // 2]
+    _flip_byte(out / victim, (out / victim).stat().st_size // 2)
+    bad = runner.invoke(app, ["verify", str(out)])
+    assert bad.exit_code == 1
+    assert f"{victim}: sha256 mismatch (manifest " in bad.output
+    assert bad.output.count("mismatch") == 1 and "FAILED: 1 problem(s)" in bad.output
+    inspected = runner.invoke(app, ["inspect", str(out), "--verify", "--json"])
+    assert inspected.exit_code == 1
+    failed = [f for d in json.loads(inspected.output)["datasets"] for f in d["checksums"]["failed"]]
+    assert [f["path"] for f in failed] == [victim]
