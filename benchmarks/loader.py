@@ -1,0 +1,365 @@
+"""Loader benchmark: our WebDataset and Zarr window streams against a DPOT-style per-trajectory HDF5 loader.
+
+Run:  .venv/bin/python benchmarks/loader.py                  # small default: about a minute on 2 cores
+      .venv/bin/python benchmarks/loader.py --workers 0,2,4 --seconds 20 --trajectories 64
+      .venv/bin/python benchmarks/loader.py --profile         # cProfile of one single-process pass per loader
+
+1. Writes PDEBench diffusion-reaction trajectories (2 channels, `--native` grid, `--frames` frames) with
+   `dpot_data.synth`, ingests them with `dpot_data.ingest` at 128x128, 4 channels (pad value 1, bilinear, which is
+   what DPOT's preprocessing does too), all trajectories in the train split, into WebDataset shards and Zarr;
+   and writes the same trajectories as one HDF5 file per trajectory at the native grid (benchmarks/reference_loader.py).
+2. For each worker count, measures in this one process: (a) our stream from WebDataset shards, (b) our stream from
+   Zarr, (c) the reference-style torch Dataset (open the file on each access, read the whole trajectory, bilinear
+   resize to 128x128, pad channels with 1, random window) under a DataLoader with a shuffling sampler.
+   All deliver batches of `--batch` windows of 10 + 1 frames, (B, 128, 128, T, 4) float32. Each measurement starts
+   after `--warmup` batches per worker (worker start-up excluded) and runs for `--seconds` of wall time.
+3. Reports samples/s, delivered window MB/s, input MB/s (bytes the process tree read through read() calls, psutil
+   `read_chars`), CPU milliseconds per sample (user + system of the process tree: the figure least disturbed by other
+   load on a shared machine) and peak resident memory of the process tree (main process plus workers, polled; pages
+   shared between processes count once per process). Our loaders run with `--noise` (default 0, like the reference, which
+   adds its noise in the training step); `--noise 5e-4` measures our in-loader noise injection as well.
+The last line of output is one JSON object with every figure. The temp folder is removed unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference_loader import ReferenceWindows, write_reference_files  # noqa: E402
+
+MB = 1e6
+LOADERS = ("webdataset", "zarr", "reference")
+T_IN, T_OUT, RES, CHANNELS = 10, 1, 128, 4
+
+
+@dataclass
+class BenchData:
+    """The same trajectories in our output folder (manifest, shards, Zarr) and as reference per-trajectory files."""
+
+    root: Path
+    manifest: Path
+    reference: Path
+    trajectories: int
+    frames: int
+    native: int
+    prep_s: float
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes on disk of each representation."""
+        out = self.manifest.parent
+        return {"webdataset": folder_bytes(out / "shards"), "zarr": folder_bytes(out / "data.zarr"),
+                "reference": folder_bytes(self.reference)}
+
+
+@dataclass
+class Measurement:
+    """One loader at one worker count."""
+
+    loader: str
+    workers: int
+    samples: int
+    seconds: float
+    samples_per_s: float
+    window_mb_per_s: float
+    read_mb_per_s: float
+    cpu_ms_per_sample: float
+    peak_rss_mib: float
+
+
+def folder_bytes(path: Path) -> int:
+    """Total size of the files below a folder."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int = 0) -> BenchData:
+    """Synthesize raw PDEBench diffusion-reaction data, ingest it (WDS + Zarr, 128x128, 4 channels), write the
+    reference per-trajectory files from the same raw file."""
+    from dpot_data.ingest import IngestOptions, run_ingest
+    from dpot_data.synth.pdebench import write_diff_react
+
+    start = time.perf_counter()
+    raw = write_diff_react(root / "raw", n=trajectories, frames=frames, res=native, seed=seed)
+    opts = IngestOptions(resolution=RES, channels=CHANNELS, fill=1.0, resample="bilinear", split=(1.0,), name="dr",
+                         formats=("zarr", "wds"), seed=seed, command="benchmarks/loader.py")
+    outcome = run_ingest("pdebench", [raw], root / "out", opts)
+    write_reference_files("pdebench", [raw], root / "reference")
+    return BenchData(root, outcome.path, root / "reference", trajectories, frames, native,
+                     time.perf_counter() - start)
+
+
+def our_loader(data: BenchData, backend: str, workers: int, batch: int, noise: float, seed: int = 0,
+               pin_memory: bool = False) -> DataLoader:
+    """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader); optionally pinned."""
+    from dpot_train.config import DataConfig
+    from dpot_train.data.prepare import prepare_stream
+    from dpot_train.data.stream import WindowStream, make_loader
+
+    cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, noise=noise,
+                     num_workers=workers, verify_checksums=False)
+    spec, reader = prepare_stream(cfg, seed=seed, verify=False)
+    stream = WindowStream(spec, reader, start=0, global_batch=batch)
+    if not pin_memory:
+        return make_loader(stream, workers)
+    # the trainer's make_loader settings plus page-locked batches, so host-to-device copies can be asynchronous
+    return DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=True,
+                      prefetch_factor=2 if workers else None)
+
+
+def reference_loader(data: BenchData, workers: int, batch: int, seed: int = 0) -> DataLoader:
+    """DPOT-style Dataset under a DataLoader that shuffles (epochs long enough never to end during a measurement)."""
+    ds = ReferenceWindows(data.reference, data.trajectories, res=RES, n_channels=CHANNELS, t_in=T_IN, t_out=T_OUT)
+    sampler = RandomSampler(ds, replacement=False, num_samples=len(ds) * 100_000,
+                            generator=torch.Generator().manual_seed(seed))
+    return DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, drop_last=True,
+                      prefetch_factor=2 if workers else None)
+
+
+def build_loader(name: str, data: BenchData, workers: int, batch: int, noise: float) -> DataLoader:
+    """One of LOADERS."""
+    if name == "reference":
+        return reference_loader(data, workers, batch)
+    return our_loader(data, name, workers, batch, noise)
+
+
+def batch_x(batch: Any) -> torch.Tensor:
+    """Inputs of a batch from either loader (ours: dict; reference: tuple)."""
+    return batch["x"] if isinstance(batch, dict) else batch[0]
+
+
+def batch_y(batch: Any) -> torch.Tensor:
+    """Targets of a batch from either loader."""
+    return batch["y"] if isinstance(batch, dict) else batch[1]
+
+
+class TreeWatch(threading.Thread):
+    """Polls the summed RSS of this process and its children (peak); snapshots their read() bytes and CPU time."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.root = psutil.Process(os.getpid())
+        self.interval, self.peak = interval, 0
+        self._done = threading.Event()
+
+    def procs(self) -> list[psutil.Process]:
+        return [self.root] + self.root.children(recursive=True)
+
+    def read_chars(self) -> dict[int, int]:
+        """Bytes read through read()/pread() per live process of the tree (page-cache hits included)."""
+        out = {}
+        for p in self.procs():
+            try:
+                out[p.pid] = p.io_counters().read_chars
+            except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+                pass
+        return out
+
+    def cpu_seconds(self) -> dict[int, float]:
+        """User + system CPU seconds per live process of the tree (robust to other load on a shared machine)."""
+        out = {}
+        for p in self.procs():
+            try:
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            rss = 0
+            for p in self.procs():
+                try:
+                    rss += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak = max(self.peak, rss)
+            time.sleep(self.interval)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def measure(name: str, make: Callable[[], DataLoader], workers: int, batch: int, seconds: float, warmup: int,
+            min_batches: int = 3) -> Measurement:
+    """Warm up (worker start-up and `warmup` batches per worker), then pull batches for `seconds` of wall time."""
+    loader = make()
+    it: Iterator[Any] = iter(loader)
+    for _ in range(warmup * max(1, workers)):
+        next(it)
+    watch = TreeWatch()
+    watch.start()
+    reads0, cpu0 = watch.read_chars(), watch.cpu_seconds()
+    n = nbytes = 0
+    start = time.perf_counter()
+    while True:
+        b = next(it)
+        x, y = batch_x(b), batch_y(b)
+        n += x.shape[0]
+        nbytes += x.nbytes + y.nbytes
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and n >= min_batches * batch:
+            break
+    reads1, cpu1 = watch.read_chars(), watch.cpu_seconds()
+    watch.stop()
+    del it
+    read = sum(v - reads0.get(pid, 0) for pid, v in reads1.items())
+    cpu = sum(v - cpu0.get(pid, 0.0) for pid, v in cpu1.items())
+    return Measurement(name, workers, n, round(elapsed, 3), round(n / elapsed, 2), round(nbytes / MB / elapsed, 1),
+                       round(read / MB / elapsed, 1), round(cpu / n * 1e3, 2), round(watch.peak / 2**20, 1))
+
+
+def profile_single(name: str, data: BenchData, batch: int, noise: float, batches: int, top: int = 14) -> str:
+    """cProfile of `batches` batches of one loader without workers: the functions with the most own time."""
+    it = iter(build_loader(name, data, 0, batch, noise))
+    next(it)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(batches):
+        next(it)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
+def cpu_name() -> str:
+    """The CPU model (lscpu's 'Model name')."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """CPU, core count, load average (the machine may be shared), torch version and threads."""
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "load_avg": [round(v, 2) for v in os.getloadavg()],
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+
+
+def ratios(results: list[Measurement], loaders: list[str]) -> dict[str, dict[str, float]]:
+    """Per worker count: samples/s of each of our loaders over the reference's (`<name>_vs_reference`), and the
+    reference's CPU time per sample over ours (`<name>_vs_reference_cpu`)."""
+    ref = {r.workers: r for r in results if r.loader == "reference"}
+    out: dict[str, dict[str, float]] = {}
+    for name in loaders:
+        if name == "reference":
+            continue
+        ours = [r for r in results if r.loader == name and r.workers in ref]
+        out[f"{name}_vs_reference"] = {str(r.workers): round(r.samples_per_s / ref[r.workers].samples_per_s, 2)
+                                       for r in ours if ref[r.workers].samples_per_s > 0}
+        out[f"{name}_vs_reference_cpu"] = {str(r.workers): round(ref[r.workers].cpu_ms_per_sample
+                                                                 / r.cpu_ms_per_sample, 2)
+                                           for r in ours if r.cpu_ms_per_sample > 0}
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", type=int, default=16)
+    parser.add_argument("--frames", type=int, default=21, help="frames per trajectory (published DR: 101)")
+    parser.add_argument("--native", type=int, default=64, help="native grid of the raw data (resampled to 128)")
+    parser.add_argument("--batch", type=int, default=8, help="windows per batch (both loaders)")
+    parser.add_argument("--workers", default="0,2", help="comma list of DataLoader worker counts")
+    parser.add_argument("--loaders", default=",".join(LOADERS), help=f"comma list of {LOADERS}")
+    parser.add_argument("--seconds", type=float, default=5.0, help="timed wall time per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed batches per worker before timing")
+    parser.add_argument("--noise", type=float, default=0.0, help="noise epsilon of our stream (training: 5e-4)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the main process (DataLoader "
+                        "workers always use 1)")
+    parser.add_argument("--profile", action="store_true", help="also cProfile each loader without workers")
+    parser.add_argument("--tmp", type=Path, default=None, help="parent of the temp folder")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder")
+    args = parser.parse_args(argv)
+    args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    args.loader_names = [n.strip() for n in args.loaders.split(",") if n.strip()]
+    bad = [n for n in args.loader_names if n not in LOADERS]
+    if bad:
+        parser.error(f"unknown loaders {bad}; choose from {LOADERS}")
+    if args.frames < T_IN + T_OUT:
+        parser.error(f"--frames must be at least {T_IN + T_OUT}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    root = Path(tempfile.mkdtemp(prefix="dpot-loader-bench-", dir=args.tmp))
+    load_start = os.getloadavg()
+    results: list[Measurement] = []
+    profiles: dict[str, str] = {}
+    try:
+        data = make_data(root, args.trajectories, args.frames, args.native)
+        sizes = data.sizes()
+        print(f"# data: {data.trajectories} trajectories x {data.frames} frames, native {data.native}^2 x 2 channels "
+              f"-> {RES}^2 x {CHANNELS}; prepared in {data.prep_s:.1f} s; on disk: "
+              + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in sizes.items()), flush=True)
+        print(f"# {cpu_name()}, {os.cpu_count()} cores, load average {load_start[0]:.2f}; batch {args.batch}, "
+              f"{args.seconds:g} s per measurement, noise {args.noise:g}", flush=True)
+        print(f"{'loader':<11} {'workers':>7} {'samples/s':>10} {'window MB/s':>12} {'read MB/s':>10} "
+              f"{'CPU ms/sample':>14} {'peak RSS MiB':>13}", flush=True)
+        for workers in args.worker_counts:
+            for name in args.loader_names:
+                r = measure(name, lambda: build_loader(name, data, workers, args.batch, args.noise), workers,
+                            args.batch, args.seconds, args.warmup)
+                results.append(r)
+                print(f"{r.loader:<11} {r.workers:>7} {r.samples_per_s:>10.1f} {r.window_mb_per_s:>12.0f} "
+                      f"{r.read_mb_per_s:>10.0f} {r.cpu_ms_per_sample:>14.1f} {r.peak_rss_mib:>13.0f}", flush=True)
+        if args.profile:
+            for name in args.loader_names:
+                profiles[name] = profile_single(name, data, args.batch, args.noise, batches=8)
+                print(f"# profile of {name} (8 batches, no workers)\n{profiles[name]}", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"# kept {root}", flush=True)
+    rat = ratios(results, args.loader_names)
+    for key, per in rat.items():
+        print(f"# {key}: " + ", ".join(f"{w} workers {v:.2f}x" for w, v in per.items()), flush=True)
+    wds = rat.get("webdataset_vs_reference", {})
+    summary = {
+        "benchmark": "loader",
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {**machine(), "load_avg_start": [round(v, 2) for v in load_start]},
+        "settings": {"trajectories": args.trajectories, "frames": args.frames, "native": args.native, "res": RES,
+                     "channels": CHANNELS, "t_in": T_IN, "t_out": T_OUT, "batch": args.batch,
+                     "workers": args.worker_counts, "seconds": args.seconds, "warmup": args.warmup,
+                     "noise": args.noise, "threads": args.threads},
+        "data": {"prep_s": round(data.prep_s, 2), "bytes": sizes},
+        "results": [asdict(r) for r in results],
+        "ratios": rat,
+        "target": {"webdataset_vs_reference_min": 3.0,
+                   "met": bool(wds) and all(v >= 3.0 for v in wds.values())},
+    }
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
