@@ -1,9 +1,11 @@
 """The source-agnostic ingest pipeline: ReadResult → split → (segment) → resample → pad → Zarr + WebDataset → manifest.
 
 Trajectories are processed in blocks (one dask chunk of whole trajectories per task, a bounded window of tasks in
-flight), never whole files. Everything is first written into a staging folder inside OUT; when all of it is complete
-and fsynced it is renamed into place, and the manifest is written last, atomically. An OUT that already holds a
-valid manifest is left alone unless `overwrite` is set.
+flight), never whole files. Everything is first written into the staging folder OUT/.staging-<dataset>; when all of
+it is complete and durable it is renamed into place, and the manifest is written last, atomically. The staging
+folder's journal (`dpot_data.journal`) records every finished block, so re-running an interrupted ingest with the
+same inputs and options resumes it (completed shards kept, byte-identical result). An OUT that already holds a valid
+manifest is left alone unless `overwrite` is set.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import dpot_data
+from dpot_data import journal as jn
 from dpot_data import manifest as mf
 from dpot_data import stats as st
 from dpot_data.errors import InputError
@@ -30,10 +33,9 @@ from dpot_data.scheduler import SchedulerOptions, compute_in_task, scheduler_con
 from dpot_data.sources.base import DATASET_NAME, SPLITS, ReadResult, check_result, load_source
 from dpot_data.transform import MASK_METHODS, choose_method, pad_channels, resample_fields, resample_mask
 from dpot_data.writers.wds_shards import DEFAULT_SHARD_BYTES, SplitShardWriter
-from dpot_data.writers.zarr_store import ZarrDatasetWriter, ZarrLayout
+from dpot_data.writers.zarr_store import ZarrLayout
 
 FORMATS = ("zarr", "wds")
-STAGING_PREFIX = ".staging-"
 
 
 @dataclass
@@ -200,14 +202,6 @@ def _existing(out: Path) -> dict[str, Any] | None:
     return mf.read(path)
 
 
-def _clear_stale_staging(out: Path) -> None:
-    """Remove staging folders left by interrupted runs (they never hold anything under a final name)."""
-    if out.is_dir():
-        for child in out.iterdir():
-            if child.name.startswith(STAGING_PREFIX) and child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
-
-
 def _hash_inputs(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return [{"path": str(Path(p).resolve()), "sha256": sha256_file(p), "bytes": os.path.getsize(p)} for p in paths]
 
@@ -277,10 +271,20 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     sample_params = {k: np.asarray(v)[[p.source for p in pieces]] for k, v in result.sample_params.items()}
     command = opts.command if opts.command is not None else mf.command_line()
 
-    out.mkdir(parents=True, exist_ok=True)
-    _clear_stale_staging(out)
-    staging = out / f"{STAGING_PREFIX}{name}-{os.getpid()}"
-    staging.mkdir()
+    blocks = _blocks(ds["fields"].data.chunks[0])
+    block_rows = jn.rows_per_block([p.source for p in pieces], blocks)
+    row_splits = [p.split for p in pieces]
+    job = jn.job_fingerprint(result.inputs, {
+        **jn.options_identity(opts), "name": name, "target": list(target), "method": method, "mask": mask_method,
+        "rows": [[p.id, p.split, p.start] for p in pieces], "frames": frames,
+        "reader": _plain(ds.attrs.get("provenance", {})), "parameters": _plain(ds.attrs.get("parameters", {})),
+    }, blocks)
+    try:
+        journal = jn.Journal.open(out, name, job, row_splits, block_rows, zarr="zarr" in formats)
+    except jn.JournalBusy as exc:
+        raise InputError(out, str(exc)) from None
+    staging = journal.staging
+    notes = [journal.describe()] if journal.resumed else []
     hasher = ThreadPoolExecutor(max_workers=1)
     inputs_future = hasher.submit(_hash_inputs, list(result.inputs))
     writers: dict[str, SplitShardWriter] = {}
@@ -303,22 +307,25 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
                                 samples=np.array([p.id for p in pieces], dtype=str),
                                 splits=np.array([p.split for p in pieces], dtype=str),
                                 sample_params=sample_params, attrs=attrs)
-            zw = ZarrDatasetWriter(staging / "data.zarr", layout)
+            zw = jn.zarr_writer(journal, staging / "data.zarr", layout)
         if "wds" in formats:
             for split in SPLITS:
-                writers[split] = SplitShardWriter(staging, f"shards/{name}", split, opts.shard_size)
+                writers[split] = journal.restore_shards(
+                    SplitShardWriter(staging, f"shards/{name}", split, opts.shard_size))
         plan = _Plan(ds["fields"].data, ds["mask"].data, pieces, frames, target, method, mask_method,
                      opts.channels, float(opts.fill), opts.stats)
-        blocks = _blocks(ds["fields"].data.chunks[0])
-        acc = st.FieldStats.empty(len(native_channels)) if opts.stats else None
-        index = 0
+        acc = journal.stats(len(native_channels)) if opts.stats else None
+        first = journal.point.block
+        index = journal.point.row
         with scheduler_context(SchedulerOptions(workers=opts.workers, address=opts.scheduler)) as runner, \
                 _progress(len(pieces), opts.progress, name) as bar:
-            for f, m, bstats, block_pieces in runner.imap(partial(_process_block, plan), blocks):
+            bar.update(index)
+            tasks = runner.imap(partial(_process_block, plan), blocks[first:])
+            for block_no, (f, m, bstats, block_pieces) in enumerate(tasks, start=first):
                 if zw is not None:
                     zw.write_block(f, m)
                 for j, piece in enumerate(block_pieces):
-                    if writers:
+                    if writers and journal.needs(piece.split):
                         meta = {"id": piece.id, "dataset": name, "split": piece.split, "index": index,
                                 "frames": frames, "channels": channels, "channel_valid": channel_valid.tolist(),
                                 "params": {k: _scalar(v[index]) for k, v in sample_params.items()}}
@@ -326,14 +333,15 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
                     index += 1
                 if acc is not None and bstats is not None:
                     acc = acc.merge(bstats)
+                journal.record(block_no, index, acc, writers)
                 bar.update(len(block_pieces))
         shards = [s.to_dict() for split in SPLITS if split in writers for s in writers[split].close()]
         arrays = zw.close() if zw is not None else None
         inputs = inputs_future.result()
     except BaseException:
         for w in writers.values():
-            w.abort()
-        shutil.rmtree(staging, ignore_errors=True)
+            w.abort()  # the shard being written goes; completed ones stay in staging for a resume
+        journal.close()
         raise
     finally:
         hasher.shutdown(wait=True)
@@ -363,13 +371,16 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     }
     if sample_params:
         entry["sample_params"] = sorted(sample_params)
-    manifest = mf.build([entry], command)
-    _publish(out, staging, name, formats)
-    path = mf.write(out, manifest)
-    return IngestOutcome(manifest, path, True, [])
+    try:
+        manifest = mf.build([entry], command)
+        _publish(out, staging)
+        path = mf.write(out, manifest)
+    finally:
+        journal.close()
+    return IngestOutcome(manifest, path, True, notes)
 
 
-def _publish(out: Path, staging: Path, name: str, formats: tuple[str, ...]) -> None:
+def _publish(out: Path, staging: Path) -> None:
     """Move the staged Zarr store and shard folder into place (old manifest first removed, so none points at a mix)."""
     old = out / mf.MANIFEST_NAME
     if old.exists():

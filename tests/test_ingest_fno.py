@@ -244,19 +244,43 @@ def test_existing_output_is_left_alone_unless_overwrite(native, fno_pair, tmp_pa
     assert _group(out)["fields"].shape == (4, 5, 4, 32, 32)
 
 
-def test_failure_midway_leaves_nothing_under_final_names(fno_pair, tmp_path):
-    result = fno.read([fno_pair["v5"]], block=2)
-    broken = result.data["fields"].data.map_blocks(_explode_on_second_block, dtype=np.float32)
-    result.data["fields"] = (result.data["fields"].dims, broken)
+def _with_hook(result, hook):
+    """Route every computed fields chunk of a reader's result through hook(chunk index)."""
+    def fn(block, block_info=None):
+        if block_info:
+            hook(block_info[0]["chunk-location"][0])
+        return block
+
+    result.data["fields"] = (result.data["fields"].dims,
+                             result.data["fields"].data.map_blocks(fn, dtype=np.float32))
+    return result
+
+
+def test_interrupted_ingest_resumes_to_the_same_bytes(fno_pair, tmp_path):
+    # one trajectory per shard; a shard is complete once the next trajectory of its split arrives
+    opts = IngestOptions(resolution=64, workers=1, shard_size=1, split=(1.0,), command="test")
+    reference = ingest(fno.read([fno_pair["v5"]], block=1), tmp_path / "ref", opts).manifest
+
+    def explode(chunk):
+        if chunk == 2:
+            raise RuntimeError("disk on fire")
+
+    out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="disk on fire"):
-        ingest(result, tmp_path / "out", _opts(resolution=64, workers=1, shard_size=1))
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+        ingest(_with_hook(fno.read([fno_pair["v5"]], block=1), explode), out, opts)
+    # nothing under a final name: no manifest, no data.zarr, no shards; only the hidden staging folder
+    assert [p.name for p in out.iterdir()] == [".staging-fno-ns-v1e-3"]
 
-
-def _explode_on_second_block(block, block_info=None):
-    if block_info and block_info[0]["chunk-location"][0] == 1:
-        raise RuntimeError("disk on fire")
-    return block
+    computed = []
+    outcome = ingest(_with_hook(fno.read([fno_pair["v5"]], block=1), computed.append), out, opts)
+    # blocks 0 and 1 were journalled (2 and 3 failed together in one window); trajectory 0's shard is complete
+    assert outcome.written
+    assert "resumed an interrupted ingest at trajectory 1 (block 1); kept 1 completed shard(s)" in outcome.notes[0]
+    assert sorted(computed) == [1, 2, 3]  # block 0 was not read again
+    got, ref = outcome.manifest["datasets"][0], reference["datasets"][0]
+    assert [(s["path"], s["sha256"]) for s in got["shards"]] == [(s["path"], s["sha256"]) for s in ref["shards"]]
+    assert got["zarr"] == ref["zarr"] and got["stats"] == ref["stats"] and len(got["shards"]) == 4
+    assert sorted(p.name for p in out.iterdir()) == ["data.zarr", "manifest.json", "shards"]
 
 
 # ------------------------------------------------------------------------------------------------ CLI and bad input
