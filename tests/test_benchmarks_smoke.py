@@ -1,0 +1,110 @@
+"""The loader benchmark compares like with like: the DPOT-style baseline and our stream deliver the same windows
+(same trajectory, same start frame) up to float rounding; both benchmark scripts run and end with their JSON line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import loader as bench_loader  # noqa: E402
+import train_step as bench_step  # noqa: E402
+from reference_loader import ReferenceWindows, pad_data  # noqa: E402
+
+from dpot_train.config import DataConfig  # noqa: E402
+from dpot_train.data.prepare import prepare_stream  # noqa: E402
+from dpot_train.data.stream import EpochPlans, make_sample  # noqa: E402
+from dpot_train.data.windows import split_window, to_model_layout  # noqa: E402
+
+SMALL = ["--trajectories", "3", "--frames", "12", "--native", "32"]
+
+
+@pytest.fixture(scope="module")
+def bench_data(tmp_path_factory: pytest.TempPathFactory) -> bench_loader.BenchData:
+    return bench_loader.make_data(tmp_path_factory.mktemp("bench"), trajectories=3, frames=12, native=32)
+
+
+def _reference(data: bench_loader.BenchData) -> ReferenceWindows:
+    return ReferenceWindows(data.reference, data.trajectories, res=128, n_channels=4, t_in=10, t_out=1)
+
+
+@pytest.mark.parametrize("backend", ["webdataset", "zarr"])
+def test_reader_windows_equal_reference_windows(bench_data: bench_loader.BenchData, backend: str) -> None:
+    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)], backend=backend, noise=0.0),
+                                  seed=0, verify=False)
+    ref = _reference(bench_data)
+    refs = spec.refs[0]
+    assert sorted(r.index for r in refs) == [0, 1, 2]
+    for r in refs:
+        for t0 in (0, 1):
+            fields, _ = reader.read(r, t0, 11)
+            x, y = split_window(to_model_layout(fields), 10)
+            rx, ry = (a.numpy() for a in ref.window(r.index, t0))
+            assert x.shape == rx.shape == (128, 128, 10, 4) and y.shape == ry.shape == (128, 128, 1, 4)
+            # same bilinear upsampling, applied along (y, x) at ingest and along (x, y) by the baseline
+            np.testing.assert_allclose(x, rx, rtol=0, atol=2e-6)
+            np.testing.assert_allclose(y, ry, rtol=0, atol=2e-6)
+            assert np.all(x[..., 2:] == 1.0) and np.all(rx[..., 2:] == 1.0)  # both pad channels 2, 3 with 1
+            assert np.abs(x[..., :2] - 1.0).max() > 0.1  # the data channels are not padding
+
+
+def test_stream_samples_are_reference_windows_at_their_start(bench_data: bench_loader.BenchData) -> None:
+    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)], noise=0.0), seed=3, verify=False)
+    plans, ref = EpochPlans(spec), _reference(bench_data)
+    starts = set()
+    for position in range(6):
+        k, tref, _ = plans.lookup(position)
+        s = make_sample(spec, reader, k, tref, position)
+        rx, ry = ref.window(tref.index, s["t0"])
+        np.testing.assert_allclose(s["x"], rx.numpy(), rtol=0, atol=2e-6)
+        np.testing.assert_allclose(s["y"], ry.numpy(), rtol=0, atol=2e-6)
+        starts.add(s["t0"])
+    assert starts <= {0, 1}
+
+
+def test_reference_pad_data_resamples_and_pads_with_one() -> None:
+    x = np.arange(4 * 4 * 3 * 2, dtype=np.float32).reshape(4, 4, 3, 2)
+    import torch
+
+    out = pad_data(torch.from_numpy(x), 8, 4).numpy()
+    assert out.shape == (8, 8, 3, 4)
+    assert np.all(out[..., 2:] == 1.0)
+    same = pad_data(torch.from_numpy(x), 4, 3).numpy()  # same grid: bilinear is the identity
+    np.testing.assert_array_equal(same[..., :2], x)
+
+
+def _last_json(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_loader_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_loader.main([*SMALL, "--workers", "0", "--batch", "2", "--seconds", "0.2", "--warmup", "1"]) == 0
+    out = _last_json(capsys.readouterr().out)
+    assert out["benchmark"] == "loader"
+    rows = {(r["loader"], r["workers"]): r for r in out["results"]}
+    assert set(rows) == {("webdataset", 0), ("zarr", 0), ("reference", 0)}
+    for r in rows.values():
+        assert r["samples"] >= 6 and r["samples"] % 2 == 0  # at least 3 batches of 2
+        assert r["samples_per_s"] > 0 and r["cpu_ms_per_sample"] > 0 and r["peak_rss_mib"] > 0
+        # a window is 11 frames of 128 x 128 x 4 float32
+        assert r["window_mb_per_s"] == pytest.approx(r["samples_per_s"] * 11 * 128 * 128 * 4 * 4 / 1e6, rel=0.02)
+    ratio = out["ratios"]["webdataset_vs_reference"]["0"]
+    assert ratio == pytest.approx(rows["webdataset", 0]["samples_per_s"] / rows["reference", 0]["samples_per_s"],
+                                  abs=0.01)
+    assert out["target"]["met"] == (ratio >= 3.0)
+
+
+def test_train_step_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*SMALL, "--device", "cpu", "--workers", "0", "--batch", "2", "--steps", "1", "--warmup", "1"]
+    assert bench_step.main(args) == 0
+    out = _last_json(capsys.readouterr().out)
+    assert out["benchmark"] == "train_step" and out["device"] == "cpu"
+    (r,) = out["results"]
+    assert (r["preset"], r["dtype"], r["compile"], r["batch"]) == ("tiny", "fp32", False, 2)
+    assert r["step_samples_per_s"] > 0 and r["model_samples_per_s"] > 0 and 0 <= r["data_wait"] < 1
+    assert out["loader"]["samples_per_s"] > 0 and out["loader"]["pinned"] is False
+    assert "loader_vs_fastest_step" in out["targets"]
