@@ -87,7 +87,7 @@ def velocity(problem: str, case: dict[str, object], frames: int, res: int = 64) 
         a, sx, sy = float(case["vel_top"]), xx / lx, yy / ly
         psi_dy = np.sin(np.pi * sx) ** 2 * (2 * sy - 3 * sy**2) / ly        # d/dy of sin²(πx)·y²(1−y)
         psi_dx = 2 * np.pi * np.sin(np.pi * sx) * np.cos(np.pi * sx) * sy**2 * (1 - sy) / lx
-        u, v = -a * ramp * psi_dy, a * ramp * psi_dx
+        u, v = -a * ly * ramp * psi_dy, a * ly * ramp * psi_dx  # scaled so that the lid moves at vel_top
     elif problem == "tube":
         a, sy = float(case["vel_in"]), yy / ly
         u = a * 4 * sy * (1 - sy) * ramp * np.ones_like(t)
