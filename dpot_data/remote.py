@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,42 +27,76 @@ def default_workdir(out: str) -> Path:
     return Path(tempfile.gettempdir()) / "dpot-work" / digest
 
 
+@dataclass
+class Staged:
+    """A job's local side: local input paths, the local output folder, and the remote output URL (None: local)."""
+
+    inputs: list[str]
+    out: str
+    remote: str | None
+    workdir: Path
+    input_urls: list[str] = field(default_factory=list)  # as given, aligned with `inputs`
+    existing: Any = None  # IngestOutcome of a complete remote output left alone, else None
+
+
+def prepare(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], overwrite: bool = False,
+            workdir: str | os.PathLike[str] | None = None) -> Staged:
+    """Localise the inputs and choose the local output folder of a job whose paths may be URLs."""
+    from dpot_data.ingest import IngestOutcome
+
+    out = str(out)
+    work = Path(workdir) if workdir is not None else default_workdir(out)
+    staged = Staged([], fs.local_path(out), None, work, [str(p) for p in paths])
+    if not fs.is_local(out):
+        staged.remote, staged.out = out, str(work / "out")
+        manifest_url = fs.join(out, MANIFEST_NAME)
+        if fs.exists(manifest_url) and not overwrite:
+            staged.existing = IngestOutcome(fs.read_json(manifest_url), manifest_url, False, [
+                f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)"])
+            return staged
+    staged.inputs = [fs.localize(p, work / "inputs") for p in paths]
+    return staged
+
+
+def publish(staged: Staged, outcome: Any) -> Any:
+    """After the local ingest: name remote inputs by URL, upload a remote output (manifest last), clean up."""
+    from dpot_data.ingest import IngestOutcome
+
+    local_manifest = Path(staged.out) / MANIFEST_NAME
+    if any(not fs.is_local(u) for u in staged.input_urls) and outcome.written:
+        _record_input_urls(local_manifest, staged.input_urls, staged.inputs)
+    if staged.remote is None:
+        _cleanup(staged.workdir)
+        if any(not fs.is_local(u) for u in staged.input_urls) and outcome.written:
+            return IngestOutcome(json.loads(local_manifest.read_text()), outcome.path, True, outcome.notes)
+        return outcome
+    out = staged.remote
+    filesystem, base = fs.filesystem(out)
+    base = base.rstrip("/")
+    if filesystem.exists(f"{base}/{MANIFEST_NAME}"):
+        filesystem.rm(f"{base}/{MANIFEST_NAME}")  # never a manifest over a half-replaced output
+    for rel in ("data.zarr", "shards"):
+        if filesystem.exists(f"{base}/{rel}"):
+            filesystem.rm(f"{base}/{rel}", recursive=True)
+    fs.upload_tree(staged.out, out, last=MANIFEST_NAME)
+    manifest_url = fs.join(out, MANIFEST_NAME)
+    manifest = fs.read_json(manifest_url)
+    _cleanup(staged.workdir)
+    return IngestOutcome(manifest, manifest_url, True, list(outcome.notes) + [f"uploaded to {out}"])
+
+
 def run_ingest_anywhere(source: str, paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
                         options: Any = None, workdir: str | os.PathLike[str] | None = None,
                         **reader_options: Any) -> Any:
     """`ingest.run_ingest` for local paths or URLs on either side; returns its IngestOutcome (path: the manifest)."""
-    from dpot_data.ingest import IngestOptions, IngestOutcome, run_ingest
+    from dpot_data.ingest import IngestOptions, run_ingest
 
     opts = options or IngestOptions()
-    out = str(out)
-    remote_inputs = [str(p) for p in paths if not fs.is_local(p)]
-    work = Path(workdir) if workdir is not None else default_workdir(out)
-    local_inputs = [fs.localize(p, work / "inputs") for p in paths]
-    if fs.is_local(out):
-        outcome = run_ingest(source, local_inputs, fs.local_path(out), opts, **reader_options)
-        if remote_inputs and outcome.written:
-            _record_input_urls(Path(outcome.path), paths, local_inputs)
-        _cleanup(work, keep_inputs=False)
-        return outcome
-
-    manifest_url = fs.join(out, MANIFEST_NAME)
-    if fs.exists(manifest_url) and not opts.overwrite:
-        return IngestOutcome(fs.read_json(manifest_url), manifest_url, False,
-                             [f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)"])
-    local_out = work / "out"
-    outcome = run_ingest(source, local_inputs, local_out, opts, **reader_options)
-    if remote_inputs:
-        _record_input_urls(local_out / MANIFEST_NAME, paths, local_inputs)
-    filesystem, base = fs.filesystem(out)
-    if filesystem.exists(f"{base.rstrip('/')}/{MANIFEST_NAME}"):
-        filesystem.rm(f"{base.rstrip('/')}/{MANIFEST_NAME}")  # never a manifest over a half-replaced output
-    for rel in ("data.zarr", "shards"):
-        if filesystem.exists(f"{base.rstrip('/')}/{rel}"):
-            filesystem.rm(f"{base.rstrip('/')}/{rel}", recursive=True)
-    fs.upload_tree(local_out, out, last=MANIFEST_NAME)
-    manifest = fs.read_json(manifest_url)
-    _cleanup(work, keep_inputs=False)
-    return IngestOutcome(manifest, manifest_url, True, outcome.notes + [f"uploaded to {out}"])
+    staged = prepare(paths, out, opts.overwrite, workdir)
+    if staged.existing is not None:
+        return staged.existing
+    outcome = run_ingest(source, staged.inputs, staged.out, opts, **reader_options)
+    return publish(staged, outcome)
 
 
 def _record_input_urls(manifest_path: Path, urls: Sequence[str | os.PathLike[str]], local: Sequence[str]) -> None:
@@ -77,9 +111,6 @@ def _record_input_urls(manifest_path: Path, urls: Sequence[str | os.PathLike[str
     write(manifest_path.parent, doc)
 
 
-def _cleanup(work: Path, keep_inputs: bool) -> None:
-    """Remove the local working folder once the output is in place."""
-    if keep_inputs:
-        shutil.rmtree(work / "out", ignore_errors=True)
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+def _cleanup(work: Path) -> None:
+    """Remove the local working folder (input copies, local output) once the output is in place."""
+    shutil.rmtree(work, ignore_errors=True)
