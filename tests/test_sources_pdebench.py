@@ -261,3 +261,19 @@ def test_synth_layouts_follow_formats_md(files):
             config = g.attrs["config"]
             assert isinstance(config, str) and "!!python/object/apply:pathlib.PosixPath" in config
             assert "${hydra:runtime.cwd}" in config and "seed: 1" in config
+
+
+def test_corrupt_chunk_skips_only_its_trajectory(tmp_path):
+    path = synth.write_diff_react(tmp_path, n=3, frames=8, res=16)
+    with h5py.File(path) as f:
+        chunk = f["0001/data"].id.get_chunk_info(0)
+    with open(path, "r+b") as fh:  # the file still opens; one compressed chunk of sample 0001 is garbage
+        fh.seek(chunk.byte_offset)
+        fh.write(b"\xff" * chunk.size)
+    result = pdebench.read([path], block=3)
+    assert [w for w, _ in result.skipped] == [f"{path.name}#0001"]
+    assert result.skipped[0][1].startswith("unreadable (corrupt data): OSError")
+    assert list(result.data["sample"].values) == [f"{path.name}#0000", f"{path.name}#0002"]
+    assert result.sample_params["seed"].tolist() == [0, 2]
+    with h5py.File(path) as f:  # the kept trajectories are read without touching the corrupt one
+        np.testing.assert_array_equal(result.data["fields"].values[1], np.moveaxis(f["0002/data"][()], -1, 1))

@@ -4,24 +4,24 @@ A reader describes its trajectories as a `SampleBlocks` object (shape, float32, 
 opens the raw file, reads trajectories n0..n1-1 and closes it). Wrapped by `to_dask`, it becomes a dask array
 chunked along `sample` only. Nothing holds an open file handle between tasks, so the graph pickles and runs on a
 dask.distributed cluster as well as on local threads.
+
+Before that, `checked` can scan the trajectories once (NaN/Inf, read errors of files corrupt past their header);
+the bad ones are left out of the SampleBlocks itself (`Subset`), so no later read ever touches them again.
 """
 
 from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Sequence
 
 import dask.array as da
 import h5py
 import numpy as np
 from dask.base import tokenize
-
-if TYPE_CHECKING:
-    import xarray as xr
-
-    from dpot_data.sources.base import ReadResult
 
 TARGET_BLOCK_BYTES = 64 << 20
 
@@ -98,41 +98,99 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(arr.shape), arr.dtype
 
 
-def nonfinite_samples(data: "xr.Dataset", lengths: np.ndarray | None = None) -> list[tuple[int, str]]:
-    """(index, reason) of every trajectory holding NaN or Inf in its valid frames (one streamed read pass).
-
-    Frames past `lengths` (NaN padding of variable-length sources) are not checked.
-    """
-    fields = data["fields"].data
-    finite = da.isfinite(fields).all(axis=tuple(range(2, fields.ndim)))  # (sample, time)
-    per_frame = np.asarray(finite.compute())
-    out = []
-    for i, frames in enumerate(per_frame):
-        valid = frames[: int(lengths[i])] if lengths is not None else frames
-        bad = np.flatnonzero(~valid)
-        if bad.size:
-            out.append((i, f"NaN or Inf in {bad.size} of {valid.size} frames (first: frame {int(bad[0])})"))
-    return out
+READ_ERRORS = (OSError, ValueError, EOFError, KeyError, RuntimeError)
 
 
-def drop_nonfinite(result: "ReadResult") -> "ReadResult":
-    """The result without trajectories holding NaN/Inf; each one is added to `skipped` with its id and reason."""
-    bad = nonfinite_samples(result.data, result.lengths)
-    if not bad:
-        return result
-    drop = {i for i, _ in bad}
-    keep = np.array([i for i in range(result.n_samples) if i not in drop], dtype=np.int64)
-    if keep.size == 0:
-        from dpot_data.errors import InputError
+@dataclass(frozen=True)
+class BadSample:
+    """A trajectory left out: its index in its SampleBlocks, why, and whether it could not be read at all."""
 
-        where = result.inputs[0] if result.inputs else "<inputs>"
-        raise InputError(where, f"every trajectory holds NaN or Inf ({bad[0][1]} in the first); nothing to ingest")
-    ids = result.data["sample"].values
-    result.skipped.extend((str(ids[i]), reason) for i, reason in bad)
-    result.data = result.data.isel(sample=keep)
-    if result.split is not None:
-        result.split = np.asarray(result.split)[keep]
-    if result.lengths is not None:
-        result.lengths = np.asarray(result.lengths)[keep]
-    result.sample_params = {k: np.asarray(v)[keep] for k, v in result.sample_params.items()}
-    return result
+    index: int
+    reason: str
+    unreadable: bool
+
+
+def _finite_frames(blocks: SampleBlocks, n0: int, n1: int) -> np.ndarray:
+    """(n1 - n0, time) bool: frames without NaN/Inf, read through the raw reader (never through dask)."""
+    data = blocks.block(n0, n1)
+    return np.isfinite(data).all(axis=tuple(range(2, data.ndim)))
+
+
+def _scan_range(blocks: SampleBlocks, n0: int, n1: int) -> list[tuple[int, np.ndarray | str]]:
+    """Per trajectory of n0..n1-1: its finite-frame flags, or the read error; a failing block is retried one
+    trajectory at a time so that only the unreadable ones are blamed."""
+    try:
+        return list(zip(range(n0, n1), _finite_frames(blocks, n0, n1)))
+    except READ_ERRORS:
+        out: list[tuple[int, np.ndarray | str]] = []
+        for i in range(n0, n1):
+            try:
+                out.append((i, _finite_frames(blocks, i, i + 1)[0]))
+            except READ_ERRORS as exc:
+                out.append((i, f"unreadable (corrupt data): {type(exc).__name__}: {exc}"))
+        return out
+
+
+def scan(blocks: SampleBlocks, block: int, lengths: Sequence[int] | None = None,
+         workers: int | None = None) -> list[BadSample]:
+    """Trajectories of `blocks` that cannot be read or hold NaN/Inf in their valid frames (frames past `lengths`,
+    the NaN padding of variable-length sources, are not checked). One streamed pass, `block` trajectories per read,
+    a few reads in flight; memory stays at about `workers` blocks."""
+    n = blocks.shape[0]
+    ranges = [(i, min(i + block, n)) for i in range(0, n, block)]
+    workers = workers or min(4, os.cpu_count() or 1)
+    bad: list[BadSample] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for rows in pool.map(lambda r: _scan_range(blocks, *r), ranges):
+            for i, frames in rows:
+                if isinstance(frames, str):
+                    bad.append(BadSample(i, frames, True))
+                    continue
+                valid = frames[: int(lengths[i])] if lengths is not None else frames
+                where = np.flatnonzero(~valid)
+                if where.size:
+                    bad.append(BadSample(i, f"NaN or Inf in {where.size} of {valid.size} frames "
+                                            f"(first: frame {int(where[0])})", False))
+    return bad
+
+
+class Subset(SampleBlocks):
+    """The trajectories `keep` (sorted indices) of another SampleBlocks; reads contiguous runs, never the others."""
+
+    def __init__(self, base: SampleBlocks, keep: Sequence[int]) -> None:
+        self.base, self.keep = base, np.asarray(keep, dtype=np.int64)
+        self.shape = (len(self.keep),) + tuple(base.shape[1:])
+
+    def block(self, n0: int, n1: int) -> np.ndarray:
+        idx = self.keep[n0:n1]
+        if idx.size == 0:
+            return np.empty((0,) + self.shape[1:], np.float32)
+        cuts = np.flatnonzero(np.diff(idx) != 1) + 1
+        runs = np.split(idx, cuts)
+        return np.concatenate([self.base.block(int(r[0]), int(r[-1]) + 1) for r in runs], axis=0)
+
+
+def without_bad(blocks: SampleBlocks, bad: Sequence[BadSample]) -> tuple[SampleBlocks, np.ndarray]:
+    """The blocks without the bad trajectories, and the kept indices."""
+    drop = {b.index for b in bad}
+    keep = np.array([i for i in range(blocks.shape[0]) if i not in drop], dtype=np.int64)
+    return (blocks if not drop else Subset(blocks, keep)), keep
+
+
+def skipped_entries(bad: Sequence[BadSample], ids: Sequence[str], n: int, label: str) -> list[tuple[str, str]]:
+    """`skipped` entries: one per bad trajectory (by id), or one for the whole `label` when none of its n could
+    be read."""
+    if bad and len(bad) == n and all(b.unreadable for b in bad):
+        return [(label, bad[0].reason)]
+    return [(ids[b.index], b.reason) for b in bad]
+
+
+def checked(blocks: SampleBlocks, block: int, ids: Sequence[str], label: str, check: bool,
+            lengths: Sequence[int] | None = None) -> tuple[SampleBlocks, np.ndarray, list[tuple[str, str]]]:
+    """Scan `blocks` when `check` is set: (the blocks without bad trajectories, kept indices, `skipped` entries)."""
+    n = blocks.shape[0]
+    if not check or n == 0:
+        return blocks, np.arange(n, dtype=np.int64), []
+    bad = scan(blocks, block, lengths)
+    kept, keep = without_bad(blocks, bad)
+    return kept, keep, skipped_entries(bad, ids, n, label)

@@ -26,7 +26,7 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, drop_nonfinite, file_token, npy_header, to_dask
+from dpot_data.sources._blocks import SampleBlocks, auto_block, checked, file_token, npy_header, to_dask
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -166,8 +166,8 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
 
     `problems` keeps only the named problems (default: all found). A case whose u/v/case.json cannot be read is
     skipped and reported; wrong shapes or missing case.json keys raise InputError naming the file and the key.
-    With `check_finite` (one streamed pass over the data), cases holding NaN or Inf in their frames are left out and
-    listed in `skipped` with their id.
+    With `check_finite` (one streamed pass over the data before anything is written), cases holding NaN or Inf in
+    their frames, or whose data cannot be read, are left out and listed in `skipped` with their id.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -179,11 +179,11 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     for folder in _case_folders(paths):
         if problems is not None and folder.parent.parent.name not in problems:
             continue
-        checked = _check_case(folder)
-        if isinstance(checked, str):
-            skipped.append((f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}", checked))
+        case = _check_case(folder)
+        if isinstance(case, str):
+            skipped.append((f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}", case))
         else:
-            cases.append(checked)
+            cases.append(case)
     if not cases:
         raise InputError(paths[0], "no readable CFDBench case: " + ("; ".join(f"{w}: {r}" for w, r in skipped)
                                                                      or "none matched"))
@@ -197,6 +197,14 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     lengths = np.array([c.frames for c in cases], dtype=np.int64)
     t_max = int(lengths.max())
     blk = auto_block(t_max * len(CHANNELS) * grid[0] * grid[1] * 4, block)
+    all_ids = [f"{c.id}#0" for c in cases]
+    _, keep, bad = checked(_Blocks(cases, t_max), blk, all_ids, "all cases", check_finite, lengths)
+    skipped.extend(bad)
+    if keep.size == 0:
+        raise InputError(paths[0], "no usable CFDBench case: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
+    cases = [cases[i] for i in keep]
+    lengths = lengths[keep]
+    t_max = int(lengths.max())
     blocks = _Blocks(cases, t_max)
     token = [file_token(c.folder / n) for c in cases for n in ("u.npy", "v.npy", "case.json")]
     fields = to_dask(blocks, blk, "cfdbench", token, t_max)
@@ -227,6 +235,5 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
                    "cases": {c.id: {"frames": c.frames, "dtype": list(c.dtypes), "case": c.params} for c in cases},
                }},
     )
-    result = ReadResult(data=data, lengths=lengths, segment=int(segment), sample_params=sample_params,
-                        skipped=skipped, inputs=[c.folder / n for c in cases for n in ("u.npy", "v.npy", "case.json")])
-    return drop_nonfinite(result) if check_finite else result
+    return ReadResult(data=data, lengths=lengths, segment=int(segment), sample_params=sample_params,
+                      skipped=skipped, inputs=[c.folder / n for c in cases for n in ("u.npy", "v.npy", "case.json")])

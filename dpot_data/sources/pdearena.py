@@ -21,7 +21,7 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, drop_nonfinite, file_token, hdf5_problem, to_dask
+from dpot_data.sources._blocks import SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -100,8 +100,9 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
          block: int | None = None, check_finite: bool = True) -> ReadResult:
     """Open PDEArena NS files lazily as one dataset; the split and buo_y of every trajectory come from its file.
 
-    With `check_finite` (one streamed pass over the data), trajectories holding NaN or Inf are left out and listed
-    in `skipped` with their id.
+    With `check_finite` (one streamed pass over the data before anything is written), trajectories holding NaN or
+    Inf, or whose data cannot be read (a file corrupt past its header), are left out and listed in `skipped` with
+    their id (a file none of whose trajectories can be read, by its name).
 
     `conditioned` picks the dataset name (pdearena-ns-cond or pdearena-ns); by default it is true when a folder
     name says "conditoned"/"conditioned", buo_y differs between trajectories, or trajectories have 56 frames.
@@ -129,16 +130,22 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
                                 "conditioned (56 frames) files are different datasets")
     _, n_t, nx, ny = first["shape"]
     blk = auto_block(n_t * len(CHANNELS) * nx * ny * 4, block)
-    parts, ids, splits, buo, notes = [], [], [], [], {}
+    parts, ids, splits, buo, notes, used = [], [], [], [], {}, []
     for p, info in good:
         n = info["shape"][0]
         if n == 0:
             skipped.append((p.name, "holds no trajectories"))
             continue
-        parts.append(to_dask(_Blocks(p, info["split"], info["shape"]), blk, "pdearena", file_token(p)))
-        ids.extend(f"{p.name}#{i}" for i in range(n))
-        splits.extend([info["split"]] * n)
-        buo.append(info["buo_y"])
+        file_ids = [f"{p.name}#{i}" for i in range(n)]
+        blocks, keep, bad = checked(_Blocks(p, info["split"], info["shape"]), blk, file_ids, p.name, check_finite)
+        skipped.extend(bad)
+        if keep.size == 0:
+            continue
+        parts.append(to_dask(blocks, blk, "pdearena", file_token(p), keep.tolist()))
+        ids.extend(file_ids[i] for i in keep)
+        splits.extend([info["split"]] * len(keep))
+        buo.append(info["buo_y"][keep])
+        used.append(p)
         named = parse_name(p)
         notes[p.name] = {
             "container": "hdf5", "dtype": info["dtype"], "split": info["split"], "trajectories": n,
@@ -147,7 +154,8 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
             "name_split_differs": bool(named and named["split"] != info["split"]),
         }
     if not parts:
-        raise InputError(p0, "no trajectories in the readable inputs")
+        raise InputError(p0, "no usable trajectory in the readable inputs: "
+                             + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     buo_y = np.concatenate(buo)
     if conditioned is None:
@@ -166,6 +174,5 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
                "provenance": {"reader": "dpot_data.sources.pdearena", "reader_version": READER_VERSION,
                               "conditioned": bool(conditioned), "files": notes}},
     )
-    result = ReadResult(data=data, split=np.array(splits), sample_params={"buo_y": buo_y}, skipped=skipped,
-                        inputs=[p for p, _ in good])
-    return drop_nonfinite(result) if check_finite else result
+    return ReadResult(data=data, split=np.array(splits), sample_params={"buo_y": buo_y}, skipped=skipped,
+                      inputs=used)

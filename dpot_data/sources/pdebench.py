@@ -25,7 +25,7 @@ import yaml
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, drop_nonfinite, file_token, hdf5_problem, to_dask
+from dpot_data.sources._blocks import SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -163,7 +163,7 @@ def _cfd_file(path: Path) -> dict[str, object]:
             "dtype": dtype}
 
 
-def _read_cfd(paths: list[Path], *, name: str | None, block: int | None) -> ReadResult:
+def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: bool) -> ReadResult:
     infos = [_cfd_file(p) for p in paths]
     first, p0 = infos[0], paths[0]
     params_list = []
@@ -189,11 +189,17 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None) -> Read
     space = first["shape"][2:]
     per_sample = n_frames * len(names) * int(np.prod(space)) * 4
     blk = auto_block(per_sample, block)
-    parts, ids = [], []
+    parts, ids, skipped, used = [], [], [], []
     for p, info in zip(paths, infos):
-        blocks = _CfdBlocks(p, names, info["shape"])
-        parts.append(to_dask(blocks, blk, "pdebench-cfd", file_token(p)))
-        ids.extend(f"{p.name}#{i}" for i in range(info["shape"][0]))
+        file_ids = [f"{p.name}#{i}" for i in range(info["shape"][0])]
+        blocks, keep, bad = checked(_CfdBlocks(p, names, info["shape"]), blk, file_ids, p.name, check)
+        skipped.extend(bad)
+        if keep.size:
+            parts.append(to_dask(blocks, blk, "pdebench-cfd", file_token(p), keep.tolist()))
+            ids.extend(file_ids[i] for i in keep)
+            used.append(p)
+    if not parts:
+        raise InputError(paths[0], "no usable trajectory: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     t_raw = first["t"]
     if t_raw is not None and len(t_raw) in (n_frames, n_frames + 1):
@@ -233,7 +239,7 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None) -> Read
                "parameters": {"M": params["M"], "eta": params["eta"], "zeta": params["zeta"], "kind": str(kind)},
                "dt": dt, "provenance": provenance},
     )
-    return ReadResult(data=data, inputs=list(paths))
+    return ReadResult(data=data, inputs=used, skipped=skipped)
 
 
 # ------------------------------------------------------------------------------------------------- one group per sample
@@ -306,7 +312,7 @@ def _grouped_file(path: Path) -> dict[str, object]:
             "compression": compression, "dtype": dtype}
 
 
-def _read_grouped(paths: list[Path], *, name: str | None, block: int | None) -> ReadResult:
+def _read_grouped(paths: list[Path], *, name: str | None, block: int | None, check: bool) -> ReadResult:
     infos = [_grouped_file(p) for p in paths]
     first, p0 = infos[0], paths[0]
     kinds = [_grouped_kind(p, info["shape"][3]) for p, info in zip(paths, infos)]
@@ -317,12 +323,18 @@ def _read_grouped(paths: list[Path], *, name: str | None, block: int | None) -> 
     spec = GROUPED[kinds[0]]
     n_t, ny, nx, nc = first["shape"]
     blk = auto_block(n_t * nc * ny * nx * 4, block)
-    parts, ids, seeds = [], [], []
+    parts, ids, seeds, skipped, used = [], [], [], [], []
     for p, info in zip(paths, infos):
-        parts.append(to_dask(_GroupedBlocks(p, info["groups"], info["shape"]), blk, f"pdebench-{kinds[0]}",
-                             file_token(p)))
-        ids.extend(f"{p.name}#{g}" for g in info["groups"])
-        seeds.extend(info["seeds"])
+        file_ids = [f"{p.name}#{g}" for g in info["groups"]]
+        blocks, keep, bad = checked(_GroupedBlocks(p, info["groups"], info["shape"]), blk, file_ids, p.name, check)
+        skipped.extend(bad)
+        if keep.size:
+            parts.append(to_dask(blocks, blk, f"pdebench-{kinds[0]}", file_token(p), keep.tolist()))
+            ids.extend(file_ids[i] for i in keep)
+            seeds.extend(info["seeds"][i] for i in keep)
+            used.append(p)
+    if not parts:
+        raise InputError(paths[0], "no usable trajectory: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     grid = first["grid"]
     time = grid.get("t", np.arange(n_t, dtype=np.float64))
@@ -348,7 +360,8 @@ def _read_grouped(paths: list[Path], *, name: str | None, block: int | None) -> 
         attrs={"source": "pdebench", "dataset": manifest_name(name or spec["dataset"]), "boundary": "non-periodic",
                "parameters": {"pde": spec["pde"], **sim_parameters(config)}, "dt": dt, "provenance": provenance},
     )
-    return ReadResult(data=data, inputs=list(paths), sample_params={"seed": np.asarray(seeds, dtype=np.int64)})
+    return ReadResult(data=data, inputs=used, skipped=skipped,
+                      sample_params={"seed": np.asarray(seeds, dtype=np.int64)})
 
 
 # ------------------------------------------------------------------------------------------------- entry point
@@ -372,7 +385,9 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
 
     Among several files, one that cannot be opened (truncated, corrupt) is skipped and reported; a single bad
     file, or files of different kinds, raise InputError naming the file. With `check_finite` (one streamed pass over
-    the data), trajectories holding NaN or Inf are left out and listed in `skipped` with their id.
+    the data before anything is written), trajectories holding NaN or Inf, or whose data cannot be read (a file
+    corrupt past its header), are left out and listed in `skipped` with their id (a file none of whose
+    trajectories can be read, by its name).
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -396,6 +411,6 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     for p, k in zip(good[1:], kinds[1:]):
         if k != kinds[0]:
             raise InputError(p, f"expected a {kinds[0]} file like {good[0].name}: ingest each kind as its own dataset")
-    result = (_read_cfd if kinds[0] == "cfd" else _read_grouped)(good, name=name, block=block)
-    result.skipped.extend(skipped)
-    return drop_nonfinite(result) if check_finite else result
+    result = (_read_cfd if kinds[0] == "cfd" else _read_grouped)(good, name=name, block=block, check=check_finite)
+    result.skipped[:0] = skipped
+    return result
