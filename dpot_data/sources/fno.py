@@ -267,8 +267,9 @@ class _Trajectories:
         if isinstance(first, (int, np.integer)):
             return self.block(int(first), int(first) + 1)[(0,) + tuple(key[1:])]
         start, stop, step = first.indices(self.shape[0])
-        return self.block(start, stop)[(slice(None, None, step),) + tuple(key[1:])] if stop > start else \
-            np.empty((0,) + self.shape[1:], np.float32)[(slice(None),) + tuple(key[1:])]
+        if stop <= start:
+            return np.empty((0,) + self.shape[1:], np.float32)[(slice(None),) + tuple(key[1:])]
+        return self.block(start, stop)[(slice(None, None, step),) + tuple(key[1:])]
 
 
 def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
