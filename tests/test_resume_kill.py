@@ -1,0 +1,205 @@
+"""Kill-safe ingest: SIGKILL after the first shard, re-run, and the output equals an uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpot_data.journal import JOURNAL_NAME, read_lines
+from dpot_data.synth.fno import write_mat_v5
+
+N, RES, FRAMES = 48, 64, 10
+DPOT = [sys.executable, "-m", "dpot_data"]
+
+
+def _raw(folder: Path) -> Path:
+    """A small FNO v5 file of smooth travelling waves (fast to write; the reader only cares about the layout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    g = np.arange(RES) / RES
+    xx, yy = np.meshgrid(g, g, indexing="ij")
+    rng = np.random.default_rng(7)
+    phase = rng.uniform(0, 2 * np.pi, size=(N, 2))
+    t = np.arange(1, FRAMES + 1, dtype=np.float32)
+    frames = np.stack([np.sin(2 * np.pi * (xx + 0.05 * k) + phase[:, :1, None]) *
+                       np.cos(2 * np.pi * yy + phase[:, 1:, None]) for k in range(FRAMES + 1)], axis=-1)
+    path = folder / f"NavierStokes_V1e-3_N{N}_T{FRAMES}.mat"
+    write_mat_v5(path, frames[..., 0].astype(np.float32), frames[..., 1:].astype(np.float32), t[None, :])
+    return path
+
+
+def _ingest_args(raw: Path, out: Path) -> list[str]:
+    return [*DPOT, "ingest", "fno", str(raw), "--out", str(out), "--resolution", "0", "--split", "0.7,0.15",
+            "--shard-size", "200KiB", "--workers", "2", "--no-progress"]
+
+
+def _ingest(raw: Path, out: Path, overwrite: bool = False) -> tuple[int, str]:
+    """The same command as `_ingest_args`, run in this process (no interpreter start-up): exit code, output."""
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+
+    args = _ingest_args(raw, out)[len(DPOT):] + (["--overwrite"] if overwrite else [])
+    result = CliRunner().invoke(app, args)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def _shards(out: Path) -> dict[str, str]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {s["path"]: s["sha256"] for d in manifest["datasets"] for s in d["shards"]}
+
+
+def _manifest(out: Path, drop: tuple[str, ...] = ("created",)) -> dict:
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in drop:
+        manifest.pop(key)
+    return manifest
+
+
+def _journalled_shards(journal: Path) -> dict[str, str]:
+    return {s["path"]: s["sha256"] for line in read_lines(journal) for s in line.get("shards", [])}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The raw file and an uninterrupted ingest of it."""
+    base = tmp_path_factory.mktemp("resume")
+    raw = _raw(base / "raw")
+    out = base / "reference"
+    code, output = _ingest(raw, out)
+    assert code == 0, output
+    return raw, out
+
+
+def test_sigkill_after_first_shard_then_rerun_gives_identical_output(reference, tmp_path: Path) -> None:
+    raw, ref = reference
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_ingest_args(raw, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    journal = out / ".staging-fno-ns-v1e-3" / JOURNAL_NAME
+    deadline = time.monotonic() + 90
+    # wait until shards are complete (renamed and journalled) and three of the six blocks of 8 trajectories are
+    # done, so that every split has moved past its first open shard and a resume has something to keep
+    while not (_journalled_shards(journal) and sum("block" in line for line in read_lines(journal)) >= 3):
+        assert proc.poll() is None, f"ingest ended before its first shard: {proc.stderr.read().decode()}"
+        assert time.monotonic() < deadline, "no shard appeared within 90 s"
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    # nothing under a final name yet: no manifest, no published shards; the staged ones are journalled
+    assert not (out / "manifest.json").exists()
+    assert not (out / "shards").exists()
+    kept = _journalled_shards(journal)
+    assert 1 <= len(kept) < len(_shards(ref))
+    staged = out / ".staging-fno-ns-v1e-3"
+    mtimes = {p: (staged / p).stat().st_mtime_ns for p in kept}
+
+    code, output = _ingest(raw, out)
+    assert code == 0, output
+    assert "resumed an interrupted ingest" in output, output
+    assert _shards(out) == _shards(ref)
+    for path, digest in kept.items():  # shards complete before the kill were kept, not written again
+        assert _shards(out)[path] == digest
+        assert (out / path).stat().st_mtime_ns == mtimes[path]
+    # the command line recorded names the other output folder; everything else is the same
+    assert _manifest(out, ("created", "command")) == _manifest(ref, ("created", "command"))
+    assert not any(p.name.startswith(".staging-") for p in out.iterdir())
+
+
+def test_complete_output_is_left_alone_and_overwrite_is_deterministic(reference, tmp_path: Path) -> None:
+    raw, ref = reference
+    out = tmp_path / "out"
+    assert _ingest(raw, out)[0] == 0
+    before = (out / "manifest.json").read_bytes()
+    code, output = _ingest(raw, out)
+    assert code == 0
+    assert f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)" in output
+    assert (out / "manifest.json").read_bytes() == before
+    assert _ingest(raw, out, overwrite=True)[0] == 0
+    # the same inputs and options give byte-identical shards and the same manifest, except its creation time
+    assert _shards(out) == _shards(ref)
+    first = json.loads(before)
+    first.pop("created")
+    assert _manifest(out) == first
+
+
+# ------------------------------------------------------------------------------------------ the journal on its own
+
+def _shard(split: str, k: int, samples: int) -> dict:
+    return {"path": f"shards/d/{split}-{k:06d}.tar", "split": split, "sha256": "0" * 64, "bytes": 10, "samples": samples}
+
+
+def test_resume_point_is_the_block_of_the_first_row_missing_from_completed_shards() -> None:
+    from dpot_data.journal import resume_point
+
+    #       rows: 0 1 2 3 4 5 6 7 ; blocks of two rows: (0,1) (2,3) (4,5) (6,7)
+    splits = ["train", "test", "train", "train", "train", "test", "train", "train"]
+    rows = [2, 4, 6, 8]
+    lines = [
+        {"job": "x"},
+        {"block": 0, "rows": 2, "shards": [], "stats": None},
+        {"block": 1, "rows": 4, "shards": [_shard("train", 0, 2)], "stats": {"after": 1}},
+        {"block": 2, "rows": 6, "shards": [_shard("train", 1, 2)], "stats": {"after": 2}},
+    ]
+    point = resume_point(lines, splits, rows)
+    # test row 1 is in no completed shard: resume at block 0 -> fresh
+    assert (point.block, point.row) == (0, 0)
+    splits[1] = "train"  # now rows 0..4 (five train rows) hold train shards of 2+2 rows; row 4 is the first missing
+    lines[3]["shards"] = [_shard("train", 1, 2)]
+    point = resume_point(lines, splits, rows)
+    assert (point.block, point.row, point.stats) == (2, 4, {"after": 1})
+    assert [s["path"] for s in point.shards["train"]] == ["shards/d/train-000000.tar", "shards/d/train-000001.tar"]
+    assert point.kept_samples("train") == 4 and point.kept_samples("test") == 0
+
+
+def test_journal_lines_cut_by_a_kill_are_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(b'{"job": "a"}\n{"block": 0, "rows": 1}\n{"block": 1, "ro')
+    assert read_lines(path) == [{"job": "a"}, {"block": 0, "rows": 1}]
+
+
+def test_stats_survive_the_journal_exactly() -> None:
+    from dpot_data.journal import stats_from_json, stats_to_json
+    from dpot_data.stats import block_stats
+
+    rng = np.random.default_rng(0)
+    s = block_stats(rng.normal(size=(3, 4, 2, 5, 5)).astype(np.float32) * 1e3, np.ones((3, 5, 5), np.uint8), [1, 1])
+    back = stats_from_json(json.loads(json.dumps(stats_to_json(s))))
+    for a, b in ((s.values, back.values), (s.diffs, back.diffs)):
+        for field_name in ("count", "mean", "m2", "min", "max"):
+            np.testing.assert_array_equal(getattr(a, field_name), getattr(b, field_name))
+    assert back.trajectories == 3
+
+
+def test_a_second_ingest_into_the_same_folder_is_refused_while_one_runs(tmp_path: Path) -> None:
+    from dpot_data.journal import Journal, JournalBusy
+
+    first = Journal.open(tmp_path, "d", "job", ["train"], [1])
+    try:
+        with pytest.raises(JournalBusy, match="another ingest of this dataset is running"):
+            Journal.open(tmp_path, "d", "job", ["train"], [1])
+    finally:
+        first.close()
+    Journal.open(tmp_path, "d", "job", ["train"], [1]).close()
+
+
+def test_a_different_job_starts_afresh(tmp_path: Path) -> None:
+    from dpot_data.journal import Journal
+
+    j = Journal.open(tmp_path, "d", "job-a", ["train", "train"], [1, 2])
+    (j.staging / "shards").mkdir()
+    j.record(0, 1, None, {})
+    j.close()
+    k = Journal.open(tmp_path, "d", "job-b", ["train", "train"], [1, 2])
+    assert not k.resumed and not (k.staging / "shards").exists()
+    assert read_lines(k.staging / JOURNAL_NAME) == [{"dataset": "d", "format": 1, "job": "job-b"}]
+    k.close()
