@@ -65,7 +65,8 @@ def _inspect(path: Path) -> dict[str, object]:
     with h5py.File(path, "r") as f:
         groups = [k for k in f.keys() if k in SPLITS and isinstance(f[k], h5py.Group)]
         if len(groups) != 1:
-            raise InputError(path, f"expected exactly one top group named train, valid or test; found {sorted(f.keys())}")
+            raise InputError(path, "expected exactly one top group named train, valid or test; "
+                                   f"found {sorted(f.keys())}")
         split = groups[0]
         g = f[split]
         missing = [k for k in (*CHANNELS, "t", "x", "y", "buo_y") if k not in g]
@@ -169,7 +170,8 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
         {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
         coords={"sample": np.array(ids, dtype=str), "time": time, "channel": np.array(CHANNELS),
                 "y": first["y"], "x": first["x"]},
-        attrs={"source": "pdearena", "dataset": manifest_name(name or ("pdearena-ns-cond" if conditioned else "pdearena-ns")),
+        attrs={"source": "pdearena",
+               "dataset": manifest_name(name or ("pdearena-ns-cond" if conditioned else "pdearena-ns")),
                "boundary": "non-periodic", "parameters": parameters, "dt": dt,
                "provenance": {"reader": "dpot_data.sources.pdearena", "reader_version": READER_VERSION,
                               "conditioned": bool(conditioned), "files": notes}},

@@ -272,6 +272,23 @@ def _grouped_kind(path: Path, channels: int) -> str:
     return kind
 
 
+def _text(value: object) -> str | None:
+    """An HDF5 string attribute as str (h5py gives str or bytes), None when absent."""
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _seed_of(config: object, group: str) -> int:
+    """The sample's generator seed from its config (`sim.seed`), else the group number, else -1."""
+    parsed = parse_config(_text(config)) if config is not None else None
+    sim = parsed.get("sim") if parsed else None
+    seed = sim.get("seed") if isinstance(sim, dict) else None
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed
+    return int(group) if group.isdigit() else -1
+
+
 def _grouped_file(path: Path) -> dict[str, object]:
     """Validate a one-group-per-sample file (every group's `data` shape and dtype) and read its grid and config."""
     with _open(path) as f:
@@ -282,7 +299,8 @@ def _grouped_file(path: Path) -> dict[str, object]:
         shape = None
         for g in groups:
             if "data" not in f[g]:
-                raise InputError(path, f"group {g!r}: expected dataset 'data' (T, y, x, C), found {sorted(f[g].keys())}")
+                raise InputError(path, f"group {g!r}: expected dataset 'data' (T, y, x, C), "
+                                       f"found {sorted(f[g].keys())}")
             d = f[g]["data"]
             if len(d.shape) != 4 or d.dtype.kind != "f":
                 raise InputError(path, f"group {g!r}: expected 'data' float (T, y, x, C), found {d.dtype} {d.shape}")
@@ -297,15 +315,8 @@ def _grouped_file(path: Path) -> dict[str, object]:
             key = f"grid/{axis}"
             if key in g0 and g0[key].shape == (size,):
                 grid[axis] = np.asarray(g0[key], dtype=np.float64)
-        raw_config = g0.attrs.get("config")
-        config = raw_config.decode("utf-8", "replace") if isinstance(raw_config, bytes) else raw_config
-        seeds = []
-        for g in groups:
-            c = f[g].attrs.get("config")
-            parsed = parse_config(c.decode("utf-8", "replace") if isinstance(c, bytes) else c) if c is not None else None
-            sim = (parsed or {}).get("sim") if parsed else None
-            seed = sim.get("seed") if isinstance(sim, dict) else None
-            seeds.append(int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else int(g) if g.isdigit() else -1)
+        config = _text(g0.attrs.get("config"))
+        seeds = [_seed_of(f[g].attrs.get("config"), g) for g in groups]
         compression = g0["data"].compression
         dtype = g0["data"].dtype.name
     return {"groups": groups, "shape": shape, "grid": grid, "config": config, "seeds": seeds,

@@ -188,7 +188,8 @@ def swe_fields(sample: int, x: np.ndarray, y: np.ndarray, t: np.ndarray, *, seed
     return out.astype(np.float32)
 
 
-def _write_grouped(path: Path, *, n: int, frames: int, res: int, lo: float, hi: float, t_end: float, fields, config: dict[str, object], name: str, seed: int,
+def _write_grouped(path: Path, *, n: int, frames: int, res: int, lo: float, hi: float, t_end: float, fields,
+                   config: dict[str, object], name: str, seed: int,
                    order: list[int] | None = None) -> Path:
     """Write the one-group-per-sample layout; `order` lists the sample indices in the order groups are created."""
     x = cell_centres(res, lo, hi)
