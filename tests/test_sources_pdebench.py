@@ -277,3 +277,21 @@ def test_corrupt_chunk_skips_only_its_trajectory(tmp_path):
     assert result.sample_params["seed"].tolist() == [0, 2]
     with h5py.File(path) as f:  # the kept trajectories are read without touching the corrupt one
         np.testing.assert_array_equal(result.data["fields"].values[1], np.moveaxis(f["0002/data"][()], -1, 1))
+
+
+def test_truncated_file_among_three_is_skipped(files, tmp_path):
+    copies = []
+    for k in range(3):
+        q = tmp_path / f"part{k}" / files["dr"].name.replace("NA_NA", f"NA_NA_{k}")
+        q.parent.mkdir()
+        q.write_bytes(files["dr"].read_bytes())
+        copies.append(q)
+    copies[2].write_bytes(copies[2].read_bytes()[:4096])
+    result = pdebench.read(copies)
+    assert [w for w, _ in result.skipped] == [copies[2].name] and "truncated" in result.skipped[0][1]
+    assert result.n_samples == 6 and result.inputs == copies[:2]
+    same = tmp_path / "other" / copies[0].name
+    same.parent.mkdir()
+    same.write_bytes(copies[0].read_bytes())
+    with pytest.raises(InputError, match="has the same file name as"):
+        pdebench.read([copies[0], same])

@@ -194,3 +194,15 @@ def checked(blocks: SampleBlocks, block: int, ids: Sequence[str], label: str, ch
     bad = scan(blocks, block, lengths)
     kept, keep = without_bad(blocks, bad)
     return kept, keep, skipped_entries(bad, ids, n, label)
+
+
+def unique_names(paths: Sequence[Path]) -> None:
+    """Trajectory ids start with the file name: two different inputs with one name would collide (InputError)."""
+    seen: dict[str, Path] = {}
+    for p in paths:
+        other = seen.setdefault(p.name, p)
+        if other != p:
+            from dpot_data.errors import InputError
+
+            raise InputError(p, f"has the same file name as {other}; trajectory ids are '<file name>#<index>', so "
+                                "inputs need distinct names")

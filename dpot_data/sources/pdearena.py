@@ -21,7 +21,8 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask
+from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask,
+                                        unique_names)
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -111,6 +112,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
     paths = sorted({Path(p) for p in paths}, key=_order)
     if not paths:
         raise InputError("<no files>", "expected PDEArena NavierStokes2D_*.h5 files")
+    unique_names(paths)
     skipped: list[tuple[str, str]] = []
     good: list[tuple[Path, dict[str, object]]] = []
     for p in paths:

@@ -25,7 +25,8 @@ import yaml
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask
+from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask,
+                                        unique_names)
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -406,6 +407,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     for p in paths:
         if not p.is_file():
             raise InputError(p, "file not found")
+    unique_names(paths)
     skipped: list[tuple[str, str]] = []
     good: list[Path] = []
     for p in paths:
