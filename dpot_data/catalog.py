@@ -19,9 +19,9 @@ DEFAULT_CATALOG = Path(__file__).resolve().parents[1] / "manifests" / "catalog.y
 CATALOG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 SOURCES = ("fno", "pdebench", "pdearena", "cfdbench")
 _KEYS = {"name", "source", "dpot_name", "files", "file_count", "channels", "frames", "segment", "samples", "grid",
-         "boundary", "split", "pretrain", "rollout", "parameters", "uncertain", "notes"}
+         "boundary", "split", "pretrain", "weight", "rollout", "parameters", "uncertain", "notes"}
 _REQUIRED = {"name", "source", "files", "channels", "frames", "samples", "grid", "boundary", "split", "pretrain",
-             "rollout", "parameters"}
+             "weight", "rollout", "parameters"}
 
 
 class CatalogError(ValueError):
@@ -51,6 +51,7 @@ class Entry:
     boundary: str
     split: SplitRule
     pretrain: bool
+    weight: float | None
     rollout: int | None
     parameters: Mapping[str, object]
     dpot_name: str | None = None
@@ -161,6 +162,11 @@ def _entry(where: str, raw: object) -> Entry:
         raise CatalogError(f"{where}: a variable-length dataset (frames: null) needs a segment length")
     if not isinstance(raw["pretrain"], bool):
         raise CatalogError(f"{where}: pretrain must be true or false")
+    weight = raw["weight"]
+    if raw["pretrain"] != (weight is not None) or (
+            weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0)):
+        raise CatalogError(f"{where}: weight must be a positive number for a pre-training dataset and null otherwise,"
+                           f" got {weight!r}")
     if not isinstance(raw["parameters"], dict):
         raise CatalogError(f"{where}: parameters must be a mapping")
     uncertain = raw.get("uncertain") or []
@@ -170,7 +176,7 @@ def _entry(where: str, raw: object) -> Entry:
         name=name, source=raw["source"], files=tuple(raw["files"]), channels=tuple(raw["channels"]), frames=frames,
         samples=_int_or_none(where, "samples", raw["samples"]), grid=tuple(grid), boundary=raw["boundary"],
         split=SplitRule(split["rule"], {k: float(v) for k, v in ratios.items()}, int(split.get("seed", 0))),
-        pretrain=raw["pretrain"], rollout=_int_or_none(where, "rollout", raw["rollout"]),
+        pretrain=raw["pretrain"], weight=None if weight is None else float(weight), rollout=_int_or_none(where, "rollout", raw["rollout"]),
         parameters=dict(raw["parameters"]), dpot_name=raw.get("dpot_name"),
         file_count=_int_or_none(where, "file_count", raw.get("file_count")), segment=segment,
         uncertain=tuple(uncertain), notes=str(raw.get("notes") or ""),

@@ -69,8 +69,9 @@ def test_files_identify_their_dataset(catalog):
 
 def test_mixture_weights_every_pretraining_set(catalog):
     weights = load_mixture("dpot-pretrain", catalog)
-    assert set(weights) == {e.manifest_name for e in catalog.pretrain()}
+    assert weights == {e.manifest_name: e.weight for e in catalog.pretrain()}  # the catalog and the mixture agree
     assert all(w > 0 for w in weights.values())
+    assert all(e.weight is None for e in catalog.entries.values() if not e.pretrain)
     # the training side reads the same file with its own parser: its keys are manifest names
     raw = yaml.safe_load((ROOT / "manifests" / "mixtures" / "dpot-pretrain.yaml").read_text())
     assert set(raw["weights"]) == set(weights)
@@ -79,7 +80,7 @@ def test_mixture_weights_every_pretraining_set(catalog):
 def test_malformed_catalog_names_entry_and_key(tmp_path):
     bad = {"datasets": [{"name": "x", "source": "pdebench", "files": ["a.h5"], "channels": ["u"], "frames": 0,
                          "samples": 1, "grid": [8, 8], "boundary": "periodic", "split": {"rule": "file"},
-                         "pretrain": False, "rollout": None, "parameters": {}}]}
+                         "pretrain": False, "weight": None, "rollout": None, "parameters": {}}]}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(CatalogError, match=r"datasets\[0\] \(x\): frames must be a positive integer"):
@@ -91,6 +92,10 @@ def test_malformed_catalog_names_entry_and_key(tmp_path):
     bad["datasets"][0].update(boundary="periodic", split={"rule": "random", "ratios": {"train": 0.5}})
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(CatalogError, match="split.ratios"):
+        load_catalog(path)
+    bad["datasets"][0].update(split={"rule": "file"}, pretrain=True)
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(CatalogError, match="weight must be a positive number for a pre-training dataset"):
         load_catalog(path)
 
 
