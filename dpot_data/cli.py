@@ -188,8 +188,8 @@ def _ingest_command(source: str, help_text: str) -> None:
     """Register `dpot-data ingest <source>` with the options every source shares (the reader is found by name)."""
 
     def command(
-        files: List[Path] = typer.Argument(..., help="Raw files of this source."),
-        out: Path = typer.Option(..., "--out", help="Output folder (manifest.json, data.zarr, shards/)."),
+        files: List[str] = typer.Argument(..., help="Raw files of this source (paths or fsspec URLs)."),
+        out: str = typer.Option(..., "--out", help="Output folder or fsspec URL (manifest.json, data.zarr, shards/)."),
         resolution: int = typer.Option(128, "--resolution", help="Target size of each spatial axis (0: native)."),
         channels: int = typer.Option(4, "--channels", help="Pad channels up to this count."),
         fill: float = typer.Option(1.0, "--fill", help="Value of padded channels."),
@@ -225,15 +225,28 @@ def _ingest_command(source: str, help_text: str) -> None:
             if source == "corpus":
                 from dpot_data.corpus import ingest_corpus
 
-                run = ingest_corpus(files, out, options, dataset=dataset, catalog_split=split is None)
+                if any("://" in p for p in [*files, out]):
+                    raise InputError(out, "expected local folders for `ingest corpus` (URLs work per dataset)")
+                run = ingest_corpus([Path(p) for p in files], Path(out), options, dataset=dataset,
+                                    catalog_split=split is None)
                 runs, failed = run.done, run.failed
                 for path in run.plan.unknown:
                     typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
                 for missing in run.plan.missing:
                     typer.echo(f"warning: pre-training dataset {missing}: no raw files found", err=True)
             else:
-                runs = [ingest_with_catalog(files, out, options, dataset=dataset,
-                                            source=None if source == "auto" else source, catalog_split=split is None)]
+                from dpot_data.catalog import CatalogIngest
+                from dpot_data.remote import prepare, publish
+
+                staged = prepare(files, out, overwrite)  # URLs: local input copies and a local output to upload
+                if staged.existing is not None:
+                    runs = [CatalogIngest(staged.existing, source, None, [])]
+                else:
+                    done = ingest_with_catalog([Path(p) for p in staged.inputs], Path(staged.out), options,
+                                               dataset=dataset, source=None if source == "auto" else source,
+                                               catalog_split=split is None)
+                    done.outcome = publish(staged, done.outcome)
+                    runs = [done]
                 failed = []
         except InputError as exc:
             raise _fail(exc) from None

@@ -78,3 +78,25 @@ def test_toy_output_readers_on_memory_urls() -> None:
     fsspec.filesystem("memory").pipe(url.replace("memory://", "/") + "/shards/toy/train-000000.tar", b"broken")
     assert [(p.what, p.kind) for p in verify_output(url)] == [("shards/toy/train-000000.tar", "bytes"),
                                                              ("shards/toy/train-000000.tar", "sha256")]
+
+
+def test_cli_ingest_memory_urls_then_verify_and_stats(local_run, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+
+    raw, local = local_run
+    tag = uuid.uuid4().hex[:8]
+    fsspec.filesystem("memory").pipe(f"/cli-raw-{tag}/{raw.name}", raw.read_bytes())
+    url_in, url_out = f"memory://cli-raw-{tag}/{raw.name}", f"memory://cli-out-{tag}"
+    runner = CliRunner()
+    args = ["ingest", "fno", url_in, "--out", url_out, "--resolution", "16", "--shard-size", "100KiB", "--block", "4",
+            "--workers", "2", "--no-progress"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"uploaded to {url_out}" in result.output
+    assert _shards(load_manifest(url_out)) == _shards(local)
+    assert runner.invoke(app, ["verify", url_out]).exit_code == 0
+    assert "manifest: matches" in runner.invoke(app, ["stats", url_out]).output
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "left alone" in again.output
