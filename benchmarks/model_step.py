@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -37,8 +38,10 @@ class Result:
     params_m: float
     forward_ms: float
     forward_ms_min: float
+    forward_cpu_ms: float
     train_samples_per_s: float | None
     train_step_ms: float | None
+    train_step_cpu_ms: float | None
     peak_mem_mib: float | None
 
 
@@ -47,18 +50,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> list[float]:
-    """Wall times in seconds of `iters` calls after `warmup` untimed ones (device-synchronised)."""
+def _time(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> tuple[list[float], list[float]]:
+    """(wall, process CPU) seconds of `iters` calls after `warmup` untimed ones (device-synchronised).
+
+    Process CPU time shows the compute cost when other jobs share the cores (wall time then overstates it).
+    """
     for _ in range(warmup):
         fn()
     _sync(device)
-    times = []
+    wall, cpu = [], []
     for _ in range(iters):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
         _sync(device)
-        times.append(time.perf_counter() - start)
-    return times
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return wall, cpu
 
 
 def _relative_l2(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -89,12 +96,12 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
         with torch.no_grad(), autocast():
             model(x1)
 
-    fwd = _time(forward, device, args.warmup, args.iters)
+    fwd, fwd_cpu = _time(forward, device, args.warmup, args.iters)
 
     params = sum(p.numel() for p in model.parameters())
     if args.no_train:
         return Result(name, dtype_name, round(params / 1e6, 3), round(statistics.median(fwd) * 1e3, 3),
-                      round(min(fwd) * 1e3, 3), None, None, None)
+                      round(min(fwd) * 1e3, 3), round(statistics.median(fwd_cpu) * 1e3, 3), None, None, None, None)
     model.train()
     xb = torch.randn(args.train_batch, *shape, device=device)
     yb = torch.randn(args.train_batch, cfg.img_size, cfg.img_size, cfg.out_timesteps, cfg.out_channels, device=device)
@@ -109,7 +116,7 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
         loss.backward()
         opt.step()
 
-    steps = _time(train_step, device, args.warmup, args.train_iters)
+    steps, steps_cpu = _time(train_step, device, args.warmup, args.train_iters)
     step_s = statistics.median(steps)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     del model, opt
@@ -121,8 +128,10 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
         params_m=round(params / 1e6, 3),
         forward_ms=round(statistics.median(fwd) * 1e3, 3),
         forward_ms_min=round(min(fwd) * 1e3, 3),
+        forward_cpu_ms=round(statistics.median(fwd_cpu) * 1e3, 3),
         train_samples_per_s=round(args.train_batch / step_s, 3),
         train_step_ms=round(step_s * 1e3, 1),
+        train_step_cpu_ms=round(statistics.median(steps_cpu) * 1e3, 1),
         peak_mem_mib=round(peak, 1) if peak is not None else None,
     )
 
@@ -183,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     results: list[Result] = []
-    header = f"{'preset':<6} {'dtype':<5} {'params':>9} {'fwd ms (b=1)':>13} {'fwd min':>9} " \
-             f"{'train samp/s (b=' + str(args.train_batch) + ')':>22} {'step ms':>9} {'peak MiB':>9}"
+    header = f"{'preset':<6} {'dtype':<5} {'params':>9} {'fwd ms (b=1)':>13} {'fwd min':>9} {'fwd cpu':>9} " \
+             f"{'train samp/s (b=' + str(args.train_batch) + ')':>22} {'step ms':>9} {'step cpu':>9} {'peak MiB':>9}"
     print(f"# DPOT model step benchmark on {device} ({_device_name(device)}), torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}", flush=True)
     print(header, flush=True)
@@ -194,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             peak = f"{r.peak_mem_mib:.0f}" if r.peak_mem_mib is not None else "-"
             print(f"{r.preset:<6} {r.dtype:<5} {r.params_m:>8.2f}M {r.forward_ms:>13.2f} {r.forward_ms_min:>9.2f} "
-                  f"{_fmt(r.train_samples_per_s, 22, '.2f')} {_fmt(r.train_step_ms, 9, '.0f')} {peak:>9}", flush=True)
+                  f"{r.forward_cpu_ms:>9.1f} {_fmt(r.train_samples_per_s, 22, '.2f')} {_fmt(r.train_step_ms, 9, '.0f')} "
+                  f"{_fmt(r.train_step_cpu_ms, 9, '.0f')} {peak:>9}", flush=True)
     summary = {
         "benchmark": "model_step",
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -202,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": _device_name(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "settings": {k: getattr(args, k) for k in ("presets", "dtypes", "train_batch", "warmup", "iters",
                                                    "train_iters", "compile", "no_train")},
         "results": [asdict(r) for r in results],
