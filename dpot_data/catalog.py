@@ -313,9 +313,11 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
     """Ingest raw files named by a catalog dataset, or of a detected source, and compare them with the catalog.
 
     With `dataset`, the catalog entry gives the source, the dataset name and (unless `catalog_split` is False) the
-    split ratios and seed; the files must belong to that source. Without it, the source is detected from the files
-    and the entry is looked up by the dataset name the reader gives. Warnings (partial sets, odd shapes, counts)
-    are returned and recorded in the manifest entry's provenance under "catalog".
+    split ratios and seed; the files must belong to that source and have its channels and PDE parameters. Without
+    it, the source is detected from the files (unless `source` names it) and the entry is looked up by the dataset
+    name the reader gives, for the warnings only. Warnings (partial sets, odd shapes, counts) are returned and
+    recorded in the manifest entry's provenance under "catalog". An OUT that already holds a complete manifest is
+    left alone without reading anything.
     """
     from dataclasses import replace
 
@@ -348,9 +350,12 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
         if source == "cfdbench":
             inputs = list(dict.fromkeys(p.parent if p.is_file() else p for p in inputs))
     if dataset is not None:
-        detected = {detect([p]).source for p in inputs[:1]} if inputs else set()
-        if detected and detected != {source}:
-            raise InputError(inputs[0], f"holds {detected.pop()} data, but {entry.name} is a {source} dataset")
+        try:
+            detected = detect(inputs[:1]).source if inputs else source
+        except InputError:  # nothing tells (an odd name and unreadable content): the reader will judge
+            detected = source
+        if detected != source:
+            raise InputError(inputs[0], f"holds {detected} data, but {entry.name} is a {source} dataset")
     result = read_source(source, inputs, **reader_options)
     if entry is not None:
         wrong = conflicts(result, entry)
