@@ -206,3 +206,12 @@ def unique_names(paths: Sequence[Path]) -> None:
 
             raise InputError(p, f"has the same file name as {other}; trajectory ids are '<file name>#<index>', so "
                                 "inputs need distinct names")
+
+
+def files_in(paths: Sequence[str | Path], suffixes: tuple[str, ...]) -> list[Path]:
+    """Paths as given, with folders replaced by the files with one of `suffixes` inside them (sorted)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out.extend(sorted(q for q in p.rglob("*") if q.is_file() and q.suffix.lower() in suffixes)
+                   if p.is_dir() else [p])
+    return out

@@ -22,7 +22,7 @@ import xarray as xr
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask,
-                                        unique_names)
+                                        files_in, unique_names)
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -109,7 +109,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
     `conditioned` picks the dataset name (pdearena-ns-cond or pdearena-ns); by default it is true when a folder
     name says "conditoned"/"conditioned", buo_y differs between trajectories, or trajectories have 56 frames.
     """
-    paths = sorted({Path(p) for p in paths}, key=_order)
+    paths = sorted(set(files_in(paths, (".h5", ".hdf5"))), key=_order)
     if not paths:
         raise InputError("<no files>", "expected PDEArena NavierStokes2D_*.h5 files")
     unique_names(paths)

@@ -26,7 +26,7 @@ import yaml
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask,
-                                        unique_names)
+                                        files_in, unique_names)
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -401,7 +401,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     corrupt past its header), are left out and listed in `skipped` with their id (a file none of whose
     trajectories can be read, by its name).
     """
-    paths = [Path(p) for p in paths]
+    paths = files_in(paths, (".h5", ".hdf5"))
     if not paths:
         raise InputError("<no files>", "expected at least one PDEBench HDF5 file")
     for p in paths:
