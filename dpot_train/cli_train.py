@@ -38,6 +38,7 @@ def launch_cmd(
     rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps", help="Rollout length of the final eval."),
     audit: bool = typer.Option(False, "--audit", help="Write the trajectory ids each rank consumed."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation at the end (RUN_DIR/eval.json)."),
     no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums",
                                              help="Skip sha256 of shards (sizes are still checked)."),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Processes per node (GPUs, or CPU processes)."),
@@ -64,6 +65,7 @@ def launch_cmd(
             "data.backend": backend, "data.num_workers": num_workers,
             "data.manifests": [str(m) for m in manifest] or None,
             "audit": True if audit else None, "progress": False if no_progress else None,
+            "eval_at_end": False if no_eval else None,
             "data.verify_checksums": False if no_verify_checksums else None,
         }
         cfg = apply_overrides(cfg, overrides)

@@ -212,6 +212,13 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             bar.close()
         if writer is not None:
             writer.close()
+    if info.is_main and metrics_path.exists():
+        losses = [json.loads(ln)["loss"] for ln in metrics_path.read_text(encoding="utf-8").splitlines() if ln]
+        k = max(1, min(50, len(losses) // 10))
+        if losses:
+            print(f"loss curve: mean of the first {k} steps {sum(losses[:k]) / k:.4f} -> "
+                  f"mean of the last {k} steps {sum(losses[-k:]) / k:.4f} ({len(losses)} steps, {metrics_path})",
+                  flush=True)
     return {"step": step, "position": position, "loss": last_loss, "run": str(run)}
 
 
