@@ -139,22 +139,37 @@ def _valid_channel_index(channel_valid: Sequence[bool] | np.ndarray, n_channels:
     return np.flatnonzero(valid)
 
 
-def _moments_owned(x: np.ndarray) -> Moments:
-    """Moments of a float64 (time, channel, k) array that this call may overwrite (centred in place)."""
-    n_c = x.shape[1]
-    k = x.shape[0] * x.shape[2]
-    if k == 0:
+def _frame_parts(x: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(count, mean, M2, min, max) per channel of a float64 (channel, k) array this call may overwrite."""
+    k = x.shape[1]
+    mn = x.min(axis=1)
+    mx = x.max(axis=1)
+    mean = x.sum(axis=1) / k
+    x -= mean[:, None]
+    return float(k), mean, np.einsum("ck,ck->c", x, x), mn, mx
+
+
+def _combine(parts: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]], n_c: int) -> Moments:
+    """Exact combination of disjoint groups: mean = Σ n_g mean_g / N, M2 = Σ M2_g + Σ n_g (mean_g − mean)²."""
+    if not parts:
         return Moments.empty(n_c)
-    mn = x.min(axis=(0, 2))
-    mx = x.max(axis=(0, 2))
-    mean = x.sum(axis=(0, 2)) / k
-    x -= mean[None, :, None]
-    m2 = np.einsum("tck,tck->c", x, x)
-    return Moments(count=np.full(n_c, k, dtype=np.int64), mean=mean, m2=m2, min=mn, max=mx)
+    n_g = np.array([p[0] for p in parts])[:, None]
+    means = np.stack([p[1] for p in parts])
+    total = float(n_g.sum())
+    mean = (n_g * means).sum(axis=0) / total
+    dev = means - mean[None, :]
+    m2 = np.stack([p[2] for p in parts]).sum(axis=0) + (n_g * dev * dev).sum(axis=0)
+    return Moments(count=np.full(n_c, int(total), dtype=np.int64), mean=mean, m2=m2,
+                   min=np.stack([p[3] for p in parts]).min(axis=0), max=np.stack([p[4] for p in parts]).max(axis=0))
 
 
 def trajectory_stats(fields: np.ndarray, mask: np.ndarray, channel_valid: Sequence[bool] | np.ndarray) -> FieldStats:
-    """Statistics of ONE trajectory: `fields` (time, channel, *space), `mask` (*space) with 1 = fluid."""
+    """Statistics of ONE trajectory: `fields` (time, channel, *space), `mask` (*space) with 1 = fluid.
+
+    Frame by frame: each frame's fluid cells are copied to float64 (one small block) and reduced with two passes,
+    and so is the difference to the previous frame; the per-frame results are combined exactly at the end. No
+    float64 copy of the whole trajectory is made (a 512² trajectory would need ~350 MB of temporaries).
+    """
     f = np.asarray(fields)
     m = np.asarray(mask)
     if f.ndim < 4 or m.shape != f.shape[2:]:
@@ -162,14 +177,20 @@ def trajectory_stats(fields: np.ndarray, mask: np.ndarray, channel_valid: Sequen
     idx = _valid_channel_index(channel_valid, f.shape[1])
     n_t, n_c = f.shape[0], idx.size
     chosen = f if n_c == f.shape[1] else f[:, idx]
-    fluid = m.astype(bool)
-    if fluid.all():
-        cells = chosen.reshape(n_t, n_c, -1).astype(np.float64)
-    else:
-        cells = np.compress(fluid.ravel(), chosen.reshape(n_t, n_c, -1), axis=2).astype(np.float64)  # fluid cells
-    diffs = _moments_owned(np.diff(cells, axis=0)) if n_t > 1 else Moments.empty(n_c)
-    values = _moments_owned(cells)
-    return FieldStats(values, diffs, 1)
+    fluid = m.astype(bool).ravel()
+    every_cell = bool(fluid.all())
+    if not fluid.any():
+        return FieldStats(Moments.empty(n_c), Moments.empty(n_c), 1)
+    values, diffs = [], []
+    previous: np.ndarray | None = None
+    for t in range(n_t):
+        frame = chosen[t].reshape(n_c, -1)
+        current = (frame if every_cell else np.compress(fluid, frame, axis=1)).astype(np.float64)
+        if previous is not None:
+            diffs.append(_frame_parts(current - previous))
+        previous = current.copy() if t + 1 < n_t else None
+        values.append(_frame_parts(current))
+    return FieldStats(_combine(values, n_c), _combine(diffs, n_c), 1)
 
 
 def block_stats(
