@@ -133,3 +133,26 @@ def test_ingest_on_a_distributed_cluster_equals_local(cluster, tmp_path) -> None
     assert len(local["datasets"][0]["shards"]) >= 3
     assert json.dumps(remote, sort_keys=True) == json.dumps(local, sort_keys=True)
     assert local["datasets"][0]["stats"]["trajectories"] == local["datasets"][0]["splits"]["counts"]["train"]
+
+
+def test_cli_scheduler_option_runs_the_ingest_on_the_cluster(cluster, tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+    from tests.toy_output import write_fno_raw
+
+    raw = write_fno_raw(tmp_path / "raw", n=8, res=32, frames=4)
+    transitions = cluster.scheduler.transition_counter
+    common = ["ingest", "fno", str(raw), "--resolution", "16", "--shard-size", "60KiB", "--no-progress"]
+    runner = CliRunner()
+    remote = runner.invoke(app, common + ["--out", str(tmp_path / "remote"), "--scheduler", cluster.scheduler_address])
+    local = runner.invoke(app, common + ["--out", str(tmp_path / "local"), "--workers", "2"])
+    assert remote.exit_code == 0 and local.exit_code == 0, remote.output + local.output
+    a, b = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("remote", "local"))
+    assert [s["sha256"] for s in a["datasets"][0]["shards"]] == [s["sha256"] for s in b["datasets"][0]["shards"]]
+    assert a["datasets"][0]["zarr"]["arrays"] == b["datasets"][0]["zarr"]["arrays"]
+    assert a["datasets"][0]["stats"] == b["datasets"][0]["stats"]
+    assert cluster.scheduler.transition_counter > transitions  # the blocks ran on the cluster's workers
+    assert any("process_block" in name for name in cluster.scheduler.task_prefixes)
