@@ -135,8 +135,12 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def resume_point(lines: Sequence[Mapping[str, Any]], row_splits: Sequence[str],
-                 block_rows: Sequence[int]) -> ResumePoint:
-    """From journal block lines, the split of every stored row and the cumulative rows after each block."""
+                 block_rows: Sequence[int], shards_written: bool = True) -> ResumePoint:
+    """From journal block lines, the split of every stored row and the cumulative rows after each block.
+
+    Without WebDataset shards (`shards_written` False, a Zarr-only ingest) every journalled block is complete, so the
+    job resumes after the last of them.
+    """
     shards: dict[str, dict[str, dict[str, Any]]] = {}  # split -> path -> shard, in completion order
     after: dict[int, Mapping[str, Any]] = {}
     for line in lines:
@@ -158,8 +162,12 @@ def resume_point(lines: Sequence[Mapping[str, Any]], row_splits: Sequence[str],
             first_missing = row
             break
     block = 0
-    while block < len(block_rows) and block_rows[block] <= first_missing:
-        block += 1
+    if shards_written:
+        while block < len(block_rows) and block_rows[block] <= first_missing:
+            block += 1
+    else:
+        while block < len(block_rows) and block in after:
+            block += 1
     if block > 0 and (block - 1) not in after:  # cannot happen with an intact journal; restart to be safe
         return ResumePoint()
     row = block_rows[block - 1] if block > 0 else 0
@@ -188,7 +196,7 @@ class Journal:
 
     @classmethod
     def open(cls, out: Path, name: str, job: str, row_splits: Sequence[str], block_rows: Sequence[int],
-             zarr: bool = True) -> "Journal":
+             zarr: bool = True, shards: bool = True) -> "Journal":
         """Resume the staging folder of `name` in `out` when its journal has the same job fingerprint and its kept
         files are intact, else start it afresh. Raises JournalBusy when another process is writing it."""
         out.mkdir(parents=True, exist_ok=True)
@@ -202,7 +210,7 @@ class Journal:
             lines = read_lines(staging / JOURNAL_NAME)
             point = ResumePoint()
             if lines and lines[0].get("job") == job:
-                point = resume_point(lines, row_splits, block_rows)
+                point = resume_point(lines, row_splits, block_rows, shards)
                 if point.block > 0 and not _staged_files_ok(staging, point, zarr):
                     point = ResumePoint()
             if point.block == 0:

@@ -203,3 +203,14 @@ def test_a_different_job_starts_afresh(tmp_path: Path) -> None:
     assert not k.resumed and not (k.staging / "shards").exists()
     assert read_lines(k.staging / JOURNAL_NAME) == [{"dataset": "d", "format": 1, "job": "job-b"}]
     k.close()
+
+
+def test_zarr_only_ingest_resumes_after_the_last_journalled_block() -> None:
+    from dpot_data.journal import resume_point
+
+    lines = [{"job": "x"}, {"block": 0, "rows": 2, "shards": [], "stats": {"n": 0}},
+             {"block": 1, "rows": 4, "shards": [], "stats": {"n": 1}}]
+    splits = ["train", "test", "train", "train", "train", "test"]
+    assert resume_point(lines, splits, [2, 4, 6]).block == 0  # with shards: test row 1 is in no completed shard
+    point = resume_point(lines, splits, [2, 4, 6], shards_written=False)
+    assert (point.block, point.row, point.stats) == (2, 4, {"n": 1})
