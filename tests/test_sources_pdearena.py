@@ -197,3 +197,12 @@ def test_synth_layout_follows_formats_md(standard, conditioned):
         assert g["t"].shape == (2, 14) and g["x"].shape == (2, 16) and g["buo_y"].shape == (2,)
         assert g["x"][0, 0] == 0.0 and g["x"][0, -1] == 32.0
     assert conditioned[0].parent.name == "NavierStokes-2D-conditoned"
+
+
+def test_values_beyond_float32_count_as_nonfinite(standard, tmp_path):
+    copy = tmp_path / standard[1].name
+    copy.write_bytes(standard[1].read_bytes())
+    with h5py.File(copy, "a") as f:
+        f["valid/vy"][0, 2, 1, 1] = 1e300  # finite in the float64 file, Inf once stored as float32
+    result = pdearena.read([copy])
+    assert result.skipped == [(f"{copy.name}#0", "NaN or Inf in 1 of 14 frames (first: frame 2)")]

@@ -40,6 +40,12 @@ class SampleBlocks(ABC):
     def block(self, n0: int, n1: int) -> np.ndarray:
         """Trajectories n0..n1-1 as a float32 array of shape (n1 - n0,) + shape[1:]."""
 
+    def finite_frames(self, n0: int, n1: int) -> np.ndarray:
+        """(n1 - n0, time) bool, True where a frame holds no NaN/Inf; readers override it to check the raw
+        arrays as stored, without reordering them."""
+        data = self.block(n0, n1)
+        return np.isfinite(data).all(axis=tuple(range(2, data.ndim)))
+
     def __getitem__(self, key) -> np.ndarray:
         key = key if isinstance(key, tuple) else (key,)
         first = key[0] if key else slice(None)
@@ -50,6 +56,14 @@ class SampleBlocks(ABC):
         if stop <= start:
             return np.empty((0,) + self.shape[1:], np.float32)[(slice(None),) + rest]
         return self.block(start, stop)[(slice(None, None, step),) + rest]
+
+
+def frames_ok(raw: np.ndarray, time_axis: int = 1) -> np.ndarray:
+    """(samples, time) bool of a raw block in any storage order whose axis 0 is the sample: True where a frame holds
+    no NaN/Inf, and, for wider floats, no value beyond the float32 range (it would become Inf when stored)."""
+    ok = np.isfinite(raw) if raw.dtype.itemsize <= 4 else np.abs(raw) <= np.finfo(np.float32).max
+    ok = np.moveaxis(ok, time_axis, 1)
+    return ok.reshape(ok.shape[0], ok.shape[1], -1).all(axis=2)
 
 
 def file_token(path: Path) -> tuple[str, int, int]:
@@ -112,8 +126,7 @@ class BadSample:
 
 def _finite_frames(blocks: SampleBlocks, n0: int, n1: int) -> np.ndarray:
     """(n1 - n0, time) bool: frames without NaN/Inf, read through the raw reader (never through dask)."""
-    data = blocks.block(n0, n1)
-    return np.isfinite(data).all(axis=tuple(range(2, data.ndim)))
+    return blocks.finite_frames(n0, n1)
 
 
 def _scan_range(blocks: SampleBlocks, n0: int, n1: int) -> list[tuple[int, np.ndarray | str]]:
@@ -161,13 +174,21 @@ class Subset(SampleBlocks):
         self.base, self.keep = base, np.asarray(keep, dtype=np.int64)
         self.shape = (len(self.keep),) + tuple(base.shape[1:])
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
+    def _runs(self, n0: int, n1: int) -> list[np.ndarray]:
         idx = self.keep[n0:n1]
-        if idx.size == 0:
+        return np.split(idx, np.flatnonzero(np.diff(idx) != 1) + 1) if idx.size else []
+
+    def block(self, n0: int, n1: int) -> np.ndarray:
+        runs = self._runs(n0, n1)
+        if not runs:
             return np.empty((0,) + self.shape[1:], np.float32)
-        cuts = np.flatnonzero(np.diff(idx) != 1) + 1
-        runs = np.split(idx, cuts)
         return np.concatenate([self.base.block(int(r[0]), int(r[-1]) + 1) for r in runs], axis=0)
+
+    def finite_frames(self, n0: int, n1: int) -> np.ndarray:
+        runs = self._runs(n0, n1)
+        if not runs:
+            return np.empty((0, self.shape[1]), bool)
+        return np.concatenate([self.base.finite_frames(int(r[0]), int(r[-1]) + 1) for r in runs], axis=0)
 
 
 def without_bad(blocks: SampleBlocks, bad: Sequence[BadSample]) -> tuple[SampleBlocks, np.ndarray]:

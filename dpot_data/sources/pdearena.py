@@ -21,8 +21,8 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask,
-                                        files_in, unique_names)
+from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, files_in, frames_ok,
+                                        hdf5_problem, to_dask, unique_names)
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -40,10 +40,19 @@ class _Blocks(SampleBlocks):
         self.shape = (n, t, len(CHANNELS), ny, nx)
 
     def block(self, n0: int, n1: int) -> np.ndarray:
+        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
         with h5py.File(self.path, "r") as f:
             g = f[self.group]
-            parts = [np.asarray(g[k][n0:n1], dtype=np.float32) for k in CHANNELS]  # float64 -> float32
-        return np.ascontiguousarray(np.stack(parts, axis=2).transpose(0, 1, 2, 4, 3))
+            for c, k in enumerate(CHANNELS):
+                out[:, :, c] = g[k][n0:n1].transpose(0, 1, 3, 2)  # (x, y) -> (y, x), float64 -> float32
+        return out
+
+    def finite_frames(self, n0: int, n1: int) -> np.ndarray:
+        ok = np.ones((n1 - n0, self.shape[1]), dtype=bool)
+        with h5py.File(self.path, "r") as f:
+            for k in CHANNELS:
+                ok &= frames_ok(f[self.group][k][n0:n1])
+        return ok
 
 
 def parse_name(path: Path) -> dict[str, object] | None:

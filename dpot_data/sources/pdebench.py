@@ -25,8 +25,8 @@ import yaml
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, hdf5_problem, to_dask,
-                                        files_in, unique_names)
+from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, files_in, frames_ok,
+                                        hdf5_problem, to_dask, unique_names)
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -125,11 +125,19 @@ class _CfdBlocks(SampleBlocks):
         self.shape = (n, t, len(names), *reversed(space))
 
     def block(self, n0: int, n1: int) -> np.ndarray:
+        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
         with h5py.File(self.path, "r") as f:
-            parts = [np.asarray(f[name][n0:n1], dtype=np.float32) for name in self.names]
-        stacked = np.stack(parts, axis=2)  # (b, T, C, X, Y[, Z])
-        nd = stacked.ndim
-        return np.ascontiguousarray(np.transpose(stacked, (0, 1, 2, *range(nd - 1, 2, -1))))
+            for c, name in enumerate(self.names):
+                raw = f[name][n0:n1]  # (b, T, X, Y[, Z])
+                out[:, :, c] = np.transpose(raw, (0, 1, *range(raw.ndim - 1, 1, -1)))  # one copy, to (y, x)
+        return out
+
+    def finite_frames(self, n0: int, n1: int) -> np.ndarray:
+        ok = np.ones((n1 - n0, self.shape[1]), dtype=bool)
+        with h5py.File(self.path, "r") as f:
+            for name in self.names:
+                ok &= frames_ok(f[name][n0:n1])
+        return ok
 
 
 def _cfd_file(path: Path) -> dict[str, object]:
@@ -254,9 +262,16 @@ class _GroupedBlocks(SampleBlocks):
         self.shape = (len(groups), t, c, y, x)
 
     def block(self, n0: int, n1: int) -> np.ndarray:
+        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
         with h5py.File(self.path, "r") as f:
-            parts = [np.asarray(f[g]["data"], dtype=np.float32) for g in self.groups[n0:n1]]
-        return np.ascontiguousarray(np.stack(parts).transpose(0, 1, 4, 2, 3))
+            for i, g in enumerate(self.groups[n0:n1]):
+                out[i] = np.moveaxis(f[g]["data"][()], -1, 1)  # (T, y, x, C) -> (T, C, y, x)
+        return out
+
+    def finite_frames(self, n0: int, n1: int) -> np.ndarray:
+        with h5py.File(self.path, "r") as f:
+            return np.stack([frames_ok(f[g]["data"][()][None])[0] for g in self.groups[n0:n1]]) if n1 > n0 else \
+                np.empty((0, self.shape[1]), bool)
 
 
 def _grouped_kind(path: Path, channels: int) -> str:
