@@ -4,6 +4,7 @@ channel with its name and colour bar, the geometry mask outlined; the picture to
 from __future__ import annotations
 
 import io
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -47,8 +48,12 @@ def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, n
     channels = list(entry["channels"])
     valid = view.channel_valid
     rows = []
-    for index in pick_trajectories(n, opts.trajectories):
-        sample = view.trajectory(index)
+    if view.zarr_group() is not None:  # one chunk read per trajectory, spread over the dataset
+        samples = (view.trajectory(i) for i in pick_trajectories(n, opts.trajectories))
+    else:  # shards only: the first trajectories of the first shards, without streaming the whole dataset
+        samples = itertools.islice(view.iter_shards(), max(opts.trajectories, 0))
+    for sample in samples:
+        index = int(sample.meta["index"])
         fields = sample.fields
         if fields.ndim == 5:  # 3D: show the middle z slice
             fields = fields[:, :, fields.shape[2] // 2]

@@ -74,3 +74,18 @@ def test_cli_inspect_plot_writes_the_png(tmp_path: Path) -> None:
     img = plt.imread(str(png))
     assert img.shape[0] > 3 * 150  # three rows: one valid channel (vorticity) per trajectory
     assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 50
+
+
+def test_plot_of_a_shards_only_output_reads_the_first_samples(tmp_path: Path) -> None:
+    import json
+
+    write_toy_output(str(tmp_path))
+    doc = json.loads((tmp_path / "manifest.json").read_text())
+    doc["datasets"][0]["zarr"] = None
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    fig = build_figure(str(tmp_path), PlotOptions(trajectories=2))
+    try:
+        labels = [ax.get_ylabel() for ax in fig.axes if ax.images and ax.get_ylabel()]
+        assert labels == ["toy #0\nu", "toy #0\nv", "toy #0\np", "toy #1\nu", "toy #1\nv", "toy #1\np"]
+    finally:
+        plt.close(fig)
