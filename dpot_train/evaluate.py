@@ -14,7 +14,7 @@ from dpot_train.config import DataConfig
 from dpot_train.data.prepare import load_datasets
 from dpot_train.data.readers import make_reader
 from dpot_train.data.windows import to_model_layout
-from dpot_train.metrics import l2re, one_step, persistence, rollout
+from dpot_train.metrics import l2re, one_step, persistence, predicted_entries, rollout
 
 
 def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
@@ -29,6 +29,8 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
                    verify: bool | None = None) -> dict[str, Any]:
     """L2RE per dataset (valid channels, fluid cells): rollout from the first t_in true frames and one-step.
+
+    Padded channels and solid cells are not predicted: they carry over from the last input frame (metrics.rollout).
 
     rollout_steps = 0 rolls out to the end of each trajectory; the persistence baseline repeats the last input frame.
     """
@@ -52,8 +54,9 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             mask = torch.from_numpy(np.stack([np.ascontiguousarray(m.T) for _, m in arrays]).astype(bool))
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
             true = frames[:, :, :, t_in:t_in + steps]
-            sums["model_rollout"].append(l2re(rollout(predict, frames, t_in, steps), true, mask, cv))
-            sums["model_one_step"].append(l2re(one_step(predict, frames, t_in, steps), true, mask, cv))
+            keep = predicted_entries(mask, cv, frames[:, :, :, :1])
+            sums["model_rollout"].append(l2re(rollout(predict, frames, t_in, steps, keep), true, mask, cv))
+            sums["model_one_step"].append(l2re(one_step(predict, frames, t_in, steps, keep), true, mask, cv))
             sums["persistence_rollout"].append(l2re(rollout(persistence, frames, t_in, steps), true, mask, cv))
             sums["persistence_one_step"].append(l2re(one_step(persistence, frames, t_in, steps), true, mask, cv))
         vals = {k: float(torch.cat(v).mean()) for k, v in sums.items()}

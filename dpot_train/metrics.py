@@ -50,26 +50,50 @@ def relative_l2_loss(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor 
 Predictor = Callable[[torch.Tensor], torch.Tensor]
 
 
-def rollout(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int) -> torch.Tensor:
+def predicted_entries(mask: torch.Tensor | None, channel_valid: torch.Tensor | None, like: torch.Tensor
+                      ) -> torch.Tensor | None:
+    """(B, X, Y, 1, C) bool: fluid cells of valid channels, the entries a model's prediction is used for."""
+    if mask is None and channel_valid is None:
+        return None
+    b, x, y, _, c = like.shape
+    keep = torch.ones(b, x, y, 1, c, dtype=torch.bool, device=like.device)
+    if mask is not None:
+        keep = keep & mask.to(like.device).bool()[:, :, :, None, None]
+    if channel_valid is not None:
+        keep = keep & channel_valid.to(like.device).bool()[:, None, None, None, :]
+    return keep
+
+
+def rollout(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int,
+            keep: torch.Tensor | None = None) -> torch.Tensor:
     """Auto-regressive rollout from the first t_in true frames of (B, X, Y, T, C): returns (B, X, Y, steps, C).
 
     `predict` maps (B, X, Y, t_in, C) to (B, X, Y, k, C) with k >= 1 new frames; they are appended and the window
-    slides forward until `steps` frames are produced.
+    slides forward until `steps` frames are produced. Where `keep` (see predicted_entries) is False — padded
+    channels and solid cells, which the loss never trains — the last input frame is carried over instead, so that
+    untrained outputs are never fed back as inputs.
     """
     window = frames[:, :, :, :t_in]
     out: list[torch.Tensor] = []
     produced = 0
     while produced < steps:
         new = predict(window)
+        if keep is not None:
+            new = torch.where(keep, new, window[:, :, :, -1:])
         out.append(new)
         produced += new.shape[3]
         window = torch.cat([window, new], dim=3)[:, :, :, -t_in:]
     return torch.cat(out, dim=3)[:, :, :, :steps]
 
 
-def one_step(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int) -> torch.Tensor:
+def one_step(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int,
+             keep: torch.Tensor | None = None) -> torch.Tensor:
     """Teacher-forced next-frame predictions for frames t_in .. t_in + steps - 1 (each from the true previous t_in)."""
-    preds = [predict(frames[:, :, :, t - t_in:t])[:, :, :, :1] for t in range(t_in, t_in + steps)]
+    preds = []
+    for t in range(t_in, t_in + steps):
+        window = frames[:, :, :, t - t_in:t]
+        new = predict(window)[:, :, :, :1]
+        preds.append(new if keep is None else torch.where(keep, new, window[:, :, :, -1:]))
     return torch.cat(preds, dim=3)
 
 

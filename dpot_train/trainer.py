@@ -107,8 +107,9 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     ddp_model = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None) \
         if info.world > 1 else model
     stream = WindowStream(spec, reader, start=position, global_batch=cfg.batch_size, world=info.world, rank=info.rank)
-    batches = iter(make_loader(stream, cfg.data.num_workers))  # draws a base seed from the torch RNG
-    if found is not None:  # restored last, so that the RNGs continue exactly where the checkpoint left them
+    # creating the iterator draws a base seed from the torch RNG, so the saved RNG states are restored after it
+    batches = iter(make_loader(stream, cfg.data.num_workers, pin_memory=info.device.type == "cuda"))
+    if found is not None:
         states = found[1]["rng"]
         if len(states) == info.world:
             set_rng_state(states[info.rank])

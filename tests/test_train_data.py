@@ -17,7 +17,7 @@ from dpot_train.data.manifest import DataError
 from dpot_train.data.mixture import parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.stream import epoch_plan, rank_slice
 from dpot_train.data.windows import add_noise, split_window, to_model_layout, window_start
-from dpot_train.metrics import l2re, one_step, persistence, relative_l2_loss, rollout
+from dpot_train.metrics import l2re, one_step, persistence, predicted_entries, relative_l2_loss, rollout
 from dpot_train.trainer import build_optimizer
 
 
@@ -150,6 +150,27 @@ def test_rollout_and_one_step_with_persistence() -> None:
     assert rollout(two_at_once, frames, 10, 5)[0, 0, 0, :, 0].tolist() == [11.0, 12.0, 13.0, 14.0, 15.0]
 
 
+def test_rollout_never_feeds_back_padded_channels_or_solid_cells() -> None:
+    frames = torch.ones(1, 4, 4, 12, 2)  # channel 1 is padding (fill 1.0)
+    seen: list[torch.Tensor] = []
+
+    def garbage_outside(w: torch.Tensor) -> torch.Tensor:  # untrained outputs: garbage where the loss never looks
+        seen.append(w.clone())
+        out = w[:, :, :, -1:].clone()
+        out[..., 1] = 123.0
+        out[:, 0, 0] = -7.0
+        return out
+
+    mask = torch.ones(1, 4, 4, dtype=torch.bool)
+    mask[:, 0, 0] = False
+    keep = predicted_entries(mask, torch.tensor([[True, False]]), frames[:, :, :, :1])
+    roll = rollout(garbage_outside, frames, 10, 2, keep)
+    assert torch.all(roll[..., 1] == 1.0) and torch.all(roll[:, 0, 0] == 1.0)
+    assert all(torch.all(w == 1.0) for w in seen)  # the second call saw carried-over values, not garbage
+    assert torch.all(one_step(garbage_outside, frames, 10, 2, keep) == 1.0)
+    assert torch.all(rollout(garbage_outside, frames, 10, 2)[:, 1:, :, :, 1] == 123.0)  # without keep: raw outputs
+
+
 # --- optimiser, schedule, checkpoints, config -----------------------------------------------------------------
 
 def test_optimizer_and_one_cycle_do_not_cycle_beta1() -> None:
@@ -210,3 +231,12 @@ def test_config_yaml_round_trip_and_overrides(tmp_path: Path) -> None:
         load_config(tmp_path / "bad.yaml")
     with pytest.raises(ValueError, match="unknown config key 'optim.lrr'"):
         apply_overrides(cfg, {"optim.lrr": 1.0})
+
+
+def test_the_checked_in_dpot_pretrain_mixture_parses() -> None:
+    path = Path(__file__).resolve().parents[1] / "manifests" / "mixtures" / "dpot-pretrain.yaml"
+    weights = parse_mixture(str(path))
+    assert weights is not None and "fno-ns-v1e-3" in weights and len(weights) >= 10
+    assert all(isinstance(w, float) and w > 0 for w in weights.values())
+    with pytest.raises(DataError, match="mixture names unknown dataset"):  # the corpus needs all its manifests
+        resolve_weights(["fno-ns-v1e-3"], weights)

@@ -158,7 +158,7 @@ class WindowStream(IterableDataset):
             step += nworkers
 
 
-def make_loader(stream: WindowStream, num_workers: int) -> torch.utils.data.DataLoader:
+def make_loader(stream: WindowStream, num_workers: int, pin_memory: bool = False) -> torch.utils.data.DataLoader:
     """DataLoader over pre-batched steps (batch_size=None keeps the stream's order: worker w yields step w mod K)."""
-    return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers,
+    return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                                        persistent_workers=False, prefetch_factor=2 if num_workers else None)
