@@ -147,7 +147,9 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
         if cfg.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+            # disable=None: no bar when stderr is not a terminal (logs stay readable); the step lines remain
+            bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=None,
+                       mininterval=1.0)
     audit = None
     if cfg.audit:
         (run / "audit").mkdir(parents=True, exist_ok=True)
