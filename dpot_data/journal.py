@@ -203,7 +203,7 @@ class Journal:
         staging = out / f"{STAGING_PREFIX}{name}"
         for child in out.iterdir():  # other staging folders: leftovers of other jobs, never under a final name
             if child.is_dir() and child.name.startswith(STAGING_PREFIX) and child != staging:
-                shutil.rmtree(child, ignore_errors=True)
+                _remove_unless_locked(child)
         staging.mkdir(exist_ok=True)
         lock_fd = _lock(staging)
         try:
@@ -357,6 +357,20 @@ def _lock(staging: Path) -> int:
             raise JournalBusy(f"{staging}: another ingest of this dataset is running into the same folder") from None
         raise
     return fd
+
+
+def _remove_unless_locked(staging: Path) -> None:
+    """Remove a stale staging folder, but not one whose lock another running ingest holds."""
+    try:
+        fd = _lock(staging)
+    except JournalBusy:
+        return
+    except OSError:
+        fd = -1
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        _unlock(fd)
 
 
 def _unlock(fd: int) -> None:

@@ -214,3 +214,19 @@ def test_zarr_only_ingest_resumes_after_the_last_journalled_block() -> None:
     assert resume_point(lines, splits, [2, 4, 6]).block == 0  # with shards: test row 1 is in no completed shard
     point = resume_point(lines, splits, [2, 4, 6], shards_written=False)
     assert (point.block, point.row, point.stats) == (2, 4, {"n": 1})
+
+
+def test_staging_of_a_running_ingest_of_another_dataset_is_not_removed(tmp_path: Path) -> None:
+    from dpot_data.journal import Journal
+
+    other = Journal.open(tmp_path, "other", "job", ["train"], [1])
+    stale = tmp_path / ".staging-stale"
+    stale.mkdir()
+    (stale / "junk").write_bytes(b"x")
+    try:
+        mine = Journal.open(tmp_path, "mine", "job", ["train"], [1])
+        mine.close()
+        assert other.staging.is_dir() and (other.staging / JOURNAL_NAME).is_file()
+        assert not stale.exists()
+    finally:
+        other.close()
