@@ -68,3 +68,23 @@ def test_model_info_for_checkpoint(reference_dir) -> None:
     assert "parameters: 242,675" in result.output
     bad = CliRunner().invoke(app, ["model", "info", "nonexistent-thing"])
     assert bad.exit_code != 0 and "neither a preset" in bad.output
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"normalize": True, "time_agg": "mlp", "img_size": 32},
+        {"spatial_dims": 3, "img_size": 16, "in_timesteps": 3, "out_timesteps": 2, "mlp_ratio": 2.5},
+        {"patch_size": 4, "img_size": 32, "in_channels": 3, "out_channels": 3, "n_cls": 5, "out_layer_dim": 16},
+    ],
+)
+def test_config_is_inferred_from_weights(overrides: dict) -> None:
+    from dpot_train.model import infer_config
+
+    model = build_model("tiny", **overrides)
+    assert infer_config(model.state_dict()) == model.config
+    x = torch.randn(2, *([model.config.img_size] * model.config.spatial_dims), model.config.in_timesteps,
+                    model.config.in_channels)
+    pred = model(x)
+    assert pred.shape == (*x.shape[:-2], model.config.out_timesteps, model.config.out_channels)
+    assert torch.isfinite(pred).all()
