@@ -85,3 +85,24 @@ def test_stream_is_independent_of_ranks_workers_and_resume_point(fno_train_shard
     assert torch.all(batch["x"][..., 1:] == 1.0)
     clean, _ = reader.read(spec.refs[0][0], 0, 1)
     assert np.isfinite(clean).all()
+
+
+def test_two_datasets_with_mixture_weights_follow_the_epoch_rule(fno_train_shards: Path, tmp_path: Path) -> None:
+    from dpot_data.ingest import IngestOptions, ingest_files
+
+    raw = sorted((fno_train_shards.parent / "raw").glob("NavierStokes_*.mat"))[0]  # see conftest
+    other = tmp_path / "copy"
+    ingest_files("fno", [raw], other, IngestOptions(resolution=32, split=(0.5,), seed=1, name="ns-copy",
+                                                    formats=("wds",)))
+    spec, reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards), str(other)],
+                                             mixture={"fno-ns-v1e-3": 1.0, "ns-copy": 3.0}), seed=0)
+    sizes = [len(r) for r in spec.refs]
+    assert sizes == [12, 8]
+    assert spec.visits == [5, 15]  # n_k = round(20 * w_k / 4): shares 1:3 whatever the sizes
+    stream = iter(make_loader(WindowStream(spec, reader, 0, 4, 1, 0), 0))
+    ids = [i for _ in range(5) for i in next(stream)["id"]]  # exactly one epoch (20 visits)
+    counts = collections.Counter(ids)
+    assert sum(v for k, v in counts.items() if k.startswith("fno-ns-v1e-3:")) == 5
+    copy_counts = [counts.get(f"ns-copy:{r.index}", 0) for r in spec.refs[1]]
+    assert sum(copy_counts) == 15 and set(copy_counts) <= {1, 2}  # 15 visits of 8: each once or twice
+    assert max(counts[k] for k in counts if k.startswith("fno-ns-v1e-3:")) == 1  # 5 of 12: none twice
