@@ -106,3 +106,13 @@ def test_two_datasets_with_mixture_weights_follow_the_epoch_rule(fno_train_shard
     copy_counts = [counts.get(f"ns-copy:{r.index}", 0) for r in spec.refs[1]]
     assert sum(copy_counts) == 15 and set(copy_counts) <= {1, 2}  # 15 visits of 8: each once or twice
     assert max(counts[k] for k in counts if k.startswith("fno-ns-v1e-3:")) == 1  # 5 of 12: none twice
+
+
+def test_zarr_backend_streams_the_same_windows(fno_train_shards: Path) -> None:
+    wds_spec, wds_reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards)]), seed=3)
+    zarr_spec, zarr_reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards)], backend="zarr"), seed=3)
+    assert [r.index for r in wds_spec.refs[0]] == [r.index for r in zarr_spec.refs[0]]
+    for a, b in zip(_batches(wds_spec, wds_reader, 0, 1, 0, 4), _batches(zarr_spec, zarr_reader, 0, 1, 0, 4)):
+        assert a[0]["id"] == b[0]["id"]
+        assert torch.equal(a[0]["x"], b[0]["x"]) and torch.equal(a[0]["y"], b[0]["y"])
+        assert torch.equal(a[0]["mask"], b[0]["mask"])
