@@ -91,17 +91,38 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int = 0) -> BenchData:
+def zarr_codec(name: str) -> Any:
+    """A Zarr v3 compressor by short name (experiment option; the product writes zstd level 3)."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    codecs = {"zstd3": ZstdCodec(level=3, checksum=False), "zstd1": ZstdCodec(level=1, checksum=False),
+              "lz4": BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4), "none": None}
+    if name not in codecs:
+        raise ValueError(f"unknown Zarr codec {name!r}; choose from {sorted(codecs)}")
+    return codecs[name]
+
+
+def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int = 0, shard_mb: float | None = None,
+              codec: str | None = None) -> BenchData:
     """Synthesize raw PDEBench diffusion-reaction data, ingest it (WDS + Zarr, 128x128, 4 channels), write the
-    reference per-trajectory files from the same raw file."""
+    reference per-trajectory files from the same raw file. `shard_mb` and `codec` override the ingest defaults."""
     from dpot_data.ingest import IngestOptions, run_ingest
     from dpot_data.synth.pdebench import write_diff_react
+    from dpot_data.writers import zarr_store
 
     start = time.perf_counter()
     raw = write_diff_react(root / "raw", n=trajectories, frames=frames, res=native, seed=seed)
     opts = IngestOptions(resolution=RES, channels=CHANNELS, fill=1.0, resample="bilinear", split=(1.0,), name="dr",
                          formats=("zarr", "wds"), seed=seed, command="benchmarks/loader.py")
-    outcome = run_ingest("pdebench", [raw], root / "out", opts)
+    if shard_mb is not None:
+        opts.shard_size = int(shard_mb * 2**20)
+    saved = zarr_store.CODEC
+    try:
+        if codec is not None:
+            zarr_store.CODEC = zarr_codec(codec)
+        outcome = run_ingest("pdebench", [raw], root / "out", opts)
+    finally:
+        zarr_store.CODEC = saved
     write_reference_files("pdebench", [raw], root / "reference")
     return BenchData(root, outcome.path, root / "reference", trajectories, frames, native,
                      time.perf_counter() - start)
@@ -291,6 +312,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise", type=float, default=0.0, help="noise epsilon of our stream (training: 5e-4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the main process (DataLoader "
                         "workers always use 1)")
+    parser.add_argument("--shard-mb", type=float, default=None, help="experiment: WebDataset shard size in MiB "
+                        "(default: the ingest default, 256)")
+    parser.add_argument("--zarr-codec", default=None, help="experiment: Zarr compressor zstd3 (the product's), "
+                        "zstd1, lz4, none")
     parser.add_argument("--profile", action="store_true", help="also cProfile each loader without workers")
     parser.add_argument("--tmp", type=Path, default=None, help="parent of the temp folder")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
@@ -313,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Measurement] = []
     profiles: dict[str, str] = {}
     try:
-        data = make_data(root, args.trajectories, args.frames, args.native)
+        data = make_data(root, args.trajectories, args.frames, args.native, shard_mb=args.shard_mb,
+                         codec=args.zarr_codec)
         sizes = data.sizes()
         print(f"# data: {data.trajectories} trajectories x {data.frames} frames, native {data.native}^2 x 2 channels "
               f"-> {RES}^2 x {CHANNELS}; prepared in {data.prep_s:.1f} s; on disk: "
@@ -350,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"trajectories": args.trajectories, "frames": args.frames, "native": args.native, "res": RES,
                      "channels": CHANNELS, "t_in": T_IN, "t_out": T_OUT, "batch": args.batch,
                      "workers": args.worker_counts, "seconds": args.seconds, "warmup": args.warmup,
-                     "noise": args.noise, "threads": args.threads},
+                     "noise": args.noise, "threads": args.threads, "shard_mb": args.shard_mb,
+                     "zarr_codec": args.zarr_codec or "zstd3 (product default)"},
         "data": {"prep_s": round(data.prep_s, 2), "bytes": sizes},
         "results": [asdict(r) for r in results],
         "ratios": rat,
