@@ -64,12 +64,12 @@ class Runner:
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T], window: int | None = None,
              prefetch: bool = True) -> Iterator[R]:
-        """Yield fn(item) for every item, in order, computing `window` (default 2 × workers) items at a time.
+        """Yield fn(item) for every item, in order, computing `window` (default: workers, at least 2) items at a time.
 
         With `prefetch`, the next window is computed while the caller consumes the current one (writing shards,
         say), so reading and writing overlap; at most two windows of results are held at once.
         """
-        size = window or 2 * self.workers
+        size = window or max(2, self.workers)
         if size < 1:
             raise ValueError(f"window must be at least 1, got {size}")
         batches = _batched(items, size)
