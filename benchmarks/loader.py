@@ -130,7 +130,7 @@ def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int
 
 def our_loader(data: BenchData, backend: str, workers: int, batch: int, noise: float, seed: int = 0,
                pin_memory: bool = False) -> DataLoader:
-    """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader); optionally pinned."""
+    """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA)."""
     from dpot_train.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.stream import WindowStream, make_loader
@@ -138,12 +138,7 @@ def our_loader(data: BenchData, backend: str, workers: int, batch: int, noise: f
     cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, noise=noise,
                      num_workers=workers, verify_checksums=False)
     spec, reader = prepare_stream(cfg, seed=seed, verify=False)
-    stream = WindowStream(spec, reader, start=0, global_batch=batch)
-    if not pin_memory:
-        return make_loader(stream, workers)
-    # the trainer's make_loader settings plus page-locked batches, so host-to-device copies can be asynchronous
-    return DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=True,
-                      prefetch_factor=2 if workers else None)
+    return make_loader(WindowStream(spec, reader, start=0, global_batch=batch), workers, pin_memory=pin_memory)
 
 
 def reference_loader(data: BenchData, workers: int, batch: int, seed: int = 0) -> DataLoader:
