@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -61,6 +62,8 @@ def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
     steps_done = [s for s, _ in list_checkpoints(out / "checkpoints")]
     assert steps_done and max(steps_done) < train_runs.STEPS, steps_done  # really interrupted mid-run
 
+    other_gpu_count = out.parent / "one-process"
+    shutil.copytree(out, other_gpu_count)  # the same interrupted state, resumed below on another process count
     r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--resume"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"resumed from {out / 'checkpoints'}" in r.stdout + r.stderr
@@ -81,6 +84,18 @@ def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
     lb = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lb] == list(range(1, train_runs.STEPS + 1))
     assert [x["loss"] for x in la] == [x["loss"] for x in lb]
+
+    # a change of process count (2 -> 1, same global batch) continues the same data stream: same positions,
+    # and the same weights up to floating-point summation order
+    r = train_runs.run(train_runs.launch_args(fno_train_shards, other_gpu_count, "--resume", nproc=1))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    c = torch.load(other_gpu_count / "checkpoints" / final, weights_only=True)
+    assert c["loader"] == a["loader"]
+    diff = max((a["model"][k] - c["model"][k]).abs().max().item() for k in a["model"])
+    assert diff < 1e-4, diff
+    lc = [json.loads(x) for x in (other_gpu_count / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lc] == list(range(1, train_runs.STEPS + 1))
+    assert max(abs(x["loss"] - y["loss"]) for x, y in zip(la, lc)) < 1e-4
 
 
 def test_resume_refuses_changed_settings_and_fresh_start_refuses_existing_run(
