@@ -9,7 +9,6 @@ buffer over a sequential stream.
 from __future__ import annotations
 
 import io
-import json
 import re
 import tarfile
 from collections import OrderedDict
@@ -136,12 +135,6 @@ class WebDatasetReader:
         f.seek(ref.mask_offset)
         mask = np.load(io.BytesIO(f.read(ref.mask_size)), allow_pickle=False)
         return fields, mask.astype(np.uint8, copy=False)
-
-    def meta(self, ref: TrajRef) -> dict[str, Any]:
-        """The trajectory's meta.json (read through the tar; small)."""
-        with fsspec.open(ref.url, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            member = tar.extractfile(f"s{ref.index:07d}.meta.json")
-            return json.loads(member.read()) if member else {}
 
 
 class ZarrReader:
