@@ -97,7 +97,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load one of our checkpoints safely (weights_only) and check its format tag."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a dpot-train checkpoint (format tag {ckpt.get('format') if isinstance(ckpt, dict) else None!r})")
+        tag = ckpt.get("format") if isinstance(ckpt, dict) else None
+        raise ValueError(f"{path}: not a dpot-train checkpoint (format tag {tag!r})")
     return ckpt
 
 

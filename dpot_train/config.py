@@ -94,7 +94,8 @@ def _build(cls: type, d: dict[str, Any], where: str) -> Any:
     unknown = sorted(set(d) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ValueError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; expected one of {sorted(names)}")
+        keys = ", ".join(prefix + k for k in unknown)
+        raise ValueError(f"unknown config key(s) {keys}; expected one of {sorted(names)}")
     return cls(**d)
 
 

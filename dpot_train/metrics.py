@@ -38,7 +38,7 @@ def masked_channel_mean(per_channel: torch.Tensor, channel_valid: torch.Tensor |
 
 def relative_l2_loss(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
                      channel_valid: torch.Tensor | None, mode: str = "valid") -> torch.Tensor:
-    """Training loss: 'valid' = valid channels and fluid cells; 'all' = every channel and cell (reference), batch mean."""
+    """Training loss, mean over the batch: 'valid' = valid channels and fluid cells; 'all' = everything (reference)."""
     if mode == "valid":
         per = relative_l2_per_channel(pred, true, mask)
         return masked_channel_mean(per, channel_valid).mean()

@@ -131,7 +131,8 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
     for ds in datasets:
         if backend == "zarr":
             if ds.zarr_url is None:
-                raise DataError(f"{ds.manifest}: dataset {ds.name!r} has no Zarr store (zarr: null); use the webdataset backend")
+                raise DataError(f"{ds.manifest}: dataset {ds.name!r} has no Zarr store (zarr: null); "
+                                "use the webdataset backend")
             fs, p = fsspec.core.url_to_fs(ds.zarr_url)
             if not fs.exists(p):
                 raise DataError(f"{ds.manifest}: dataset {ds.name!r}: Zarr store missing: {ds.zarr_url}")

@@ -103,7 +103,8 @@ class WebDatasetReader:
                 except tarfile.TarError as e:
                     raise DataError(f"shard {shard.url}: not a readable tar file: {e}") from e
             if len(members) != shard.samples:
-                raise DataError(f"shard {shard.url}: holds {len(members)} trajectories, the manifest says {shard.samples}")
+                raise DataError(f"shard {shard.url}: holds {len(members)} trajectories, "
+                                f"the manifest says {shard.samples}")
             for key, parts in members.items():
                 if "fields.npy" not in parts or "mask.npy" not in parts:
                     raise DataError(f"shard {shard.url}: trajectory {key} lacks fields.npy or mask.npy")
