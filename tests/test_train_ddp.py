@@ -54,6 +54,9 @@ def test_two_process_epoch_audit(fno_train_shards: Path, tmp_path_factory: pytes
         assert {by_position[p][0] for p in range(epoch * m, (epoch + 1) * m)} == {0, 1}  # both ranks worked
     orders = [[by_position[p][1] for p in range(e * m, (e + 1) * m)] for e in range(2)]
     assert orders[0] != orders[1]  # reshuffled every epoch
+    losses = [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == train_runs.STEPS
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.05, losses  # the loss falls even in this short run
     eval_json = json.loads((run / "eval.json").read_text())
     assert set(eval_json["datasets"]) == {"fno-ns-v1e-3"}
 
