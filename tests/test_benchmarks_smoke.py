@@ -66,6 +66,24 @@ def test_stream_samples_are_reference_windows_at_their_start(bench_data: bench_l
     assert starts <= {0, 1}
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_loader_batches_hold_the_stream_samples(bench_data: bench_loader.BenchData, workers: int) -> None:
+    """What the benchmark times (batches from the DataLoader, through a worker process or not) is the sample data."""
+    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)], noise=5e-4), seed=1, verify=False)
+    plans = EpochPlans(spec)
+    it = iter(bench_loader.our_loader(bench_data, "webdataset", workers, 2, 5e-4, seed=1))
+    for _ in range(3):
+        batch = next(it)
+        assert tuple(batch["x"].shape) == (2, 128, 128, 10, 4) and tuple(batch["y"].shape) == (2, 128, 128, 1, 4)
+        for i, position in enumerate(batch["position"].tolist()):
+            k, tref, _ = plans.lookup(position)
+            s = make_sample(spec, reader, k, tref, position)
+            assert batch["id"][i] == s["id"]
+            np.testing.assert_array_equal(batch["x"][i].numpy(), s["x"])
+            np.testing.assert_array_equal(batch["y"][i].numpy(), s["y"])
+    del it
+
+
 def test_reference_pad_data_resamples_and_pads_with_one() -> None:
     x = np.arange(4 * 4 * 3 * 2, dtype=np.float32).reshape(4, 4, 3, 2)
     import torch
