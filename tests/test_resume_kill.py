@@ -16,7 +16,7 @@ import pytest
 from dpot_data.journal import JOURNAL_NAME, read_lines
 from dpot_data.synth.fno import write_mat_v5
 
-N, RES, FRAMES = 48, 64, 10
+N, RES, FRAMES = 80, 64, 10
 DPOT = [sys.executable, "-m", "dpot_data"]
 
 
@@ -86,7 +86,7 @@ def test_sigkill_after_first_shard_then_rerun_gives_identical_output(reference, 
     proc = subprocess.Popen(_ingest_args(raw, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     journal = out / ".staging-fno-ns-v1e-3" / JOURNAL_NAME
     deadline = time.monotonic() + 90
-    # wait until shards are complete (renamed and journalled) and three of the six blocks of 8 trajectories are
+    # wait until shards are complete (renamed and journalled) and three of the ten blocks of 8 trajectories are
     # done, so that every split has moved past its first open shard and a resume has something to keep
     while not (_journalled_shards(journal) and sum("block" in line for line in read_lines(journal)) >= 3):
         assert proc.poll() is None, f"ingest ended before its first shard: {proc.stderr.read().decode()}"
