@@ -23,6 +23,7 @@ from dpot_train.checkpoint import (FORMAT, checkpoint_path, latest_checkpoint, l
 from dpot_train.config import TrainConfig, save_config
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.stream import WindowStream, make_loader
+from dpot_train.data.windows import inject_noise
 from dpot_train.metrics import relative_l2_loss
 from dpot_train.model_setup import data_overrides, fresh_model, init_model
 
@@ -166,6 +167,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             y = batch["y"].to(info.device, non_blocking=True)
             mask = batch["mask"].to(info.device, non_blocking=True)
             cv = batch["channel_valid"].to(info.device, non_blocking=True)
+            x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, cv)
             with _autocast(info.device, cfg.amp):
                 pred = ddp_model(x)
             loss = relative_l2_loss(pred.float(), y, mask, cv, cfg.loss)

@@ -16,7 +16,7 @@ from dpot_train.config import TrainConfig, apply_overrides, load_config, save_co
 from dpot_train.data.manifest import DataError
 from dpot_train.data.mixture import parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.stream import epoch_plan, rank_slice
-from dpot_train.data.windows import add_noise, split_window, to_model_layout, window_start
+from dpot_train.data.windows import inject_noise, model_view, split_window, to_model_layout, window_start
 from dpot_train.metrics import l2re, one_step, persistence, predicted_entries, relative_l2_loss, rollout
 from dpot_train.trainer import build_optimizer
 
@@ -83,6 +83,7 @@ def test_window_layout_and_split() -> None:
     w = to_model_layout(fields)
     assert w.shape == (5, 3, 12, 2)  # (X, Y, T, C)
     assert w[4, 1, 7, 1] == fields[7, 1, 1, 4]
+    assert np.array_equal(model_view(fields), w) and np.shares_memory(model_view(fields), fields)
     x, y = split_window(w, 10)
     assert x.shape == (5, 3, 10, 2) and y.shape == (5, 3, 2, 2)
     rng = np.random.default_rng(0)
@@ -92,25 +93,32 @@ def test_window_layout_and_split() -> None:
         window_start(rng, 10, 11)
 
 
-def test_noise_scale_follows_the_per_channel_norm() -> None:
+def test_noise_scale_follows_the_per_channel_norm_and_depends_only_on_the_position() -> None:
     rng = np.random.default_rng(0)
-    x = np.zeros((32, 32, 10, 3), np.float32)
+    x = torch.zeros(2, 32, 32, 10, 3)
     x[..., 0] = 2.0
-    x[..., 1] = rng.standard_normal((32, 32, 10))
-    noisy = add_noise(x, 1e-3, np.random.default_rng(1))
-    d = noisy - x
+    x[..., 1] = torch.from_numpy(rng.standard_normal((2, 32, 32, 10)).astype(np.float32))
+    x[..., 2] = 1.0  # a padded channel filled with 1
+    cv = torch.tensor([[True, True, False]] * 2)
+    positions = torch.tensor([41, 42])
+    d = inject_noise(x, 1e-3, positions, 7, None, cv) - x
     for c in (0, 1):
-        expected = 1e-3 * np.linalg.norm(x[..., c])
-        assert abs(d[..., c].std() / expected - 1) < 0.05
-    assert np.all(d[..., 2] == 0)  # padded (all-zero) channel: no noise
-    mask = np.zeros((32, 32), bool)
-    mask[:, :16] = True
-    d = add_noise(x, 1e-3, np.random.default_rng(1), mask) - x
-    assert np.all(d[:, 16:] == 0) and np.any(d[:, :16] != 0)
-    x[..., 2] = 1.0  # a padded channel filled with 1: still no noise when marked invalid
-    d = add_noise(x, 1e-3, np.random.default_rng(1), None, np.array([True, True, False])) - x
-    assert np.all(d[..., 2] == 0) and np.any(d[..., 0] != 0)
-    assert add_noise(x, 0.0, rng) is x
+        expected = 1e-3 * torch.linalg.vector_norm(x[0, ..., c])
+        assert abs(d[0, ..., c].std() / expected - 1) < 0.05
+    assert torch.all(d[..., 2] == 0)  # padded channel: no noise
+    # the noise of a sample is a function of (seed, position): the same alone or in another batch, differs otherwise
+    alone = inject_noise(x[1:], 1e-3, positions[1:], 7, None, cv[1:]) - x[1:]
+    assert torch.equal(alone, d[1:])
+    assert not torch.equal(inject_noise(x[1:], 1e-3, torch.tensor([43]), 7, None, cv[1:]) - x[1:], alone)
+    assert not torch.equal(inject_noise(x[1:], 1e-3, positions[1:], 8, None, cv[1:]) - x[1:], alone)
+    mask = torch.zeros(2, 32, 32, dtype=torch.bool)
+    mask[:, :, :16] = True
+    d = inject_noise(x, 1e-3, positions, 7, mask, cv) - x
+    assert torch.all(d[:, :, 16:] == 0) and torch.any(d[:, :, :16] != 0)
+    assert inject_noise(x, 0.0, positions, 7) is x
+    view = x.permute(0, 2, 1, 3, 4)  # a non-contiguous batch (as the loader delivers) works the same
+    assert torch.equal(inject_noise(view, 1e-3, positions, 7, None, cv), inject_noise(view.contiguous(), 1e-3,
+                                                                                      positions, 7, None, cv))
 
 
 # --- loss and metrics ---------------------------------------------------------------------------------------------

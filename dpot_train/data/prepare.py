@@ -36,5 +36,5 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None) -> tu
                             f"{cfg.split!r} trajectories but its {cfg.backend} data holds {len(r)}")
     counts = visit_counts({d.name: len(r) for d, r in zip(datasets, refs)}, weights)
     spec = StreamSpec(datasets=datasets, refs=refs, visits=[counts[d.name] for d in datasets],
-                      t_in=cfg.t_in, t_out=cfg.t_out, noise=cfg.noise, seed=seed)
+                      t_in=cfg.t_in, t_out=cfg.t_out, seed=seed)
     return spec, reader

@@ -131,8 +131,11 @@ class WebDatasetReader:
             raise DataError(f"{ref.url}: {ref.id} has {shape[0]} frames, asked for [{t0}, {t0 + length})")
         frame = int(np.prod(shape[1:]))
         f.seek(f.tell() + t0 * frame * 4)
-        buf = f.read(length * frame * 4)
-        fields = np.frombuffer(buf, dtype=np.float32).reshape((length, *shape[1:])).copy()
+        fields = np.empty((length, *shape[1:]), dtype=np.float32)
+        got = f.readinto(memoryview(fields).cast("B"))  # straight into the output array, no intermediate copy
+        if got != fields.nbytes:
+            raise DataError(f"{ref.url}: {ref.id} fields.npy ends early: read {got} of {fields.nbytes} bytes "
+                            f"for frames [{t0}, {t0 + length})")
         f.seek(ref.mask_offset)
         mask = np.load(io.BytesIO(f.read(ref.mask_size)), allow_pickle=False)
         return fields, mask.astype(np.uint8, copy=False)

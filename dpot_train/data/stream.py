@@ -11,9 +11,9 @@ The rule (documented in docs/training.md and checked by tests/test_train_ddp.py)
   [p + r * B / W, p + (r + 1) * B / W). DataLoader worker w of K produces the steps s with s % K == w. Every visit
   of an epoch is thus consumed by exactly one rank: nothing is dropped or duplicated, and batches run across epoch
   boundaries instead of truncating them.
-* The window start and the noise of the sample at position p come from a generator seeded by (seed, p), so the data
+* The window start and the noise of the sample at position p come from generators seeded by (seed, p), so the data
   a step sees does not depend on the number of ranks or workers: a resume on another GPU count continues the
-  same stream, given the same global batch.
+  same stream, given the same global batch. The noise is added on the training device (windows.inject_noise).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dpot_train.data.manifest import DataError, DatasetInfo
 from dpot_train.data.readers import TrajectoryReader, TrajRef
-from dpot_train.data.windows import add_noise, split_window, to_model_layout, window_start
+from dpot_train.data.windows import model_view, split_window, window_start
 
 
 def _name_seed(name: str) -> int:
@@ -72,7 +72,6 @@ class StreamSpec:
     visits: list[int]  # per dataset, visits per epoch
     t_in: int
     t_out: int
-    noise: float
     seed: int
 
     @property
@@ -104,27 +103,32 @@ class EpochPlans:
 
 def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int
                 ) -> dict[str, Any]:
-    """Read the window of the sample at `position`, move it to (X, Y, T, C), add noise to the inputs."""
+    """Read the window of the sample at `position`: stored frames (T, C, Y, X) plus (X, Y, T, C) views x and y.
+
+    No noise here: it is injected on the training device (windows.inject_noise), seeded by the same position.
+    """
     rng = np.random.default_rng([spec.seed, position, 0xD907])
     ds = spec.datasets[k]
     length = spec.t_in + spec.t_out
     t0 = window_start(rng, ds.frames, length)
     fields, mask = reader.read(ref, t0, length)
-    window = to_model_layout(fields)
-    mask_xy = np.ascontiguousarray(mask.T)
-    x, y = split_window(window, spec.t_in)
-    cv = np.asarray(ds.channel_valid, bool)
-    x = add_noise(x, spec.noise, rng, mask_xy, cv)
-    return {"x": x, "y": y, "mask": mask_xy.astype(bool), "channel_valid": cv,
-            "dataset": k, "id": ref.id, "position": position, "t0": t0}
+    x, y = split_window(model_view(fields), spec.t_in)
+    return {"frames": fields, "x": x, "y": y, "mask_yx": mask, "mask": mask.T.astype(bool),
+            "channel_valid": np.asarray(ds.channel_valid, bool), "dataset": k, "id": ref.id,
+            "position": position, "t0": t0}
 
 
-def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack samples into a batch: x (B, X, Y, T_in, C), y (B, X, Y, T_out, C), masks, ids."""
+def collate(samples: list[dict[str, Any]], t_in: int) -> dict[str, Any]:
+    """Batch: x (B, X, Y, T_in, C), y (B, X, Y, T_out, C), mask (B, X, Y), channel_valid (B, C), ids.
+
+    Windows are stacked in their stored (T, C, Y, X) order (a plain copy) and x, y, mask are permuted views of that.
+    """
+    frames = torch.from_numpy(np.stack([s["frames"] for s in samples])).permute(0, 4, 3, 1, 2)  # (B, X, Y, T, C)
+    mask = torch.from_numpy(np.stack([s["mask_yx"] for s in samples]).astype(bool)).permute(0, 2, 1)
     return {
-        "x": torch.from_numpy(np.stack([s["x"] for s in samples])),
-        "y": torch.from_numpy(np.stack([s["y"] for s in samples])),
-        "mask": torch.from_numpy(np.stack([s["mask"] for s in samples])),
+        "x": frames[:, :, :, :t_in],
+        "y": frames[:, :, :, t_in:],
+        "mask": mask,
         "channel_valid": torch.from_numpy(np.stack([s["channel_valid"] for s in samples])),
         "dataset": torch.tensor([s["dataset"] for s in samples], dtype=torch.int64),
         "position": torch.tensor([s["position"] for s in samples], dtype=torch.int64),
@@ -154,7 +158,7 @@ class WindowStream(IterableDataset):
             for p in rank_slice(first, self.global_batch, self.world, self.rank):
                 k, ref, _ = plans.lookup(p)
                 samples.append(make_sample(self.spec, self.reader, k, ref, p))
-            yield collate(samples)
+            yield collate(samples, self.spec.t_in)
             step += nworkers
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
@@ -22,18 +23,39 @@ def split_window(window: np.ndarray, t_in: int) -> tuple[np.ndarray, np.ndarray]
     return window[:, :, :t_in], window[:, :, t_in:]
 
 
-def add_noise(x: np.ndarray, eps: float, rng: np.random.Generator, mask: np.ndarray | None = None,
-              channel_valid: np.ndarray | None = None) -> np.ndarray:
-    """x + eps * ||x||_2 * N(0, 1), the norm per channel over (X, Y, T); noise only on fluid cells and valid channels.
+def model_view(fields: np.ndarray) -> np.ndarray:
+    """(T, C, Y, X) -> (X, Y, T, C) as a view (no copy): batches are stacked in stored order and permuted once."""
+    return np.transpose(fields, (3, 2, 0, 1))
 
-    x is one sample (X, Y, T, C); mask (X, Y) True on fluid cells; channel_valid (C,) False on padded channels.
+
+def noise_seed(seed: int, position: int) -> int:
+    """Seed of the noise of the sample at stream position `position` (independent of ranks, workers, device)."""
+    return int(np.random.SeedSequence([seed, position, 0x4015E]).generate_state(1)[0])
+
+
+def inject_noise(x: torch.Tensor, eps: float, positions: torch.Tensor, seed: int, mask: torch.Tensor | None = None,
+                 channel_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """x + eps * ||x||_2 * N(0, 1) for a batch (B, X, Y, T, C), on x's device; the norm per sample and channel over
+    (X, Y, T). Noise only on fluid cells (mask (B, X, Y)) of valid channels (channel_valid (B, C)).
+
+    Sample i's normal draws come from a generator seeded by (seed, positions[i]), so the noise a sample gets does not
+    depend on the batch it lands in, the process count or a resume.
     """
     if eps <= 0:
         return x
-    norm = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=(0, 1, 2), keepdims=True)).astype(np.float32)
-    noise = rng.standard_normal(x.shape, dtype=np.float32) * (np.float32(eps) * norm)
+    b, c = x.shape[0], x.shape[-1]
+    space_time = tuple(x.shape[1:-1])
+    noise_cf = torch.zeros((b, c, *space_time), dtype=torch.float32, device=x.device)  # channel-first: dense writes
+    valid = channel_valid.bool().cpu().tolist() if channel_valid is not None else [[True] * c] * b
+    for i, p in enumerate(positions.tolist()):
+        g = torch.Generator(device=x.device)
+        g.manual_seed(noise_seed(seed, int(p)))
+        for ch in range(c):
+            if valid[i][ch]:  # padded channels get no draw: they stay exactly the fill value
+                noise_cf[i, ch] = torch.randn(space_time, generator=g, device=x.device, dtype=torch.float32)
+    noise = noise_cf.movedim(1, -1)  # (B, X, Y, T, C) view
+    xf = x.float()
+    noise *= eps * xf.pow(2).sum(dim=(1, 2, 3), keepdim=True).sqrt()
     if mask is not None:
-        noise *= mask[:, :, None, None].astype(np.float32)
-    if channel_valid is not None:
-        noise *= np.asarray(channel_valid, dtype=np.float32)
-    return x + noise
+        noise *= mask.to(noise.dtype)[:, :, :, None, None]
+    return (xf + noise).to(x.dtype)
