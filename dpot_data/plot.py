@@ -14,7 +14,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dpot_data import fs  # noqa: E402
 from dpot_data.output import DatasetView, datasets  # noqa: E402
 
 

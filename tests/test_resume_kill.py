@@ -135,7 +135,8 @@ def test_complete_output_is_left_alone_and_overwrite_is_deterministic(reference,
 # ------------------------------------------------------------------------------------------ the journal on its own
 
 def _shard(split: str, k: int, samples: int) -> dict:
-    return {"path": f"shards/d/{split}-{k:06d}.tar", "split": split, "sha256": "0" * 64, "bytes": 10, "samples": samples}
+    return {"path": f"shards/d/{split}-{k:06d}.tar", "split": split, "sha256": "0" * 64, "bytes": 10,
+            "samples": samples}
 
 
 def test_resume_point_is_the_block_of_the_first_row_missing_from_completed_shards() -> None:
