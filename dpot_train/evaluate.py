@@ -94,18 +94,20 @@ def print_table(result: dict[str, Any]) -> None:
 
 def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
-                        verify_checksums: bool = True, trusted: bool = False, t_in: int | None = None
-                        ) -> dict[str, Any]:
+                        verify_checksums: bool = True, trusted: bool = False) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`."""
+    from dpot_train.data.manifest import read_manifests
     from dpot_train.model import load_pretrained
     from dpot_train.model_setup import data_overrides, init_model
-    from dpot_train.data.manifest import read_manifests
 
     datasets = read_manifests(manifests)
     model = load_pretrained(checkpoint, trusted=trusted)
     cfg = model.config
-    frames_in = t_in if t_in is not None else cfg.in_timesteps
+    frames_in = cfg.in_timesteps
     grid = datasets[0].shape
+    if cfg.in_channels != len(datasets[0].channels):
+        raise ValueError(f"{checkpoint}: the model reads {cfg.in_channels} channels but dataset "
+                         f"{datasets[0].name!r} has {len(datasets[0].channels)} ({datasets[0].channels})")
     if cfg.img_size != grid[0]:  # released weights at another grid: resample the positional embedding
         model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
