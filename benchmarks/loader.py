@@ -16,8 +16,8 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
 3. Reports samples/s, delivered window MB/s, input MB/s (bytes the process tree read through read() calls, psutil
    `read_chars`), CPU milliseconds per sample (user + system of the process tree: the figure least disturbed by other
    load on a shared machine) and peak resident memory of the process tree (main process plus workers, polled; pages
-   shared between processes count once per process). Our loaders run with `--noise` (default 0, like the reference, which
-   adds its noise in the training step); `--noise 5e-4` measures our in-loader noise injection as well.
+   shared between processes count once per process). Neither loader adds noise: both leave it to the training step
+   (ours injects it on the training device, `dpot_train.data.windows.inject_noise`; see benchmarks/train_step.py).
 The last line of output is one JSON object with every figure. The temp folder is removed unless --keep.
 """
 
@@ -128,15 +128,15 @@ def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int
                      time.perf_counter() - start)
 
 
-def our_loader(data: BenchData, backend: str, workers: int, batch: int, noise: float, seed: int = 0,
+def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: int = 0,
                pin_memory: bool = False) -> DataLoader:
     """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA)."""
     from dpot_train.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.stream import WindowStream, make_loader
 
-    cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, noise=noise,
-                     num_workers=workers, verify_checksums=False)
+    cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, num_workers=workers,
+                     verify_checksums=False)
     spec, reader = prepare_stream(cfg, seed=seed, verify=False)
     return make_loader(WindowStream(spec, reader, start=0, global_batch=batch), workers, pin_memory=pin_memory)
 
@@ -150,11 +150,11 @@ def reference_loader(data: BenchData, workers: int, batch: int, seed: int = 0) -
                       prefetch_factor=2 if workers else None)
 
 
-def build_loader(name: str, data: BenchData, workers: int, batch: int, noise: float) -> DataLoader:
+def build_loader(name: str, data: BenchData, workers: int, batch: int) -> DataLoader:
     """One of LOADERS."""
     if name == "reference":
         return reference_loader(data, workers, batch)
-    return our_loader(data, name, workers, batch, noise)
+    return our_loader(data, name, workers, batch)
 
 
 def batch_x(batch: Any) -> torch.Tensor:
@@ -245,9 +245,9 @@ def measure(name: str, make: Callable[[], DataLoader], workers: int, batch: int,
                        round(read / MB / elapsed, 1), round(cpu / n * 1e3, 2), round(watch.peak / 2**20, 1))
 
 
-def profile_single(name: str, data: BenchData, batch: int, noise: float, batches: int, top: int = 14) -> str:
+def profile_single(name: str, data: BenchData, batch: int, batches: int, top: int = 14) -> str:
     """cProfile of `batches` batches of one loader without workers: the functions with the most own time."""
-    it = iter(build_loader(name, data, 0, batch, noise))
+    it = iter(build_loader(name, data, 0, batch))
     next(it)
     prof = cProfile.Profile()
     prof.enable()
@@ -304,7 +304,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loaders", default=",".join(LOADERS), help=f"comma list of {LOADERS}")
     parser.add_argument("--seconds", type=float, default=5.0, help="timed wall time per measurement")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches per worker before timing")
-    parser.add_argument("--noise", type=float, default=0.0, help="noise epsilon of our stream (training: 5e-4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the main process (DataLoader "
                         "workers always use 1)")
     parser.add_argument("--shard-mb", type=float, default=None, help="experiment: WebDataset shard size in MiB "
@@ -340,19 +339,19 @@ def main(argv: list[str] | None = None) -> int:
               f"-> {RES}^2 x {CHANNELS}; prepared in {data.prep_s:.1f} s; on disk: "
               + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in sizes.items()), flush=True)
         print(f"# {cpu_name()}, {os.cpu_count()} cores, load average {load_start[0]:.2f}; batch {args.batch}, "
-              f"{args.seconds:g} s per measurement, noise {args.noise:g}", flush=True)
+              f"{args.seconds:g} s per measurement", flush=True)
         print(f"{'loader':<11} {'workers':>7} {'samples/s':>10} {'window MB/s':>12} {'read MB/s':>10} "
               f"{'CPU ms/sample':>14} {'peak RSS MiB':>13}", flush=True)
         for workers in args.worker_counts:
             for name in args.loader_names:
-                r = measure(name, lambda: build_loader(name, data, workers, args.batch, args.noise), workers,
+                r = measure(name, lambda: build_loader(name, data, workers, args.batch), workers,
                             args.batch, args.seconds, args.warmup)
                 results.append(r)
                 print(f"{r.loader:<11} {r.workers:>7} {r.samples_per_s:>10.1f} {r.window_mb_per_s:>12.0f} "
                       f"{r.read_mb_per_s:>10.0f} {r.cpu_ms_per_sample:>14.1f} {r.peak_rss_mib:>13.0f}", flush=True)
         if args.profile:
             for name in args.loader_names:
-                profiles[name] = profile_single(name, data, args.batch, args.noise, batches=8)
+                profiles[name] = profile_single(name, data, args.batch, batches=8)
                 print(f"# profile of {name} (8 batches, no workers)\n{profiles[name]}", flush=True)
     finally:
         if not args.keep:
@@ -371,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"trajectories": args.trajectories, "frames": args.frames, "native": args.native, "res": RES,
                      "channels": CHANNELS, "t_in": T_IN, "t_out": T_OUT, "batch": args.batch,
                      "workers": args.worker_counts, "seconds": args.seconds, "warmup": args.warmup,
-                     "noise": args.noise, "threads": args.threads, "shard_mb": args.shard_mb,
+                     "threads": args.threads, "shard_mb": args.shard_mb,
                      "zarr_codec": args.zarr_codec or "zstd3 (product default)"},
         "data": {"prep_s": round(data.prep_s, 2), "bytes": sizes},
         "results": [asdict(r) for r in results],

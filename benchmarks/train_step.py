@@ -6,13 +6,13 @@ Run:  .venv/bin/python benchmarks/train_step.py                         # CPU: `
 
 Data: the trajectories of benchmarks/loader.py (PDEBench diffusion-reaction synthesized by `dpot_data.synth`,
 ingested to 128x128 x 4 channels into WebDataset shards), streamed by our training loader (prepare_stream,
-WindowStream) with the training noise (5e-4). On CUDA the batches come from page-locked (pinned) memory and are
-copied with non_blocking=True, the model runs under bf16 autocast when asked, and optionally under torch.compile.
+WindowStream, make_loader). On CUDA the batches come from page-locked (pinned) memory and are copied with
+non_blocking=True, the model runs under bf16 autocast when asked, and optionally under torch.compile.
 
 For each preset x precision x compile it measures, after `--warmup` untimed steps:
-  * step samples/s: full training steps exactly as dpot_train.trainer runs them (batch to device, forward under
-    autocast, relative-L2 loss over valid channels and fluid cells, backward, gradient clipping, AdamW, one-cycle),
-    the loader included;
+  * step samples/s: full training steps exactly as dpot_train.trainer runs them (batch to device, noise injection on
+    the device (`--noise`, training default 5e-4), forward under autocast, relative-L2 loss over valid channels and
+    fluid cells, backward, gradient clipping, AdamW, one-cycle), the loader included;
   * model samples/s: the same step on one batch already on the device (no loader): the ceiling the data path is
     measured against; data_wait = 1 - step / model is the share of time the step waits for data;
 And once per run, loader samples/s: the same loader alone, each batch copied to the device (no model).
@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader import BenchData, make_data, machine, our_loader  # noqa: E402
 
 from dpot_train.config import OptimConfig, TrainConfig  # noqa: E402
+from dpot_train.data.windows import inject_noise  # noqa: E402
 from dpot_train.metrics import relative_l2_loss  # noqa: E402
 from dpot_train.model_setup import data_overrides, fresh_model  # noqa: E402
 from dpot_train.trainer import build_optimizer  # noqa: E402
@@ -72,8 +73,8 @@ def sync(device: torch.device) -> None:
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """x, y, mask, channel_valid on the device; asynchronous when the batch is pinned."""
-    return tuple(batch[k].to(device, non_blocking=True) for k in ("x", "y", "mask", "channel_valid"))
+    """x, y, mask, channel_valid on the device (asynchronous when the batch is pinned), and the stream positions."""
+    return (*(batch[k].to(device, non_blocking=True) for k in ("x", "y", "mask", "channel_valid")), batch["position"])
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
@@ -85,7 +86,7 @@ class Stepper:
     """Model, optimiser and schedule built by the trainer's own functions; `step` is one trainer step."""
 
     def __init__(self, preset: str, data: BenchData, device: torch.device, dtype: torch.dtype | None,
-                 compile_model: bool, steps: int) -> None:
+                 compile_model: bool, steps: int, noise: float, seed: int = 0) -> None:
         torch.manual_seed(0)
         fixed = data_overrides(4, (128, 128), 10, 1)
         self.model = fresh_model(preset, {}, fixed).to(device)
@@ -96,9 +97,12 @@ class Stepper:
         self.forward = torch.compile(self.model) if compile_model else self.model
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.device, self.dtype, self.clip = device, dtype, cfg.optim.clip_grad
+        self.noise, self.seed = noise, seed
         self.model.train()
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, cv: torch.Tensor) -> torch.Tensor:
+    def step(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, cv: torch.Tensor,
+             positions: torch.Tensor) -> torch.Tensor:
+        x = inject_noise(x, self.noise, positions, self.seed, mask, cv)
         with autocast(self.device, self.dtype):
             pred = self.forward(x)
         loss = relative_l2_loss(pred.float(), y, mask, cv, "valid")
@@ -124,9 +128,9 @@ def bench_step(preset: str, dtype_name: str, compile_model: bool, data: BenchDat
                args: argparse.Namespace) -> StepResult:
     """Full steps from the loader, then the same step on a resident batch."""
     total = args.warmup + args.steps
-    stepper = Stepper(preset, data, device, DTYPES[dtype_name], compile_model, 2 * total)
+    stepper = Stepper(preset, data, device, DTYPES[dtype_name], compile_model, 2 * total, args.noise)
     params = sum(p.numel() for p in stepper.model.parameters())
-    loader = our_loader(data, "webdataset", args.workers, args.batch, args.noise, pin_memory=device.type == "cuda")
+    loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda")
     it: Iterator[dict[str, Any]] = iter(loader)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -146,7 +150,7 @@ def bench_step(preset: str, dtype_name: str, compile_model: bool, data: BenchDat
 
 def bench_loader(data: BenchData, device: torch.device, args: argparse.Namespace) -> dict[str, float]:
     """The training loader alone (each batch copied to the device): samples/s over `loader_steps` batches."""
-    loader = our_loader(data, "webdataset", args.workers, args.batch, args.noise, pin_memory=device.type == "cuda")
+    loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda")
     it: Iterator[dict[str, Any]] = iter(loader)
     for _ in range(max(1, args.workers) * 2):
         to_device(next(it), device)
@@ -168,7 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps; default 30 on CUDA, 12 on CPU")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps; default 10 on CUDA, 3 on CPU")
     parser.add_argument("--loader-steps", type=int, default=None, help="batches for loader-only; default = --steps x 2")
-    parser.add_argument("--noise", type=float, default=5e-4, help="noise epsilon of the stream (training default)")
+    parser.add_argument("--noise", type=float, default=5e-4, help="noise epsilon, injected on the device in the step "
+                        "(training default 5e-4)")
     parser.add_argument("--trajectories", type=int, default=16)
     parser.add_argument("--frames", type=int, default=21)
     parser.add_argument("--native", type=int, default=64)

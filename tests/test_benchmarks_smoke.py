@@ -34,7 +34,7 @@ def _reference(data: bench_loader.BenchData) -> ReferenceWindows:
 
 @pytest.mark.parametrize("backend", ["webdataset", "zarr"])
 def test_reader_windows_equal_reference_windows(bench_data: bench_loader.BenchData, backend: str) -> None:
-    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)], backend=backend, noise=0.0),
+    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)], backend=backend),
                                   seed=0, verify=False)
     ref = _reference(bench_data)
     refs = spec.refs[0]
@@ -53,7 +53,7 @@ def test_reader_windows_equal_reference_windows(bench_data: bench_loader.BenchDa
 
 
 def test_stream_samples_are_reference_windows_at_their_start(bench_data: bench_loader.BenchData) -> None:
-    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)], noise=0.0), seed=3, verify=False)
+    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)]), seed=3, verify=False)
     plans, ref = EpochPlans(spec), _reference(bench_data)
     starts = set()
     for position in range(6):
@@ -69,9 +69,9 @@ def test_stream_samples_are_reference_windows_at_their_start(bench_data: bench_l
 @pytest.mark.parametrize("workers", [0, 1])
 def test_loader_batches_hold_the_stream_samples(bench_data: bench_loader.BenchData, workers: int) -> None:
     """What the benchmark times (batches from the DataLoader, through a worker process or not) is the sample data."""
-    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)], noise=5e-4), seed=1, verify=False)
+    spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)]), seed=1, verify=False)
     plans = EpochPlans(spec)
-    it = iter(bench_loader.our_loader(bench_data, "webdataset", workers, 2, 5e-4, seed=1))
+    it = iter(bench_loader.our_loader(bench_data, "webdataset", workers, 2, seed=1))
     for _ in range(3):
         batch = next(it)
         assert tuple(batch["x"].shape) == (2, 128, 128, 10, 4) and tuple(batch["y"].shape) == (2, 128, 128, 1, 4)
