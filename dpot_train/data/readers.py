@@ -146,12 +146,14 @@ class ZarrReader:
 
     def __init__(self) -> None:
         self._groups: dict[str, Any] = {}
+        self._arrays: dict[tuple[str, str], Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._groups = {}
+        self._arrays = {}
 
     def _group(self, url: str, group: str) -> Any:
         key = f"{url}::{group}"
@@ -170,12 +172,17 @@ class ZarrReader:
         return [TrajRef(ds.name, int(i), f"{ds.zarr_url}::{ds.zarr_group}", -1, -1, -1, int(i))
                 for i in np.flatnonzero(splits == split)]
 
+    def _array(self, url: str, name: str) -> Any:
+        """Array `name` of the group at `url` ("store::group"), opened once per process (opening reads metadata)."""
+        key = (url, name)
+        if key not in self._arrays:
+            self._arrays[key] = self._group(*url.split("::", 1))[name]
+        return self._arrays[key]
+
     def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Slice frames [t0, t0 + length) of row `ref.row`."""
-        url, group = ref.url.split("::", 1)
-        g = self._group(url, group)
-        fields = np.asarray(g["fields"][ref.row, t0:t0 + length], dtype=np.float32)
-        mask = np.asarray(g["mask"][ref.row], dtype=np.uint8)
+        fields = np.asarray(self._array(ref.url, "fields")[ref.row, t0:t0 + length], dtype=np.float32)
+        mask = np.asarray(self._array(ref.url, "mask")[ref.row], dtype=np.uint8)
         return fields, mask
 
 
