@@ -168,7 +168,7 @@ def resume_point(lines: Sequence[Mapping[str, Any]], row_splits: Sequence[str],
     else:
         while block < len(block_rows) and block in after:
             block += 1
-    if block > 0 and (block - 1) not in after:  # cannot happen with an intact journal; restart to be safe
+    if block == 0 or (block - 1) not in after:  # nothing to keep (or a journal with a gap): start afresh
         return ResumePoint()
     row = block_rows[block - 1] if block > 0 else 0
     stats = after[block - 1].get("stats") if block > 0 else None
@@ -214,6 +214,7 @@ class Journal:
                 if point.block > 0 and not _staged_files_ok(staging, point, zarr):
                     point = ResumePoint()
             if point.block == 0:
+                point = ResumePoint()  # a fresh start keeps nothing: no shard, no row, no statistics
                 _empty_folder(staging, keep={LOCK_NAME})
                 _append(staging / JOURNAL_NAME, {"job": job, "format": FORMAT, "dataset": name})
         except BaseException:

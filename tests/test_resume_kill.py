@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dpot_data.journal import JOURNAL_NAME, read_lines
+from dpot_data.verify import verify_output
 from dpot_data.synth.fno import write_mat_v5
 
 N, RES, FRAMES = 80, 64, 10
@@ -113,6 +114,7 @@ def test_sigkill_after_first_shard_then_rerun_gives_identical_output(reference, 
     # the command line recorded names the other output folder; everything else is the same
     assert _manifest(out, ("created", "command")) == _manifest(ref, ("created", "command"))
     assert not any(p.name.startswith(".staging-") for p in out.iterdir())
+    assert verify_output(str(out)) == []  # every shard and Zarr array on disk matches the manifest
 
 
 def test_complete_output_is_left_alone_and_overwrite_is_deterministic(reference, tmp_path: Path) -> None:
@@ -140,7 +142,7 @@ def _shard(split: str, k: int, samples: int) -> dict:
 
 
 def test_resume_point_is_the_block_of_the_first_row_missing_from_completed_shards() -> None:
-    from dpot_data.journal import resume_point
+    from dpot_data.journal import ResumePoint, resume_point
 
     #       rows: 0 1 2 3 4 5 6 7 ; blocks of two rows: (0,1) (2,3) (4,5) (6,7)
     splits = ["train", "test", "train", "train", "train", "test", "train", "train"]
@@ -152,8 +154,8 @@ def test_resume_point_is_the_block_of_the_first_row_missing_from_completed_shard
         {"block": 2, "rows": 6, "shards": [_shard("train", 1, 2)], "stats": {"after": 2}},
     ]
     point = resume_point(lines, splits, rows)
-    # test row 1 is in no completed shard: resume at block 0 -> fresh
-    assert (point.block, point.row) == (0, 0)
+    # test row 1 is in no completed shard: resume at block 0, a fresh start that keeps nothing
+    assert point == ResumePoint()
     splits[1] = "train"  # now rows 0..4 (five train rows) hold train shards of 2+2 rows; row 4 is the first missing
     lines[3]["shards"] = [_shard("train", 1, 2)]
     point = resume_point(lines, splits, rows)
@@ -231,3 +233,50 @@ def test_staging_of_a_running_ingest_of_another_dataset_is_not_removed(tmp_path:
         assert not stale.exists()
     finally:
         other.close()
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("crash_points", [(1,), (2, 1, 3, 1, 2)])
+def test_repeated_interruptions_at_block_boundaries_still_give_identical_output(reference, tmp_path, monkeypatch,
+                                                                               crash_points):
+    """Crashes in a row, each after a given number of finished blocks (after one block the resume point falls back
+    to a fresh start, which must then keep nothing), then a complete run: the same shards, arrays and manifest as
+    without crashes, and the files on disk match the manifest."""
+    import dpot_data.journal as jn
+    from dpot_data.ingest import IngestOptions, run_ingest
+
+    raw, _ = reference
+    opts = IngestOptions(resolution=None, split=(0.7, 0.15), shard_size=200 << 10, workers=2, command="test")
+    clean = run_ingest("fno", [raw], tmp_path / "clean", opts).manifest
+    out = tmp_path / "out"
+    original = jn.Journal.record
+    crashes = 0
+    for crash_after in crash_points:
+        calls = {"n": 0}
+
+        def record(self, *args, _limit=crash_after, _calls=calls, **kwargs):
+            original(self, *args, **kwargs)
+            _calls["n"] += 1
+            if _calls["n"] >= _limit:
+                raise _Interrupt(f"crash after {_limit} blocks")
+
+        monkeypatch.setattr(jn.Journal, "record", record)
+        try:
+            run_ingest("fno", [raw], out, opts)
+        except _Interrupt:
+            crashes += 1
+            assert not (out / "manifest.json").exists()
+            continue
+        break
+    monkeypatch.setattr(jn.Journal, "record", original)
+    assert crashes >= min(len(crash_points), 3)
+    if not (out / "manifest.json").exists():
+        assert run_ingest("fno", [raw], out, opts).written
+    done = json.loads((out / "manifest.json").read_text())
+    for m in (done, clean):
+        m.pop("created")
+    assert json.dumps(done, sort_keys=True) == json.dumps(clean, sort_keys=True)
+    assert verify_output(str(out)) == []  # and the files on disk are what the manifest says
