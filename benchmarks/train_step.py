@@ -85,8 +85,8 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
 class Stepper:
     """Model, optimiser and schedule built by the trainer's own functions; `step` is one trainer step."""
 
-    def __init__(self, preset: str, data: BenchData, device: torch.device, dtype: torch.dtype | None,
-                 compile_model: bool, steps: int, noise: float, seed: int = 0) -> None:
+    def __init__(self, preset: str, device: torch.device, dtype: torch.dtype | None, compile_model: bool, steps: int,
+                 noise: float, seed: int = 0) -> None:
         torch.manual_seed(0)
         fixed = data_overrides(4, (128, 128), 10, 1)
         self.model = fresh_model(preset, {}, fixed).to(device)
@@ -101,7 +101,7 @@ class Stepper:
         self.model.train()
 
     def step(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, cv: torch.Tensor,
-             positions: torch.Tensor) -> torch.Tensor:
+             positions: torch.Tensor) -> float:
         x = inject_noise(x, self.noise, positions, self.seed, mask, cv)
         with autocast(self.device, self.dtype):
             pred = self.forward(x)
@@ -111,7 +111,7 @@ class Stepper:
         torch.nn.utils.clip_grad_norm_(self.trainable, self.clip)
         self.opt.step()
         self.sched.step()
-        return loss.detach()
+        return float(loss.detach().item())  # the trainer reads the loss every step (a device sync), so this does too
 
 
 def timed(n: int, device: torch.device, fn: Any) -> float:
@@ -128,7 +128,7 @@ def bench_step(preset: str, dtype_name: str, compile_model: bool, data: BenchDat
                args: argparse.Namespace) -> StepResult:
     """Full steps from the loader, then the same step on a resident batch."""
     total = args.warmup + args.steps
-    stepper = Stepper(preset, data, device, DTYPES[dtype_name], compile_model, 2 * total, args.noise)
+    stepper = Stepper(preset, device, DTYPES[dtype_name], compile_model, 2 * total, args.noise)
     params = sum(p.numel() for p in stepper.model.parameters())
     loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda")
     it: Iterator[dict[str, Any]] = iter(loader)
