@@ -119,3 +119,20 @@ def test_zarr_backend_streams_the_same_windows(fno_train_shards: Path) -> None:
         assert a[0]["id"] == b[0]["id"]
         assert torch.equal(a[0]["x"], b[0]["x"]) and torch.equal(a[0]["y"], b[0]["y"])
         assert torch.equal(a[0]["mask"], b[0]["mask"])
+
+
+def test_forked_workers_never_share_the_parents_file_handles(fno_train_shards: Path) -> None:
+    spec, reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards)]), seed=0)
+    ref = spec.refs[0][0]
+    first, _ = reader.read(ref, 0, 11)  # opens a handle in this process
+    handles = reader._handles
+    inherited = next(iter(handles.files.values()))
+    handles.pid = -1  # as seen from a forked child: the handle belongs to another process (shared file offset)
+    again, _ = reader.read(ref, 0, 11)
+    assert next(iter(handles.files.values())) is not inherited and not inherited.closed
+    assert np.array_equal(first, again)
+    # and end to end: a parent that has read keeps getting the same data as its DataLoader workers
+    for _ in range(3):
+        direct = _batches(spec, reader, 0, 1, 0, 4)
+        forked = _batches(spec, reader, 0, 1, 2, 4)
+        assert all(torch.equal(a[0]["x"], b[0]["x"]) for a, b in zip(direct, forked))

@@ -9,6 +9,7 @@ buffer over a sequential stream.
 from __future__ import annotations
 
 import io
+import os
 import re
 import tarfile
 from collections import OrderedDict
@@ -50,13 +51,20 @@ class TrajectoryReader(Protocol):
 
 
 class _Handles:
-    """A small per-process LRU of open files; never pickled (each DataLoader worker opens its own)."""
+    """A small per-process LRU of open files; never pickled, and dropped in a forked child.
+
+    A forked DataLoader worker inherits the parent's descriptors, which share one file offset with the parent: seeking
+    in both would interleave their reads. So a process only ever reads through handles it opened itself.
+    """
 
     def __init__(self, size: int = 16) -> None:
         self.size = size
         self.files: OrderedDict[str, Any] = OrderedDict()
+        self.pid = os.getpid()
 
     def get(self, url: str) -> Any:
+        if self.pid != os.getpid():  # inherited through fork: leave the parent's handles alone, open our own
+            self.files, self.pid = OrderedDict(), os.getpid()
         f = self.files.pop(url, None)
         if f is None:
             f = fsspec.open(url, "rb").open()
@@ -147,15 +155,17 @@ class ZarrReader:
     def __init__(self) -> None:
         self._groups: dict[str, Any] = {}
         self._arrays: dict[tuple[str, str], Any] = {}
+        self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._groups = {}
-        self._arrays = {}
+        self._groups, self._arrays, self._pid = {}, {}, os.getpid()
 
     def _group(self, url: str, group: str) -> Any:
+        if self._pid != os.getpid():  # opened in a parent process before a fork: reopen in this one
+            self._groups, self._arrays, self._pid = {}, {}, os.getpid()
         key = f"{url}::{group}"
         if key not in self._groups:
             import zarr
@@ -175,6 +185,8 @@ class ZarrReader:
     def _array(self, url: str, name: str) -> Any:
         """Array `name` of the group at `url` ("store::group"), opened once per process (opening reads metadata)."""
         key = (url, name)
+        if self._pid != os.getpid():
+            self._groups, self._arrays, self._pid = {}, {}, os.getpid()
         if key not in self._arrays:
             self._arrays[key] = self._group(*url.split("::", 1))[name]
         return self._arrays[key]
