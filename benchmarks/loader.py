@@ -3,6 +3,8 @@
 Run:  .venv/bin/python benchmarks/loader.py                  # small default: about a minute on 2 cores
       .venv/bin/python benchmarks/loader.py --workers 0,2,4 --seconds 20 --trajectories 64
       .venv/bin/python benchmarks/loader.py --profile         # cProfile of one single-process pass per loader
+      .venv/bin/python benchmarks/loader.py --loaders zarr --workers 0 --zarr-codec lz4   # experiment: Zarr codec
+      .venv/bin/python benchmarks/loader.py --loaders webdataset --shard-mb 8           # experiment: shard size
 
 1. Writes PDEBench diffusion-reaction trajectories (2 channels, `--native` grid, `--frames` frames) with
    `dpot_data.synth`, ingests them with `dpot_data.ingest` at 128x128, 4 channels (pad value 1, bilinear, which is
