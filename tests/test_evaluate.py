@@ -78,6 +78,13 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     direct = evaluate_checkpoint(str(ckpt), [str(fno_train_shards)], rollout_steps=2)["datasets"]["fno-ns-v1e-3"]
     assert direct == again
 
+    # --init accepts our own checkpoints too: the weights come back exactly
+    from dpot_train.model_setup import data_overrides, init_model
+
+    model = init_model(str(ckpt), data_overrides(4, (32, 32), 10, 1))
+    saved = torch.load(ckpt, weights_only=True)["model"]
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+
 
 def test_finetune_from_released_checkpoint(fno_train_shards: Path, reference_dir: Path, tmp_path: Path) -> None:
     released = reference_dir / "dpot_tiny.pth"
