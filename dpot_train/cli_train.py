@@ -28,6 +28,7 @@ def launch_cmd(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (split over processes)."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate of the one-cycle schedule."),
     noise: Optional[float] = typer.Option(None, "--noise", help="Noise epsilon (x + eps*||x||*N(0,1))."),
+    clip_grad: Optional[float] = typer.Option(None, "--clip-grad", help="Max gradient norm (0: no clipping)."),
     seed: Optional[int] = typer.Option(None, "--seed"),
     backend: Optional[str] = typer.Option(None, "--backend", help="webdataset (default) or zarr."),
     num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers per process."),
@@ -61,7 +62,7 @@ def launch_cmd(
         overrides = {
             "out": out, "model": model, "init": init, "steps": steps, "batch_size": batch_size, "seed": seed,
             "ckpt_every": ckpt_every, "log_every": log_every, "loss": loss, "device": device,
-            "rollout_steps": rollout_steps, "optim.lr": lr, "data.noise": noise, "data.mixture": mixture,
+            "rollout_steps": rollout_steps, "optim.lr": lr, "optim.clip_grad": clip_grad, "data.noise": noise, "data.mixture": mixture,
             "data.backend": backend, "data.num_workers": num_workers,
             "data.manifests": [str(m) for m in manifest] or None,
             "audit": True if audit else None, "progress": False if no_progress else None,
