@@ -40,3 +40,27 @@ def test_benchmark_runs_and_ends_with_json(tmp_path: Path, capsys) -> None:
     assert abs(result["ratio"] - result["ingest_mb_s"] / result["read_mb_s"]) < 0.01  # both rounded to 0.1 MB/s
     assert any(line.startswith("ratio ingest/read = ") for line in lines)
     assert list(tmp_path.iterdir()) == []  # the temp folder with input and output is gone
+
+
+def test_ingest_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
+    """Out-of-core: with blocks of 4 trajectories, ingesting 6x more trajectories allocates no more at its peak
+    (numpy allocations traced by tracemalloc), and the peak stays below the file size."""
+    import tracemalloc
+
+    from dpot_data.ingest import IngestOptions, run_ingest
+
+    opts = IngestOptions(resolution=None, workers=2, block=4, shard_size=1 << 20, command="test")
+    peaks = {}
+    for n in (16, 96):
+        raw = bench_ingest.write_input(tmp_path / f"raw{n}", n=n, res=32, seed=0)
+        if n == 16:
+            run_ingest("pdebench", [raw], tmp_path / "warm", opts)  # imports and caches outside the measurement
+        tracemalloc.start()
+        try:
+            run_ingest("pdebench", [raw], tmp_path / f"out{n}", opts)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        size = raw.stat().st_size
+    assert peaks[96] < 1.25 * peaks[16], peaks
+    assert peaks[96] < 0.75 * size, (peaks, size)
