@@ -54,14 +54,16 @@ def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, n
     for sample in samples:
         index = int(sample.meta["index"])
         fields = sample.fields
+        where = ""
         if fields.ndim == 5:  # 3D: show the middle z slice
+            where = f" (z {fields.shape[2] // 2})"
             fields = fields[:, :, fields.shape[2] // 2]
             mask = sample.mask[sample.mask.shape[0] // 2]
         else:
             mask = sample.mask
         picks = frame_indices(fields.shape[0])
         for c in np.flatnonzero(valid):
-            label = f"{view.name} #{index}\n{channels[c]}"
+            label = f"{view.name} #{index}{where}\n{channels[c]}"
             rows.append((label, fields[picks, c], mask, picks))
     return rows
 
