@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpot_data.manifest import fsync_dir
+
 FORMAT = "dpot-train-checkpoint/1"
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
@@ -50,19 +52,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_atomic(payload: dict[str, Any], path: Path) -> None:
     """torch.save to a temporary name in the same folder, fsync, rename: a reader never sees a partial file."""
     path = Path(path)
@@ -73,7 +62,7 @@ def save_atomic(payload: dict[str, Any], path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import dask.array as da
-import numpy as np
 import pytest
 import xarray as xr
 import yaml

@@ -6,11 +6,12 @@ import hashlib
 import json
 import posixpath
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import fsspec
 import jsonschema
+
+from dpot_data.manifest import validate as validate_manifest
 
 
 class DataError(ValueError):
@@ -51,11 +52,6 @@ class DatasetInfo:
         return [s for s in self.shards if s.split == split]
 
 
-def _schema() -> dict[str, Any]:
-    text = resources.files("dpot_data").joinpath("schema/manifest.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)
-
-
 def _join(root: str, rel: str) -> str:
     return posixpath.join(root.rstrip("/"), rel)
 
@@ -78,7 +74,7 @@ def read_manifest(path: str) -> list[DatasetInfo]:
         except json.JSONDecodeError as e:
             raise DataError(f"{url}: not valid JSON: {e}") from e
     try:
-        jsonschema.validate(doc, _schema())
+        validate_manifest(doc)
     except jsonschema.ValidationError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(top level)"
         raise DataError(f"{url}: does not follow the manifest schema at {where}: {e.message}") from e
