@@ -23,7 +23,14 @@ class DataConfig:
     t_out: int = 1
     noise: float = 5e-4  # epsilon of the noise injection x + eps * ||x|| * N(0, 1)
     num_workers: int = 0
+    worker_kind: str = "thread"  # loader workers: "thread" (the default) or "process" (DataLoader worker processes)
     verify_checksums: bool = True
+
+    def __post_init__(self) -> None:
+        if self.worker_kind not in ("thread", "process"):
+            raise ValueError(f"data.worker_kind must be 'thread' or 'process', got {self.worker_kind!r}")
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"data.num_workers must be an integer >= 0, got {self.num_workers!r}")
 
 
 @dataclass

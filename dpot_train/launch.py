@@ -18,7 +18,7 @@ from dpot_train.trainer import RunDirError
 # Fields a resume may change: they do not alter the data stream or the optimisation.
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
-              "data.verify_checksums"}
+              "data.worker_kind", "data.verify_checksums"}
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         if info.world > 1 else model
     stream = WindowStream(spec, reader, start=position, global_batch=cfg.batch_size, world=info.world, rank=info.rank)
     # creating the iterator draws a base seed from the torch RNG, so the saved RNG states are restored after it
-    batches = iter(make_loader(stream, cfg.data.num_workers, pin_memory=info.device.type == "cuda"))
+    batches = iter(make_loader(stream, cfg.data.num_workers, pin_memory=info.device.type == "cuda",
+                               kind=cfg.data.worker_kind))
     if found is not None:
         states = found[1]["rng"]
         if len(states) == info.world:

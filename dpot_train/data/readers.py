@@ -12,6 +12,7 @@ import io
 import os
 import re
 import tarfile
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,33 +52,54 @@ class TrajectoryReader(Protocol):
 
 
 class _Handles:
-    """A small per-process LRU of open files; never pickled, and dropped in a forked child.
+    """Small LRUs of open files, one per thread of one process; never pickled, and dropped in a forked child.
 
     A forked DataLoader worker inherits the parent's descriptors, which share one file offset with the parent: seeking
-    in both would interleave their reads. So a process only ever reads through handles it opened itself.
+    in both would interleave their reads. Threads of one process would share a handle's offset the same way. So a
+    thread only ever reads through handles it opened itself, in this process.
     """
 
     def __init__(self, size: int = 16) -> None:
         self.size = size
-        self.files: OrderedDict[str, Any] = OrderedDict()
-        self.pid = os.getpid()
+        self._local = threading.local()
+
+    def _state(self) -> Any:
+        st = self._local
+        if getattr(st, "pid", None) != os.getpid():  # new thread, or inherited through fork: open our own
+            st.files, st.pid = OrderedDict(), os.getpid()
+        return st
+
+    @property
+    def files(self) -> OrderedDict[str, Any]:
+        """The calling thread's open files by url (most recently used last)."""
+        return self._state().files
+
+    @property
+    def pid(self) -> int:
+        """The process that opened the calling thread's files."""
+        return self._state().pid
+
+    @pid.setter
+    def pid(self, value: int) -> None:
+        self._state().pid = value
 
     def get(self, url: str) -> Any:
-        if self.pid != os.getpid():  # inherited through fork: leave the parent's handles alone, open our own
-            self.files, self.pid = OrderedDict(), os.getpid()
-        f = self.files.pop(url, None)
+        st = self._state()
+        f = st.files.pop(url, None)
         if f is None:
             f = fsspec.open(url, "rb").open()
-        self.files[url] = f
-        while len(self.files) > self.size:
-            _, old = self.files.popitem(last=False)
+        st.files[url] = f
+        while len(st.files) > self.size:
+            _, old = st.files.popitem(last=False)
             old.close()
         return f
 
     def close(self) -> None:
-        for f in self.files.values():
+        """Close the calling thread's files (other threads' files close when their thread ends)."""
+        st = self._state()
+        for f in st.files.values():
             f.close()
-        self.files.clear()
+        st.files.clear()
 
 
 class WebDatasetReader:
@@ -156,22 +178,25 @@ class ZarrReader:
         self._groups: dict[str, Any] = {}
         self._arrays: dict[tuple[str, str], Any] = {}
         self._pid = os.getpid()
+        self._lock = threading.RLock()  # opening is serialised; reading an opened array is safe from any thread
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._groups, self._arrays, self._pid = {}, {}, os.getpid()
+        self._lock = threading.RLock()
 
     def _group(self, url: str, group: str) -> Any:
         if self._pid != os.getpid():  # opened in a parent process before a fork: reopen in this one
-            self._groups, self._arrays, self._pid = {}, {}, os.getpid()
+            self._groups, self._arrays, self._pid, self._lock = {}, {}, os.getpid(), threading.RLock()
         key = f"{url}::{group}"
-        if key not in self._groups:
-            import zarr
+        with self._lock:
+            if key not in self._groups:
+                import zarr
 
-            self._groups[key] = zarr.open_group(url, mode="r", path=group)
-        return self._groups[key]
+                self._groups[key] = zarr.open_group(url, mode="r", path=group)
+            return self._groups[key]
 
     def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]:
         """Rows whose `split` entry matches; the row number is the trajectory index."""
@@ -186,10 +211,11 @@ class ZarrReader:
         """Array `name` of the group at `url` ("store::group"), opened once per process (opening reads metadata)."""
         key = (url, name)
         if self._pid != os.getpid():
-            self._groups, self._arrays, self._pid = {}, {}, os.getpid()
-        if key not in self._arrays:
-            self._arrays[key] = self._group(*url.split("::", 1))[name]
-        return self._arrays[key]
+            self._groups, self._arrays, self._pid, self._lock = {}, {}, os.getpid(), threading.RLock()
+        with self._lock:
+            if key not in self._arrays:
+                self._arrays[key] = self._group(*url.split("::", 1))[name]
+            return self._arrays[key]
 
     def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Slice frames [t0, t0 + length) of row `ref.row`."""
