@@ -61,9 +61,11 @@ def test_two_process_epoch_audit(fno_train_shards: Path, tmp_path_factory: pytes
     assert set(eval_json["datasets"]) == {"fno-ns-v1e-3"}
 
 
-def _batches(spec, reader, start: int, world: int, workers: int, steps: int) -> list[list[dict]]:
+def _batches(spec, reader, start: int, world: int, workers: int, steps: int, kind: str = "thread"
+             ) -> list[list[dict]]:
     """steps x ranks batches of a stream."""
-    loaders = [iter(make_loader(WindowStream(spec, reader, start, 4, world, r), workers)) for r in range(world)]
+    loaders = [iter(make_loader(WindowStream(spec, reader, start, 4, world, r), workers, kind=kind))
+               for r in range(world)]
     return [[next(it) for it in loaders] for _ in range(steps)]
 
 
@@ -71,7 +73,9 @@ def test_stream_is_independent_of_ranks_workers_and_resume_point(fno_train_shard
     spec, reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards)], noise=5e-4), seed=7)
     assert spec.epoch_length == 12 and spec.visits == [12]
     single = _batches(spec, reader, 0, 1, 0, 6)
-    split = _batches(spec, reader, 0, 2, 2, 6)  # 2 ranks x 2 DataLoader workers each
+    split = _batches(spec, reader, 0, 2, 2, 6, kind="process")  # 2 ranks x 2 DataLoader worker processes each
+    threads = _batches(spec, reader, 0, 2, 3, 6, kind="thread")  # 2 ranks x 3 loader threads each
+    assert all(a[0]["id"] == b[0]["id"] and torch.equal(a[0]["x"], b[0]["x"]) for a, b in zip(split, threads))
     for a, b in zip(single, split):
         (one,), (r0, r1) = a, b
         assert one["id"] == r0["id"] + r1["id"]
@@ -134,5 +138,5 @@ def test_forked_workers_never_share_the_parents_file_handles(fno_train_shards: P
     # and end to end: a parent that has read keeps getting the same data as its DataLoader workers
     for _ in range(3):
         direct = _batches(spec, reader, 0, 1, 0, 4)
-        forked = _batches(spec, reader, 0, 1, 2, 4)
+        forked = _batches(spec, reader, 0, 1, 2, 4, kind="process")
         assert all(torch.equal(a[0]["x"], b[0]["x"]) for a, b in zip(direct, forked))
