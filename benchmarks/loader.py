@@ -11,8 +11,11 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
    what DPOT's preprocessing does too), all trajectories in the train split, into WebDataset shards and Zarr;
    and writes the same trajectories as one HDF5 file per trajectory at the native grid (benchmarks/reference_loader.py).
 2. For each worker count, measures in this one process: (a) our stream from WebDataset shards, (b) our stream from
-   Zarr, (c) the reference-style torch Dataset (open the file on each access, read the whole trajectory, bilinear
-   resize to 128x128, pad channels with 1, random window) under a DataLoader with a shuffling sampler.
+   Zarr, both with loader worker threads (`make_loader(kind="thread")`, the training default), (c) the
+   reference-style torch Dataset (open the file on each access, read the whole trajectory, bilinear resize to
+   128x128, pad channels with 1, random window) under a DataLoader with a shuffling sampler and worker processes, as
+   DPOT ships it, and (d) `webdataset-process`: our WebDataset stream with DataLoader worker processes
+   (`--worker-kind process`; only with workers: without them it is (a)). `zarr-process` can be asked for too.
    All deliver batches of `--batch` windows of 10 + 1 frames, (B, 128, 128, T, 4) float32. Each measurement starts
    after `--warmup` batches per worker (worker start-up excluded) and runs for `--seconds` of wall time.
 3. Reports samples/s, delivered window MB/s, input MB/s (bytes the process tree read through read() calls, psutil
@@ -50,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_loader import ReferenceWindows, write_reference_files  # noqa: E402
 
 MB = 1e6
-LOADERS = ("webdataset", "zarr", "reference")
+LOADERS = ("webdataset", "zarr", "reference", "webdataset-process", "zarr-process")
+DEFAULT_LOADERS = ("webdataset", "zarr", "reference", "webdataset-process")
 T_IN, T_OUT, RES, CHANNELS = 10, 1, 128, 4
 
 
@@ -79,6 +83,7 @@ class Measurement:
 
     loader: str
     workers: int
+    kind: str  # who builds the batches: "main" (no workers), "thread" or "process" workers
     samples: int
     seconds: float
     samples_per_s: float
@@ -131,16 +136,17 @@ def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int
 
 
 def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: int = 0,
-               pin_memory: bool = False) -> DataLoader:
+               pin_memory: bool = False, kind: str = "thread") -> Any:
     """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA)."""
     from dpot_train.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.stream import WindowStream, make_loader
 
     cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, num_workers=workers,
-                     verify_checksums=False)
+                     worker_kind=kind, verify_checksums=False)
     spec, reader = prepare_stream(cfg, seed=seed, verify=False)
-    return make_loader(WindowStream(spec, reader, start=0, global_batch=batch), workers, pin_memory=pin_memory)
+    return make_loader(WindowStream(spec, reader, start=0, global_batch=batch), workers, pin_memory=pin_memory,
+                       kind=kind)
 
 
 def reference_loader(data: BenchData, workers: int, batch: int, seed: int = 0) -> DataLoader:
@@ -152,11 +158,19 @@ def reference_loader(data: BenchData, workers: int, batch: int, seed: int = 0) -
                       prefetch_factor=2 if workers else None)
 
 
-def build_loader(name: str, data: BenchData, workers: int, batch: int) -> DataLoader:
+def worker_kind(name: str, workers: int) -> str:
+    """Who builds the batches of loader `name` with `workers` workers: "main", "thread" or "process"."""
+    if workers == 0:
+        return "main"
+    return "process" if name == "reference" or name.endswith("-process") else "thread"
+
+
+def build_loader(name: str, data: BenchData, workers: int, batch: int) -> Any:
     """One of LOADERS."""
     if name == "reference":
         return reference_loader(data, workers, batch)
-    return our_loader(data, name, workers, batch)
+    backend = name.removesuffix("-process")
+    return our_loader(data, backend, workers, batch, kind="process" if name.endswith("-process") else "thread")
 
 
 def batch_x(batch: Any) -> torch.Tensor:
@@ -218,7 +232,7 @@ class TreeWatch(threading.Thread):
         self.join()
 
 
-def measure(name: str, make: Callable[[], DataLoader], workers: int, batch: int, seconds: float, warmup: int,
+def measure(name: str, make: Callable[[], Any], workers: int, batch: int, seconds: float, warmup: int,
             min_batches: int = 3) -> Measurement:
     """Warm up (worker start-up and `warmup` batches per worker), then pull batches for `seconds` of wall time."""
     loader = make()
@@ -243,7 +257,8 @@ def measure(name: str, make: Callable[[], DataLoader], workers: int, batch: int,
     del it
     read = sum(v - reads0.get(pid, 0) for pid, v in reads1.items())
     cpu = sum(v - cpu0.get(pid, 0.0) for pid, v in cpu1.items())
-    return Measurement(name, workers, n, round(elapsed, 3), round(n / elapsed, 2), round(nbytes / MB / elapsed, 1),
+    return Measurement(name, workers, worker_kind(name, workers), n, round(elapsed, 3), round(n / elapsed, 2),
+                       round(nbytes / MB / elapsed, 1),
                        round(read / MB / elapsed, 1), round(cpu / n * 1e3, 2), round(watch.peak / 2**20, 1))
 
 
@@ -303,7 +318,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--native", type=int, default=64, help="native grid of the raw data (resampled to 128)")
     parser.add_argument("--batch", type=int, default=8, help="windows per batch (both loaders)")
     parser.add_argument("--workers", default="0,2", help="comma list of DataLoader worker counts")
-    parser.add_argument("--loaders", default=",".join(LOADERS), help=f"comma list of {LOADERS}")
+    parser.add_argument("--loaders", default=",".join(DEFAULT_LOADERS), help=f"comma list of {LOADERS} "
+                        "(the -process ones are measured only with workers)")
     parser.add_argument("--seconds", type=float, default=5.0, help="timed wall time per measurement")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches per worker before timing")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the main process (DataLoader "
@@ -342,17 +358,20 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in sizes.items()), flush=True)
         print(f"# {cpu_name()}, {os.cpu_count()} cores, load average {load_start[0]:.2f}; batch {args.batch}, "
               f"{args.seconds:g} s per measurement", flush=True)
-        print(f"{'loader':<11} {'workers':>7} {'samples/s':>10} {'window MB/s':>12} {'read MB/s':>10} "
+        print(f"{'loader':<18} {'workers':>7} {'kind':>7} {'samples/s':>10} {'window MB/s':>12} {'read MB/s':>10} "
               f"{'CPU ms/sample':>14} {'peak RSS MiB':>13}", flush=True)
         for workers in args.worker_counts:
             for name in args.loader_names:
+                if workers == 0 and name.endswith("-process"):
+                    continue  # without workers it is the same loader as its thread-kind name
                 r = measure(name, lambda: build_loader(name, data, workers, args.batch), workers,
                             args.batch, args.seconds, args.warmup)
                 results.append(r)
-                print(f"{r.loader:<11} {r.workers:>7} {r.samples_per_s:>10.1f} {r.window_mb_per_s:>12.0f} "
+                print(f"{r.loader:<18} {r.workers:>7} {r.kind:>7} {r.samples_per_s:>10.1f} "
+                      f"{r.window_mb_per_s:>12.0f} "
                       f"{r.read_mb_per_s:>10.0f} {r.cpu_ms_per_sample:>14.1f} {r.peak_rss_mib:>13.0f}", flush=True)
         if args.profile:
-            for name in args.loader_names:
+            for name in [n for n in args.loader_names if not n.endswith("-process")]:
                 profiles[name] = profile_single(name, data, args.batch, batches=8)
                 print(f"# profile of {name} (8 batches, no workers)\n{profiles[name]}", flush=True)
     finally:

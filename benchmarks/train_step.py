@@ -130,7 +130,8 @@ def bench_step(preset: str, dtype_name: str, compile_model: bool, data: BenchDat
     total = args.warmup + args.steps
     stepper = Stepper(preset, device, DTYPES[dtype_name], compile_model, 2 * total, args.noise)
     params = sum(p.numel() for p in stepper.model.parameters())
-    loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda")
+    loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda",
+                        kind=args.worker_kind)
     it: Iterator[dict[str, Any]] = iter(loader)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -150,14 +151,15 @@ def bench_step(preset: str, dtype_name: str, compile_model: bool, data: BenchDat
 
 def bench_loader(data: BenchData, device: torch.device, args: argparse.Namespace) -> dict[str, float]:
     """The training loader alone (each batch copied to the device): samples/s over `loader_steps` batches."""
-    loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda")
+    loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda",
+                        kind=args.worker_kind)
     it: Iterator[dict[str, Any]] = iter(loader)
     for _ in range(max(1, args.workers) * 2):
         to_device(next(it), device)
     seconds = timed(args.loader_steps, device, lambda: to_device(next(it), device))
     del it
     return {"samples_per_s": round(args.loader_steps * args.batch / seconds, 2), "batches": args.loader_steps,
-            "workers": args.workers, "pinned": device.type == "cuda"}
+            "workers": args.workers, "worker_kind": args.worker_kind, "pinned": device.type == "cuda"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -168,7 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", default=None, help="comma list of off,on; default off,on on CUDA, off on CPU")
     parser.add_argument("--batch", type=int, default=None, help="windows per step; default 20 on CUDA, 4 on CPU")
     parser.add_argument("--workers", type=int, default=None,
-                        help="DataLoader workers; default min(8, cores - 1) on CUDA, 1 on CPU")
+                        help="loader workers; default min(8, cores - 1) on CUDA, 1 on CPU")
+    parser.add_argument("--worker-kind", default="thread", choices=["thread", "process"],
+                        help="loader workers: thread (the training default) or process (DataLoader processes)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps; default 30 on CUDA, 12 on CPU")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps; default 10 on CUDA, 3 on CPU")
     parser.add_argument("--loader-steps", type=int, default=None, help="batches for loader-only; default = --steps x 2")
@@ -247,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
         "device_name": name,
         "machine": {**machine(), "load_avg_start": [round(v, 2) for v in load_start]},
-        "settings": {k: getattr(args, k) for k in ("presets", "dtypes", "compile", "batch", "workers", "steps",
+        "settings": {k: getattr(args, k) for k in ("presets", "dtypes", "compile", "batch", "workers", "worker_kind",
+                                                   "steps",
                                                    "warmup", "loader_steps", "noise", "trajectories", "frames",
                                                    "native")},
         "loader": loader_rate,

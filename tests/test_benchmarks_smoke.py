@@ -66,12 +66,12 @@ def test_stream_samples_are_reference_windows_at_their_start(bench_data: bench_l
     assert starts <= {0, 1}
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_loader_batches_hold_the_stream_samples(bench_data: bench_loader.BenchData, workers: int) -> None:
-    """What the benchmark times (batches from the DataLoader, through a worker process or not) is the sample data."""
+@pytest.mark.parametrize("workers,kind", [(0, "thread"), (1, "process"), (2, "thread")])
+def test_loader_batches_hold_the_stream_samples(bench_data: bench_loader.BenchData, workers: int, kind: str) -> None:
+    """What the benchmark times (batches with no workers, a worker process or threads) is the sample data."""
     spec, reader = prepare_stream(DataConfig(manifests=[str(bench_data.manifest)]), seed=1, verify=False)
     plans = EpochPlans(spec)
-    it = iter(bench_loader.our_loader(bench_data, "webdataset", workers, 2, seed=1))
+    it = iter(bench_loader.our_loader(bench_data, "webdataset", workers, 2, seed=1, kind=kind))
     for _ in range(3):
         batch = next(it)
         assert tuple(batch["x"].shape) == (2, 128, 128, 10, 4) and tuple(batch["y"].shape) == (2, 128, 128, 1, 4)
@@ -104,8 +104,9 @@ def test_loader_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[
     out = _last_json(capsys.readouterr().out)
     assert out["benchmark"] == "loader"
     rows = {(r["loader"], r["workers"]): r for r in out["results"]}
-    assert set(rows) == {("webdataset", 0), ("zarr", 0), ("reference", 0)}
+    assert set(rows) == {("webdataset", 0), ("zarr", 0), ("reference", 0)}  # webdataset-process needs workers
     for r in rows.values():
+        assert r["kind"] == "main"
         assert r["samples"] >= 6 and r["samples"] % 2 == 0  # at least 3 batches of 2
         assert r["samples_per_s"] > 0 and r["cpu_ms_per_sample"] > 0 and r["peak_rss_mib"] > 0
         # a window is 11 frames of 128 x 128 x 4 float32
