@@ -118,6 +118,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
             torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
     summary = _loop(cfg, info, ddp_model, model, opt, sched, batches, spec, step, position, run)
+    del batches  # stops the loader workers (threads or processes) before the evaluation
     # rank 0 evaluates alone; no collective follows, so a long evaluation cannot hit a process-group timeout
     if info.is_main and cfg.eval_at_end:
         from dpot_train.evaluate import evaluate_model, print_table, write_eval

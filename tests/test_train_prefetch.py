@@ -203,3 +203,18 @@ def test_launch_worker_kind_option_reaches_the_run_config(fno_train_shards: Path
     assert load_config(tmp_path / "b" / "config.yaml").data.worker_kind == "thread"
     r = train_runs.run([*base, "--out", str(tmp_path / "c"), "--worker-kind", "fork"])
     assert r.returncode == 2 and "data.worker_kind must be 'thread' or 'process', got 'fork'" in r.stderr
+
+
+def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path) -> None:
+    import subprocess
+    import sys
+
+    code = ("from dpot_train.config import DataConfig\n"
+            "from dpot_train.data.prepare import prepare_stream\n"
+            "from dpot_train.data.stream import WindowStream, make_loader\n"
+            f"spec, reader = prepare_stream(DataConfig(manifests=[{str(fno_train_shards)!r}]), seed=0, verify=False)\n"
+            "it = iter(make_loader(WindowStream(spec, reader, 0, 4), 3))\n"
+            "print(next(it)['id'])\n")  # exits holding the iterator, its threads blocked on full queues
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("['fno-ns-v1e-3:")
