@@ -9,16 +9,20 @@ their content are the same as with no workers or with process workers.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import traceback
-from typing import Any, Iterator
+import weakref
+from typing import Any
 
 import torch
 
 from dpot_train.data.stream import WindowStream
 
 _POLL_S = 0.1  # how often a blocked worker or consumer re-checks the stop event / a dead worker
+_JOIN_S = 30.0  # how long close() waits for a worker to finish the batch in hand
+_LIVE: "weakref.WeakSet[ThreadBatches]" = weakref.WeakSet()
 
 
 class WorkerError(RuntimeError):
@@ -88,10 +92,11 @@ class ThreadBatches:
         pin = pin_memory and torch.cuda.is_available()
         self._threads = [threading.Thread(target=_work, args=(stream, w, workers, self._queues[w], self._stop, pin),
                                           name=f"dpot-loader-{w}", daemon=True) for w in range(workers)]
-        for t in self._threads:
-            t.start()
         self._step = 0
         self._failed: WorkerError | None = None
+        _LIVE.add(self)
+        for t in self._threads:
+            t.start()
 
     def __iter__(self) -> "ThreadBatches":
         return self
@@ -124,8 +129,16 @@ class ThreadBatches:
         raise err
 
     def close(self) -> None:
-        """Stop the threads (they finish the batch in hand and exit) and drop the prefetched batches."""
+        """Stop the threads, wait for them to finish the batch in hand, and drop the prefetched batches.
+
+        Waiting matters at exit: a daemon thread still inside a torch or numpy call while the interpreter and the
+        process group are torn down can abort the process.
+        """
         self._stop.set()
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me and t.is_alive():
+                t.join(_JOIN_S)
         for q in self._queues:
             while True:
                 try:
@@ -135,6 +148,13 @@ class ThreadBatches:
 
     def __del__(self) -> None:
         self.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Stop every live loader's threads before the interpreter shuts down (they are daemons, but may be mid-call)."""
+    for batches in list(_LIVE):
+        batches.close()
 
 
 class ThreadLoader:
