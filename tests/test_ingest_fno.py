@@ -375,3 +375,27 @@ def test_compressed_v5_reads_like_the_uncompressed_file(fno_pair, tmp_path):
     result = fno.read([packed])
     assert result.data.attrs["provenance"]["files"][packed.name]["compressed"] is True
     np.testing.assert_array_equal(result.data["fields"].values, plain)
+
+
+@pytest.mark.parametrize("container", ["v5", "v73"])
+def test_trajectories_with_nan_or_inf_are_left_out_and_reported(fno_pair, tmp_path, container):
+    from dpot_data.synth.fno import write_mat_v5, write_mat_v73
+
+    a, u = _raw(fno_pair["v5"])
+    u = u.copy()
+    u[1, 5, 7, 2] = np.nan  # trajectory 1, frame 3 (frame 0 is `a`)
+    a = a.copy()
+    a[3, 0, 0] = np.inf  # trajectory 3, frame 0
+    t = np.arange(1, u.shape[-1] + 1, dtype=np.float32)[None]
+    bad = tmp_path / "NavierStokes_V1e-3_N4_T4.mat"
+    (write_mat_v5 if container == "v5" else write_mat_v73)(bad, a, u, t)
+    result = fno.read([bad])
+    assert list(result.data["sample"].values) == [f"{bad.name}#0", f"{bad.name}#2"]
+    assert [w for w, _ in result.skipped] == [f"{bad.name}#1", f"{bad.name}#3"]
+    assert "frame 3" in result.skipped[0][1] and "frame 0" in result.skipped[1][1]
+    fields = result.data["fields"].values
+    np.testing.assert_array_equal(fields[1, 0, 0], a[2].T)  # the kept trajectories are the right ones
+    manifest = ingest_files("fno", [bad], tmp_path / "out", _opts(resolution=None))
+    entry = manifest["datasets"][0]
+    assert entry["trajectories"] == 2
+    assert [s["what"] for s in entry["skipped"]] == [f"{bad.name}#1", f"{bad.name}#3"]

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Sequence
 
 import dask.array as da
-from dask.base import tokenize
 import h5py
 import numpy as np
 import xarray as xr
 
 from dpot_data.errors import InputError
+from dpot_data.sources._blocks import SampleBlocks, checked, file_token, to_dask
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -242,15 +242,13 @@ def _check(mat: _MatFile) -> tuple[int, int, int, int]:
     return n, nx, ny, nt
 
 
-class _Trajectories:
+class _Trajectories(SampleBlocks):
     """Lazy (N, T+1, 1, y, x) float32 view of one file: frame 0 = a, frames 1..T = u; read in sample blocks."""
 
     def __init__(self, a: _Var, u: _Var) -> None:
         self.a, self.u = a, u
         n, nx, ny, nt = u.dims
         self.shape = (n, nt + 1, 1, ny, nx)
-        self.dtype = np.dtype(np.float32)
-        self.ndim = 5
 
     def block(self, n0: int, n1: int) -> np.ndarray:
         """Trajectories n0..n1-1 as float32 (b, T+1, 1, y, x)."""
@@ -260,16 +258,6 @@ class _Trajectories:
         out[:, 0, 0] = np.moveaxis(a, -1, 0)
         out[:, 1:, 0] = np.moveaxis(u, -1, 0)
         return out
-
-    def __getitem__(self, key) -> np.ndarray:
-        key = key if isinstance(key, tuple) else (key,)
-        first = key[0] if key else slice(None)
-        if isinstance(first, (int, np.integer)):
-            return self.block(int(first), int(first) + 1)[(0,) + tuple(key[1:])]
-        start, stop, step = first.indices(self.shape[0])
-        if stop <= start:
-            return np.empty((0,) + self.shape[1:], np.float32)[(slice(None),) + tuple(key[1:])]
-        return self.block(start, stop)[(slice(None, None, step),) + tuple(key[1:])]
 
 
 def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
@@ -281,9 +269,14 @@ def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
 
 
 def read(
-    paths: Sequence[str | Path], *, viscosity: float | None = None, block: int = DEFAULT_BLOCK, name: str | None = None
+    paths: Sequence[str | Path], *, viscosity: float | None = None, block: int = DEFAULT_BLOCK, name: str | None = None,
+    check_finite: bool = True,
 ) -> ReadResult:
-    """Open FNO Navier–Stokes .mat files lazily as one canonical dataset (all files must share viscosity, grid, T)."""
+    """Open FNO Navier–Stokes .mat files lazily as one canonical dataset (all files must share viscosity, grid, T).
+
+    With `check_finite` (one streamed pass before anything is written), trajectories holding NaN or Inf are left
+    out and listed in `skipped` by id, as the other readers do.
+    """
     if not paths:
         raise InputError("<no files>", "expected at least one FNO .mat file")
     mats = [open_mat(p) for p in paths]
@@ -304,13 +297,18 @@ def read(
                                      f"{first.path.name}, found {shape[1:3]} and {shape[3]}")
     _, nx, ny, nt = shapes[0]
     block = max(1, int(block))
-    parts, ids = [], []
+    parts, ids, skipped = [], [], []
     for m, (n, *_rest) in zip(mats, shapes):
-        traj = _Trajectories(m.variables["a"], m.variables["u"])
-        parts.append(da.from_array(traj, chunks=(block, -1, -1, -1, -1), asarray=False, fancy=False,
-                                   name="fno-" + tokenize(str(m.path.resolve()), os.stat(m.path).st_mtime_ns,
-                                                                os.stat(m.path).st_size, block)))
-        ids.extend(f"{m.path.name}#{i}" for i in range(n))
+        file_ids = [f"{m.path.name}#{i}" for i in range(n)]
+        traj, keep, bad = checked(_Trajectories(m.variables["a"], m.variables["u"]), block, file_ids, m.path.name,
+                                  check_finite)
+        skipped.extend(bad)
+        if keep.size:
+            parts.append(to_dask(traj, block, "fno", file_token(m.path), keep.tolist()))
+            ids.extend(file_ids[i] for i in keep)
+    if not parts:
+        raise InputError(first.path, "no usable trajectory in the inputs: "
+                                     + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     mask = da.ones((fields.shape[0], ny, nx), dtype=np.uint8, chunks=(fields.chunks[0], ny, nx))
     t = _times(first, nt)
@@ -353,7 +351,7 @@ def read(
             "provenance": provenance,
         },
     )
-    return ReadResult(data=data, inputs=[m.path for m in mats])
+    return ReadResult(data=data, skipped=skipped, inputs=[m.path for m in mats])
 
 
 @atexit.register
