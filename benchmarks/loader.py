@@ -50,6 +50,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_name  # noqa: E402
 from reference_loader import ReferenceWindows, write_reference_files  # noqa: E402
 
 MB = 1e6
@@ -274,18 +275,6 @@ def profile_single(name: str, data: BenchData, batch: int, batches: int, top: in
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
     return buf.getvalue()
-
-
-def cpu_name() -> str:
-    """The CPU model (lscpu's 'Model name')."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine() -> dict[str, Any]:

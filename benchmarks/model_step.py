@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -25,6 +24,9 @@ from typing import Callable
 import torch
 
 from dpot_train.model import build_model
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import device_name, strict_fp32  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -136,19 +138,6 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
     )
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
 def _fmt(value: float | None, width: int, spec: str) -> str:
     return f"{value:>{width}{spec}}" if value is not None else f"{'-':>{width}}"
 
@@ -188,13 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    strict_fp32(device)
     results: list[Result] = []
     header = f"{'preset':<6} {'dtype':<5} {'params':>9} {'fwd ms (b=1)':>13} {'fwd min':>9} {'fwd cpu':>9} " \
              f"{'train samp/s (b=' + str(args.train_batch) + ')':>22} {'step ms':>9} {'step cpu':>9} {'peak MiB':>9}"
-    print(f"# DPOT model step benchmark on {device} ({_device_name(device)}), torch {torch.__version__}, "
+    print(f"# DPOT model step benchmark on {device} ({device_name(device)}), torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}", flush=True)
     print(header, flush=True)
     for name in args.presets.split(","):
@@ -209,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "model_step",
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": str(device),
-        "device_name": _device_name(device),
+        "device_name": device_name(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

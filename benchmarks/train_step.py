@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import strict_fp32  # noqa: E402
 from loader import BenchData, make_data, machine, our_loader  # noqa: E402
 
 from dpot_train.config import OptimConfig, TrainConfig  # noqa: E402
@@ -212,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    strict_fp32(device)  # fp32 means fp32: bf16 is compared with real fp32
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: bf16 is compared with real fp32
-        torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
     root = Path(tempfile.mkdtemp(prefix="dpot-step-bench-", dir=args.tmp))
     load_start = os.getloadavg()
