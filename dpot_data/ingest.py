@@ -280,7 +280,8 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
         "reader": _plain(ds.attrs.get("provenance", {})), "parameters": _plain(ds.attrs.get("parameters", {})),
     }, blocks)
     try:
-        journal = jn.Journal.open(out, name, job, row_splits, block_rows, zarr="zarr" in formats)
+        journal = jn.Journal.open(out, name, job, row_splits, block_rows, zarr="zarr" in formats,
+                                  shards="wds" in formats)
     except jn.JournalBusy as exc:
         raise InputError(out, str(exc)) from None
     staging = journal.staging

@@ -280,3 +280,31 @@ def test_repeated_interruptions_at_block_boundaries_still_give_identical_output(
         m.pop("created")
     assert json.dumps(done, sort_keys=True) == json.dumps(clean, sort_keys=True)
     assert verify_output(str(out)) == []  # and the files on disk are what the manifest says
+
+
+def test_zarr_only_ingest_resumes_through_the_pipeline(reference, tmp_path, monkeypatch) -> None:
+    import dpot_data.journal as jn
+    from dpot_data.ingest import IngestOptions, run_ingest
+
+    raw, _ = reference
+    opts = IngestOptions(resolution=None, formats=("zarr",), workers=2, command="test")
+    clean = run_ingest("fno", [raw], tmp_path / "clean", opts).manifest
+    original = jn.Journal.record
+    calls = {"n": 0}
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise _Interrupt("crash after 4 blocks")
+
+    monkeypatch.setattr(jn.Journal, "record", record)
+    with pytest.raises(_Interrupt):
+        run_ingest("fno", [raw], tmp_path / "out", opts)
+    monkeypatch.setattr(jn.Journal, "record", original)
+    outcome = run_ingest("fno", [raw], tmp_path / "out", opts)
+    assert any("resumed an interrupted ingest at trajectory 32 (block 4)" in n for n in outcome.notes), outcome.notes
+    done = outcome.manifest
+    for m in (done, clean):
+        m.pop("created")
+    assert done == clean and verify_output(str(tmp_path / "out")) == []
