@@ -356,7 +356,7 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
             detected = source
         if detected != source:
             raise InputError(inputs[0], f"holds {detected} data, but {entry.name} is a {source} dataset")
-    result = read_source(source, inputs, **reader_options)
+    result = read_source(source, inputs, opts, **reader_options)
     if entry is not None:
         wrong = conflicts(result, entry)
         if wrong:

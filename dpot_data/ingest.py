@@ -430,8 +430,12 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: v.item() if isinstance(v, np.generic) else str(v)))
 
 
-def read_source(source: str, paths: Sequence[str | Path], **reader_options: Any) -> ReadResult:
-    """Open raw files with the named source's reader (dpot_data.sources.<source>.read)."""
+def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions | None = None,
+                **reader_options: Any) -> ReadResult:
+    """Open raw files with the named source's reader (dpot_data.sources.<source>.read); `options.block` becomes the
+    reader's `block` (trajectories per task) unless reader_options names one."""
+    if options is not None and options.block is not None:
+        reader_options.setdefault("block", options.block)
     try:
         module = load_source(source)
     except ValueError as exc:
@@ -451,9 +455,7 @@ def run_ingest(source: str, paths: Sequence[str | Path], out: str | Path, option
     if existing is not None and not opts.overwrite:
         return IngestOutcome(existing, Path(out) / mf.MANIFEST_NAME, False,
                              [f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)"])
-    if opts.block is not None and "block" not in reader_options:
-        reader_options["block"] = opts.block
-    return ingest(read_source(source, paths, **reader_options), out, opts)
+    return ingest(read_source(source, paths, opts, **reader_options), out, opts)
 
 
 def ingest_files(source: str, paths: Sequence[str | Path], out: str | Path, options: IngestOptions | None = None,

@@ -10,8 +10,6 @@ from typing import Sequence
 
 import numpy as np
 import scipy.fft
-import torch
-import torch.nn.functional as F
 
 FIELD_METHODS = ("fourier", "bilinear", "bicubic")
 MASK_METHODS = ("nearest", "area-threshold")
@@ -66,6 +64,9 @@ def resample_fourier(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 
 def _interp2d(x: np.ndarray, shape: tuple[int, int], mode: str) -> np.ndarray:
     """Resize the last two axes with torch (antialiased when shrinking), keeping leading axes."""
+    import torch  # imported here: the Fourier path and the CLI start-up do not need it
+    import torch.nn.functional as F
+
     lead = x.shape[:-2]
     t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(-1, 1, *x.shape[-2:])
     shrinking = shape[0] < x.shape[-2] or shape[1] < x.shape[-1]
@@ -129,6 +130,9 @@ def resample_mask_nearest(mask: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 
 def resample_mask_area(mask: np.ndarray, shape: Sequence[int], threshold: float = 0.5) -> np.ndarray:
     """Area-weighted fluid fraction per target cell, then threshold (>= threshold is fluid); stays binary uint8."""
+    import torch
+    import torch.nn.functional as F
+
     shape = tuple(int(s) for s in shape)
     m = np.asarray(mask)
     if tuple(m.shape[-len(shape):]) == shape:

@@ -399,3 +399,18 @@ def test_trajectories_with_nan_or_inf_are_left_out_and_reported(fno_pair, tmp_pa
     entry = manifest["datasets"][0]
     assert entry["trajectories"] == 2
     assert [s["what"] for s in entry["skipped"]] == [f"{bad.name}#1", f"{bad.name}#3"]
+
+
+def test_block_option_reaches_the_reader_and_sets_the_task_size(fno_pair, tmp_path, monkeypatch):
+    seen = []
+    real_read = fno.read
+
+    def recording_read(paths, **kw):
+        seen.append(kw.get("block"))
+        return real_read(paths, **kw)
+
+    monkeypatch.setattr(fno, "read", recording_read)
+    result = _cli("ingest", "fno", fno_pair["v5"], "--out", tmp_path / "out", "--block", "1", "--resolution", "64")
+    assert result.exit_code == 0, result.output
+    assert seen == [1]
+    assert real_read([fno_pair["v5"]], block=1).data["fields"].data.chunks[0] == (1, 1, 1, 1)
