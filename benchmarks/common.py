@@ -29,3 +29,12 @@ def strict_fp32(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+
+
+def bench_device(name: str, threads: int | None) -> torch.device:
+    """The device to measure on, with the thread count set and TF32 off (fp32 figures are real fp32)."""
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device(name)
+    strict_fp32(device)
+    return device

@@ -26,7 +26,7 @@ import torch
 from dpot_train.model import build_model
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import device_name, strict_fp32  # noqa: E402
+from common import bench_device, device_name  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -174,10 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    strict_fp32(device)
+    device = bench_device(args.device, args.threads)
     results: list[Result] = []
     header = f"{'preset':<6} {'dtype':<5} {'params':>9} {'fwd ms (b=1)':>13} {'fwd min':>9} {'fwd cpu':>9} " \
              f"{'train samp/s (b=' + str(args.train_batch) + ')':>22} {'step ms':>9} {'step cpu':>9} {'peak MiB':>9}"

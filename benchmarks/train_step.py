@@ -38,7 +38,7 @@ from typing import Any, Iterator
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import strict_fp32  # noqa: E402
+from common import bench_device  # noqa: E402
 from loader import BenchData, make_data, machine, our_loader  # noqa: E402
 
 from dpot_train.config import OptimConfig, TrainConfig  # noqa: E402
@@ -210,10 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    strict_fp32(device)  # fp32 means fp32: bf16 is compared with real fp32
+    device = bench_device(args.device, args.threads)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     root = Path(tempfile.mkdtemp(prefix="dpot-step-bench-", dir=args.tmp))

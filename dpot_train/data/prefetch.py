@@ -48,29 +48,26 @@ def pin_batch(batch: Any) -> Any:
     return batch
 
 
+def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Put `item` into the bounded queue, waiting while it is full; False when `stop` was set first."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def _work(stream: WindowStream, worker: int, workers: int, out: queue.Queue, stop: threading.Event,
           pin: bool) -> None:
     """Thread body: build this worker's batches into `out` until `stop` is set or a batch fails."""
     try:
         for batch in stream.worker_batches(worker, workers):
-            if pin:
-                batch = pin_batch(batch)
-            while not stop.is_set():
-                try:
-                    out.put(batch, timeout=_POLL_S)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
+            if not _put(out, pin_batch(batch) if pin else batch, stop):
                 return
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer, which re-raises it
-        item = _Failure(worker, exc)
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=_POLL_S)
-                return
-            except queue.Full:
-                continue
+        _put(out, _Failure(worker, exc), stop)
 
 
 class ThreadBatches:
