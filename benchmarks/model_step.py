@@ -4,6 +4,7 @@ Usage:
     python benchmarks/model_step.py                       # CUDA if available (Ti,S,M,L, train batch 20), else CPU
     python benchmarks/model_step.py --device cpu --presets Ti,S
     python benchmarks/model_step.py --device cuda --presets L --train-batch 20 --iters 20 --compile
+    python benchmarks/model_step.py --device cuda --no-train --cuda-graph        # batch-1 forward as a CUDA graph
 
 Prints a table and, as the last line, one JSON object with every measurement and the settings used.
 CPU defaults are smaller (presets Ti,S, fp32 only, train batch 2, fewer iterations) so a run finishes in a couple of minutes on 2 cores.
@@ -70,6 +71,20 @@ def _time(fn: Callable[[], object], device: torch.device, warmup: int, iters: in
     return wall, cpu
 
 
+def _graphed(fn: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """fn captured once as a CUDA graph (static input): each call replays it, one launch instead of one per kernel."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up on a side stream (cuFFT plans, cuBLAS handles) before capture
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def _relative_l2(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Relative L2 per sample and channel, averaged (the DPOT training loss)."""
     dims = tuple(range(1, pred.ndim - 1))
@@ -83,7 +98,7 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
     model = build_model(name).to(device)
     cfg = model.config
     if args.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=args.compile_mode)
     amp_dtype = DTYPES[dtype_name]
 
     def autocast() -> torch.autocast:
@@ -98,6 +113,8 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
         with torch.no_grad(), autocast():
             model(x1)
 
+    if args.cuda_graph and device.type == "cuda":
+        forward = _graphed(forward, device)
     fwd, fwd_cpu = _time(forward, device, args.warmup, args.iters)
 
     params = sum(p.numel() for p in model.parameters())
@@ -155,6 +172,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-train", action="store_true", help="forward latency only (for large presets on CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    parser.add_argument("--compile-mode", default=None,
+                        help="torch.compile mode (default, reduce-overhead, max-autotune, ...)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="time the batch-1 forward as a captured CUDA graph replay (CUDA only)")
     args = parser.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -198,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "settings": {k: getattr(args, k) for k in ("presets", "dtypes", "train_batch", "warmup", "iters",
-                                                   "train_iters", "compile", "no_train")},
+                                                   "train_iters", "compile", "compile_mode", "cuda_graph",
+                                                   "no_train")},
         "results": [asdict(r) for r in results],
     }
     print(json.dumps(summary), flush=True)

@@ -39,6 +39,8 @@ def launch_cmd(
     loss: Optional[str] = typer.Option(None, "--loss", help="valid (default) or all (the reference's loss)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
     rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps", help="Rollout length of the final eval."),
+    deterministic: bool = typer.Option(False, "--deterministic",
+                                       help="Deterministic CUDA kernels: a GPU run and its resume repeat bitwise."),
     audit: bool = typer.Option(False, "--audit", help="Write the trajectory ids each rank consumed."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation at the end (RUN_DIR/eval.json)."),
@@ -68,7 +70,8 @@ def launch_cmd(
             "data.backend": backend, "data.num_workers": num_workers,
             "data.worker_kind": worker_kind,
             "data.manifests": [str(m) for m in manifest] or None,
-            "audit": True if audit else None, "progress": False if no_progress else None,
+            "audit": True if audit else None, "deterministic": True if deterministic else None,
+            "progress": False if no_progress else None,
             "eval_at_end": False if no_eval else None,
             "data.verify_checksums": False if no_verify_checksums else None,
         }

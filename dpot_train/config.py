@@ -60,6 +60,7 @@ class TrainConfig:
     loss: str = "valid"  # "valid": valid channels and fluid cells; "all": every channel and cell, like the reference
     device: str = "auto"  # "auto", "cpu" or "cuda"
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    deterministic: bool = False  # deterministic CUDA kernels (bitwise-repeatable GPU runs and resumes)
     log_every: int = 10
     ckpt_every: int = 100
     keep_checkpoints: int = 3

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from contextlib import nullcontext
@@ -55,6 +56,17 @@ def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...]) -> 
     return model
 
 
+def set_determinism(enabled: bool) -> None:
+    """Deterministic kernels on CUDA (cuBLAS workspace, cuDNN, torch's deterministic algorithms), so a GPU run and
+    its resume repeat bitwise; CPU runs are deterministic without it. Call before the first CUDA matmul."""
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns, by name
+
+
 def _autocast(device: torch.device, enabled: bool) -> Any:
     if enabled and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -71,6 +83,7 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 
 def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None) -> dict[str, Any]:
     """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir)."""
+    set_determinism(cfg.deterministic)
     info = D.init_distributed(cfg.device)
     run = Path(cfg.out)
     ckpt_dir = run / "checkpoints"
@@ -160,7 +173,8 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
         audit = open(audit_path, "a", encoding="utf-8")
     trainable = [p for p in model.parameters() if p.requires_grad]
     clip = cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf
-    t_last, n_last, last_loss = time.perf_counter(), 0, float("nan")
+    log = _StepLog(cfg, spec.epoch_length, metrics_path, writer, bar) if info.is_main else None
+    pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]] = []  # read back at the next flush
     ddp_model.train()
     try:
         while step < cfg.steps:
@@ -169,7 +183,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             y = batch["y"].to(info.device, non_blocking=True)
             mask = batch["mask"].to(info.device, non_blocking=True)
             cv = batch["channel_valid"].to(info.device, non_blocking=True)
-            x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, cv)
+            x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, batch["channel_valid"])
             with _autocast(info.device, cfg.amp):
                 pred = ddp_model(x)
             loss = relative_l2_loss(pred.float(), y, mask, cv, cfg.loss)
@@ -178,37 +192,17 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
             opt.step()
             sched.step()
+            lr = sched.get_last_lr()[0]
             step += 1
             position += cfg.batch_size
             if audit is not None:
                 audit.write(json.dumps({"step": step, "rank": info.rank, "ids": batch["id"],
                                         "positions": batch["position"].tolist()}) + "\n")
                 audit.flush()
-            mean_loss = float(D.mean_across_ranks(loss.detach()).item())
-            last_loss = mean_loss
-            n_last += cfg.batch_size
-            if info.is_main:
-                lr = sched.get_last_lr()[0]
-                rec = {"step": step, "loss": mean_loss, "lr": lr, "grad_norm": float(grad_norm),
-                       "epoch": position / spec.epoch_length}
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    now = time.perf_counter()
-                    rec["samples_per_s"] = n_last / max(now - t_last, 1e-9)
-                    t_last, n_last = now, 0
-                    msg = (f"step {step}/{cfg.steps} | epoch {rec['epoch']:.2f} | loss {mean_loss:.4f} | lr {lr:.2e} "
-                           f"| grad {rec['grad_norm']:.3f} | {rec['samples_per_s']:.1f} samples/s")
-                    (bar.write if bar is not None else print)(msg)
-                    assert writer is not None
-                    writer.add_scalar("train/samples_per_s", rec["samples_per_s"], step)
-                with open(metrics_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(rec) + "\n")
-                assert writer is not None
-                writer.add_scalar("train/loss", mean_loss, step)
-                writer.add_scalar("train/lr", lr, step)
-                writer.add_scalar("train/grad_norm", rec["grad_norm"], step)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{mean_loss:.4f}")
+            # no host sync here: loss and grad norm stay on the device until the next log or checkpoint step
+            pending.append((step, position, lr, D.mean_across_ranks(loss.detach()), grad_norm.detach()))
+            if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.steps:
+                last_loss = _flush(pending, log)
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
                 _save(cfg, info, model, opt, sched, step, position, spec, ckpt_dir)
     finally:
@@ -226,6 +220,46 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
                   f"mean of the last {k} steps {sum(losses[-k:]) / k:.4f} ({len(losses)} steps, {metrics_path})",
                   flush=True)
     return {"step": step, "position": position, "loss": last_loss, "run": str(run)}
+
+
+def _flush(pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]], log: "_StepLog | None") -> float:
+    """Read the pending steps' loss and grad norm back in one device sync, log them (rank 0); the last loss."""
+    values = torch.stack([torch.stack([l.float(), g.float()]) for *_, l, g in pending]).cpu().tolist()
+    if log is not None:
+        for (step, position, lr, _, _), (loss, grad) in zip(pending, values):
+            log.record(step, position, lr, loss, grad)
+    pending.clear()
+    return values[-1][0]
+
+
+class _StepLog:
+    """Rank 0's per-step records: metrics.jsonl, TensorBoard, the progress bar and the periodic step line."""
+
+    def __init__(self, cfg: TrainConfig, epoch_length: int, path: Path, writer: Any, bar: Any) -> None:
+        self.cfg, self.epoch_length, self.path, self.writer, self.bar = cfg, epoch_length, path, writer, bar
+        self.t_last, self.n_last = time.perf_counter(), 0
+
+    def record(self, step: int, position: int, lr: float, loss: float, grad_norm: float) -> None:
+        cfg = self.cfg
+        self.n_last += cfg.batch_size
+        rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                               "epoch": position / self.epoch_length}
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            now = time.perf_counter()
+            rec["samples_per_s"] = self.n_last / max(now - self.t_last, 1e-9)
+            self.t_last, self.n_last = now, 0
+            msg = (f"step {step}/{cfg.steps} | epoch {rec['epoch']:.2f} | loss {loss:.4f} | lr {lr:.2e} "
+                   f"| grad {grad_norm:.3f} | {rec['samples_per_s']:.1f} samples/s")
+            (self.bar.write if self.bar is not None else print)(msg)
+            self.writer.add_scalar("train/samples_per_s", rec["samples_per_s"], step)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.writer.add_scalar("train/loss", loss, step)
+        self.writer.add_scalar("train/lr", lr, step)
+        self.writer.add_scalar("train/grad_norm", grad_norm, step)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}")
 
 
 def _save(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,

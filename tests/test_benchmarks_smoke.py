@@ -118,12 +118,14 @@ def test_loader_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[
 
 
 def test_train_step_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[str]) -> None:
-    args = [*SMALL, "--device", "cpu", "--workers", "0", "--batch", "2", "--steps", "1", "--warmup", "1"]
+    args = [*SMALL, "--device", "cpu", "--workers", "0,1", "--batch", "2", "--steps", "1", "--warmup", "1"]
     assert bench_step.main(args) == 0
     out = _last_json(capsys.readouterr().out)
     assert out["benchmark"] == "train_step" and out["device"] == "cpu"
-    (r,) = out["results"]
-    assert (r["preset"], r["dtype"], r["compile"], r["batch"]) == ("tiny", "fp32", False, 2)
-    assert r["step_samples_per_s"] > 0 and r["model_samples_per_s"] > 0 and 0 <= r["data_wait"] < 1
-    assert out["loader"]["samples_per_s"] > 0 and out["loader"]["pinned"] is False
+    assert [(r["preset"], r["dtype"], r["compile"], r["batch"], r["workers"]) for r in out["results"]] == \
+        [("tiny", "fp32", False, 2, 0), ("tiny", "fp32", False, 2, 1)]
+    for r in out["results"]:
+        assert r["step_samples_per_s"] > 0 and r["model_samples_per_s"] > 0 and 0 <= r["data_wait"] < 1
+    assert [x["workers"] for x in out["loader"]] == [0, 1]
+    assert all(x["samples_per_s"] > 0 and x["pinned"] is False for x in out["loader"])
     assert "loader_vs_fastest_step" in out["targets"]
