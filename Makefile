@@ -1,6 +1,12 @@
 # Two entry points: `make demo` (synthesize -> ingest -> train -> evaluate on a small built-in dataset)
 # and `make test`. Both create .venv and install everything on first use.
 PY ?= python3
+# Which torch build: TORCH_INDEX empty installs torch from the default package index (on Linux, PyPI's torch wheels are
+# the CUDA builds, several GB; a mirror may serve CPU builds instead). For a CPU-only build name the CPU index:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# TORCH_SPEC pins the version; where that version is not served, any torch>=2.4 from the same index is taken.
+TORCH_INDEX ?=
+TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -9,8 +15,9 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# The CPU build of torch first, so that the `torch>=2.4` requirement does not pull CUDA wheels.
-	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
+	# torch first, from the index chosen above, so that the `torch>=2.4` requirement below is already met
+	$(BIN)/pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+	  || $(BIN)/pip install -q "torch>=2.4" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
 

@@ -13,6 +13,14 @@ import torch
 from dpot_train.model import CheckpointError, DPOT2D, build_model, checkpoint_payload, load_pretrained
 
 TOL = 1e-6  # tighter than the 1e-5 acceptance bound: catches tanh-approximated GELU (about 6e-6 here)
+GOLDEN = Path(__file__).resolve().parent / "golden"  # in-repo released-format checkpoint (tests/golden/make_golden.py)
+
+
+@pytest.fixture(scope="module")
+def golden_io() -> dict[str, np.ndarray]:
+    """Inputs and outputs of tests/golden/dpot_small.pth, anchored to the reference when they were made."""
+    with np.load(GOLDEN / "dpot_small_io.npz", allow_pickle=False) as data:
+        return {k: data[k] for k in ("x", "pred", "cls")}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +38,8 @@ def _outputs(model: torch.nn.Module, x: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _max_diffs(model: torch.nn.Module, io: dict[str, np.ndarray]) -> tuple[float, float]:
     pred, logits = _outputs(model, io["x"])
-    assert pred.shape == io["pred"].shape == (2, 128, 128, 1, 4)
+    side = io["x"].shape[1]
+    assert pred.shape == io["pred"].shape == (2, side, side, 1, 4)
     assert logits.shape == io["cls"].shape == (2, 12)
     return float(np.abs(pred - io["pred"]).max()), float(np.abs(logits - io["cls"]).max())
 
@@ -45,29 +54,36 @@ def test_released_checkpoint_reproduces_reference(reference_dir: Path, reference
     assert d_cls <= TOL, d_cls
 
 
-def test_module_prefixed_checkpoint_reproduces_reference(
-    reference_dir: Path, reference_io: dict[str, np.ndarray], tmp_path: Path
-) -> None:
-    state = torch.load(reference_dir / "dpot_tiny.pth", map_location="cpu", weights_only=True)["model"]
+def test_in_repo_golden_checkpoint_reproduces_its_outputs(golden_io: dict[str, np.ndarray]) -> None:
+    model = load_pretrained(GOLDEN / "dpot_small.pth")
+    assert isinstance(model, DPOT2D)
+    assert (model.config.img_size, model.config.embed_dim, model.config.depth, model.config.out_layer_dim) == \
+        (32, 32, 2, 16)  # inferred from the weights alone (released format: no config stored)
+    d_pred, d_cls = _max_diffs(model, golden_io)
+    assert d_pred <= TOL and d_cls <= TOL, (d_pred, d_cls)
+
+
+def test_module_prefixed_checkpoint_reproduces_outputs(golden_io: dict[str, np.ndarray], tmp_path: Path) -> None:
+    state = torch.load(GOLDEN / "dpot_small.pth", map_location="cpu", weights_only=True)["model"]
     prefixed = collections.OrderedDict((f"module.{k}", v) for k, v in state.items())
     args = argparse.Namespace(modes=32, act="gelu", lr=1e-3, model="DPOT")
     path = tmp_path / "ddp.pth"
     torch.save({"args": args, "model": prefixed}, path)
-    d_pred, d_cls = _max_diffs(load_pretrained(path), reference_io)
+    d_pred, d_cls = _max_diffs(load_pretrained(path), golden_io)
     assert d_pred <= TOL and d_cls <= TOL, (d_pred, d_cls)
 
 
-def test_classify_and_plain_call_match_tuple_call(reference_dir: Path, reference_io: dict[str, np.ndarray]) -> None:
-    model = load_pretrained(reference_dir / "dpot_tiny.pth").eval()
-    x = torch.from_numpy(reference_io["x"][:1])
+def test_classify_and_plain_call_match_tuple_call(golden_io: dict[str, np.ndarray]) -> None:
+    model = load_pretrained(GOLDEN / "dpot_small.pth").eval()
+    x = torch.from_numpy(golden_io["x"][:1])
     with torch.no_grad():
         pred, logits = model(x, return_logits=True)
         assert torch.equal(model(x), pred)
         assert torch.equal(model.classify(x), logits)
 
 
-def test_own_checkpoint_roundtrip(reference_dir: Path, tmp_path: Path) -> None:
-    model = load_pretrained(reference_dir / "dpot_tiny.pth")
+def test_own_checkpoint_roundtrip(tmp_path: Path) -> None:
+    model = load_pretrained(GOLDEN / "dpot_small.pth")
     path = tmp_path / "own.pt"
     torch.save(checkpoint_payload(model, step=3), path)
     again = load_pretrained(path)
@@ -92,8 +108,8 @@ def test_unsafe_pickle_is_refused(tmp_path: Path) -> None:
     assert isinstance(load_pretrained(path, trusted=True), DPOT2D)
 
 
-def test_missing_and_unexpected_keys_are_listed(reference_dir: Path, tmp_path: Path) -> None:
-    state = torch.load(reference_dir / "dpot_tiny.pth", map_location="cpu", weights_only=True)["model"]
+def test_missing_and_unexpected_keys_are_listed(tmp_path: Path) -> None:
+    state = torch.load(GOLDEN / "dpot_small.pth", map_location="cpu", weights_only=True)["model"]
     state = dict(state)
     del state["blocks.1.filter.b2"]
     state["blocks.1.filter.extra"] = torch.zeros(3)
@@ -120,16 +136,15 @@ def test_wrong_layout_is_refused(tmp_path: Path) -> None:
         load_pretrained(tmp_path / "absent.pth")
 
 
-def test_bf16_weights_load_as_float32_trainable_parameters(reference_dir: Path, reference_io: dict[str, np.ndarray],
-                                                          tmp_path: Path) -> None:
-    state = torch.load(reference_dir / "dpot_tiny.pth", map_location="cpu", weights_only=True)["model"]
+def test_bf16_weights_load_as_float32_trainable_parameters(golden_io: dict[str, np.ndarray], tmp_path: Path) -> None:
+    state = torch.load(GOLDEN / "dpot_small.pth", map_location="cpu", weights_only=True)["model"]
     path = tmp_path / "bf16.pth"
     torch.save({"model": {k: v.to(torch.bfloat16) for k, v in state.items()}}, path)
     model = load_pretrained(path)
     params = list(model.named_parameters())
-    assert len(params) == 43
+    assert len(params) == len(state)
     assert all(p.dtype == torch.float32 and p.requires_grad and p.device.type == "cpu" for _, p in params)
-    d_pred, _ = _max_diffs(model, reference_io)
+    d_pred, _ = _max_diffs(model, golden_io)
     assert 1e-6 < d_pred < 5e-2  # rounded weights: close to, but not equal to, the reference
 
 
