@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,28 @@ def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+class UnreadableCheckpointsError(RuntimeError):
+    """RUN_DIR holds checkpoints but none of them loads: a resume would silently start over."""
+
+
+def looks_complete(path: Path) -> bool:
+    """A structural check that costs one read of the file's end: a torch zip archive with a pickled payload.
+
+    Truncated or overwritten files fail it; pruning never deletes a file that fails it (a damaged checkpoint is
+    left for the user to inspect, and it does not count among the checkpoints kept)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def prune(ckpt_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints (keep <= 0 keeps all)."""
+    """Delete all but the newest `keep` complete checkpoints (keep <= 0 keeps all); damaged files are never deleted."""
     if keep <= 0:
         return
-    for _, p in list_checkpoints(ckpt_dir)[:-keep]:
+    complete = [p for _, p in list_checkpoints(ckpt_dir) if looks_complete(p)]
+    for p in complete[:-keep]:
         p.unlink(missing_ok=True)
 
 
@@ -92,10 +110,20 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """Newest checkpoint that loads; a damaged newest one is skipped with a warning, falling back to the previous."""
-    for _, path in reversed(list_checkpoints(ckpt_dir)):
+    """Newest checkpoint that loads; a damaged newest one is skipped with a warning, falling back to the previous.
+
+    None when there is no checkpoint; UnreadableCheckpointsError when there are some and none loads (starting over
+    would overwrite a run the user may still recover)."""
+    found = list_checkpoints(ckpt_dir)
+    failures = []
+    for _, path in reversed(found):
         try:
             return path, load_checkpoint(path)
         except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous one
             print(f"warning: skipping unreadable checkpoint {path}: {e}", flush=True)
+            failures.append(f"{path.name} ({type(e).__name__})")
+    if found:
+        raise UnreadableCheckpointsError(
+            f"{ckpt_dir}: none of the {len(found)} checkpoints loads ({', '.join(failures)}); nothing was changed. "
+            f"Move them aside to start the run over, or restore a readable checkpoint to resume")
     return None

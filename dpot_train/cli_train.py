@@ -24,6 +24,8 @@ def launch_cmd(
                                           help="Mixture YAML (dataset -> weight) or inline 'a=1,b=2'."),
     model: Optional[str] = typer.Option(None, "--model", help="Model preset (tiny, Ti, S, M, L, H)."),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
+    trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the --init checkpoint "
+                               "(unsafe; only for files you trust)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Total optimiser steps."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (split over processes)."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate of the one-cycle schedule."),
@@ -46,15 +48,17 @@ def launch_cmd(
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation at the end (RUN_DIR/eval.json)."),
     no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums",
                                              help="Skip sha256 of shards (sizes are still checked)."),
-    nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Processes per node (GPUs, or CPU processes)."),
-    nnodes: int = typer.Option(1, "--nnodes"),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node",
+        help="Processes per node (GPUs, or CPU processes). Default 1; a --resume reuses the run's layout."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes. Default 1; a --resume reuses the run's layout."),
     node_rank: int = typer.Option(0, "--node-rank"),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT for multi-node."),
     resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
-    from dpot_train.launch import Topology, prepare_run, torchrun_command
+    from dpot_train.launch import Topology, prepare_run, resume_layout, torchrun_command
 
     try:
         if config is not None:
@@ -71,6 +75,7 @@ def launch_cmd(
             "data.worker_kind": worker_kind,
             "data.manifests": [str(m) for m in manifest] or None,
             "audit": True if audit else None, "deterministic": True if deterministic else None,
+            "trust": True if trust else None,
             "progress": False if no_progress else None,
             "eval_at_end": False if no_eval else None,
             "data.verify_checksums": False if no_verify_checksums else None,
@@ -78,7 +83,11 @@ def launch_cmd(
         cfg = apply_overrides(cfg, overrides)
         if out is None and config is None:
             raise ValueError("--out RUN_DIR is required")
-        topo = Topology(nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+        given = None if nproc_per_node is None and nnodes is None else \
+            Topology(nproc_per_node or 1, nnodes or 1, node_rank, rdzv_endpoint)
+        topo = resume_layout(Path(cfg.out), given) if resume else (given or Topology())
+        if topo.nnodes > 1 and topo.node_rank != node_rank:
+            topo = Topology(topo.nproc_per_node, topo.nnodes, node_rank, rdzv_endpoint or topo.rdzv_endpoint)
         cfg, cfg_path = prepare_run(cfg, resume, topo)
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2

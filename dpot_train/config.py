@@ -54,6 +54,7 @@ class TrainConfig:
     model: str = "tiny"  # a preset name
     model_overrides: dict[str, Any] = field(default_factory=dict)  # model config fields to change (e.g. img_size)
     init: str | None = None  # checkpoint to fine-tune from (released format or one of ours)
+    trust: bool = False  # allow arbitrary pickled objects in the --init checkpoint (unsafe; weights-only otherwise)
     steps: int = 1000
     batch_size: int = 8  # global batch: split evenly over the processes
     seed: int = 0

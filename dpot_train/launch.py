@@ -6,11 +6,14 @@ data problem (missing shard, wrong checksum, unknown mixture name, mismatched ch
 
 from __future__ import annotations
 
+import json
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from dpot_train.checkpoint import list_checkpoints
+import torch
+
+from dpot_train.checkpoint import UnreadableCheckpointsError, list_checkpoints, looks_complete
 from dpot_train.config import TrainConfig, load_config, save_config
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.trainer import RunDirError
@@ -18,7 +21,8 @@ from dpot_train.trainer import RunDirError
 # Fields a resume may change: they do not alter the data stream or the optimisation.
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
-              "data.worker_kind", "data.verify_checksums"}
+              "data.worker_kind", "data.verify_checksums", "deterministic", "trust"}
+LAYOUT_NAME = "launch.json"  # RUN_DIR/launch.json: the process layout a resume reuses
 
 
 @dataclass(frozen=True)
@@ -61,15 +65,78 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def _absolute(path: str) -> str:
+    """A local path made absolute (a resume or --config from another directory finds it); URLs are kept."""
+    return path if "://" in path else str(Path(path).expanduser().resolve())
+
+
+def absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """cfg with its manifest, mixture-file and --init paths absolute."""
+    data = cfg.data
+    mixture = data.mixture
+    if isinstance(mixture, str) and "=" not in mixture:  # a mixture file, not an inline 'a=1,b=2'
+        mixture = _absolute(mixture)
+    data = replace(data, manifests=[_absolute(m) for m in data.manifests], mixture=mixture)
+    return replace(cfg, data=data, init=_absolute(cfg.init) if cfg.init else None)
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it."""
+    from dpot_train.model.factory import resolve_config
+
+    try:
+        resolve_config(cfg.model, **cfg.model_overrides)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"--model {cfg.model!r}: {exc}") from None
+    if cfg.ckpt_every <= 0 or cfg.log_every <= 0 or cfg.steps <= 0:
+        raise ValueError("steps, ckpt_every and log_every must be positive")
+    if not 0 < cfg.optim.warmup_pct < 1:
+        raise ValueError(f"optim.warmup_pct must lie strictly between 0 and 1, got {cfg.optim.warmup_pct}")
+    try:  # the same schedule the trainer builds, on a dummy parameter
+        dummy = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
+        torch.optim.lr_scheduler.OneCycleLR(dummy, max_lr=cfg.optim.lr, total_steps=cfg.steps,
+                                            pct_start=cfg.optim.warmup_pct, cycle_momentum=False)
+    except (ZeroDivisionError, ValueError) as exc:
+        raise ValueError(f"--steps {cfg.steps} with optim.warmup_pct {cfg.optim.warmup_pct}: the one-cycle schedule "
+                         f"cannot be built ({type(exc).__name__}: {exc}); choose another --steps") from None
+    if cfg.init:
+        from dpot_train.model.checkpoint import load_state_dict_file
+
+        if not Path(cfg.init).is_file():
+            raise FileNotFoundError(f"--init checkpoint not found: {cfg.init}")
+        load_state_dict_file(cfg.init, trusted=cfg.trust)  # refuses pickled objects unless --trust
+
+
+def resume_layout(run: Path, topo: Topology | None) -> Topology:
+    """The layout to run: the one given, else (on a resume) the run's recorded one, else one process."""
+    if topo is not None:
+        return topo
+    path = run / LAYOUT_NAME
+    if path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        layout = Topology(int(saved["nproc_per_node"]), int(saved["nnodes"]), 0, saved.get("rdzv_endpoint"))
+        print(f"resuming with the run's layout: {layout.nproc_per_node} process(es) per node x {layout.nnodes} "
+              f"node(s) (from {path}; --nproc-per-node/--nnodes override it)", file=sys.stderr)
+        return layout
+    return Topology()
+
+
 def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainConfig, Path]:
     """Check RUN_DIR and the data, write config.yaml; returns the config to run and its path."""
+    validate_config(cfg)
+    cfg = absolute_paths(cfg)
     run = Path(cfg.out)
     cfg_path = run / "config.yaml"
-    has_ckpt = bool(list_checkpoints(run / "checkpoints"))
+    found = list_checkpoints(run / "checkpoints")
+    has_ckpt = bool(found)
     if has_ckpt and not resume:
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
+    if resume and has_ckpt and not any(looks_complete(p) for _, p in found):
+        raise UnreadableCheckpointsError(
+            f"{run / 'checkpoints'}: none of the {len(found)} checkpoints is a complete file; nothing was changed. "
+            "Move them aside to start the run over, or restore a readable checkpoint to resume")
     if resume and cfg_path.exists():
-        saved = load_config(cfg_path)
+        saved = absolute_paths(load_config(cfg_path))  # a run written before paths were stored absolute: from here
         changed = [k for k in _diff(saved.to_dict(), cfg.to_dict()) if k not in _RESUMABLE]
         if changed and has_ckpt:
             raise RunDirError(f"--resume: {', '.join(changed)} differ from {cfg_path}; a resumed run keeps its "
@@ -77,11 +144,9 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainCo
     if cfg.batch_size % (topo.nproc_per_node * topo.nnodes):
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
-    if cfg.ckpt_every <= 0 or cfg.log_every <= 0 or cfg.steps <= 0:
-        raise ValueError("steps, ckpt_every and log_every must be positive")
-    if cfg.init and not Path(cfg.init).is_file():
-        raise FileNotFoundError(f"--init checkpoint not found: {cfg.init}")
     prepare_stream(cfg.data, cfg.seed)  # every data check, sha256 included unless disabled
     run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, cfg_path)
+    layout = {k: v for k, v in asdict(topo).items() if k != "node_rank"}
+    (run / LAYOUT_NAME).write_text(json.dumps(layout) + "\n", encoding="utf-8")
     return cfg, cfg_path

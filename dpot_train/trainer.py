@@ -48,7 +48,7 @@ def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...]) -> 
     """Seeded preset fitted to the data, or the --init weights; the unused dataset-classification head is frozen."""
     fixed = data_overrides(channels, shape, cfg.data.t_in, cfg.data.t_out)
     torch.manual_seed(cfg.seed)
-    model = init_model(cfg.init, fixed) if cfg.init else fresh_model(cfg.model, cfg.model_overrides, fixed)
+    model = init_model(cfg.init, fixed, cfg.trust) if cfg.init else fresh_model(cfg.model, cfg.model_overrides, fixed)
     cls_head = getattr(model, "cls_head", None)
     if cls_head is not None:  # never trained (loss weight 0 in the reference); frozen so DDP sees no unused grads
         for p in cls_head.parameters():
