@@ -7,23 +7,33 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import dask
 
+from dpot_data.errors import InputError
+
 T = TypeVar("T")
+TIMEOUT_ENV = "DPOT_SCHEDULER_TIMEOUT"  # seconds to wait for a --scheduler before giving up (default 10)
+
+
+def _default_timeout() -> float:
+    try:
+        return float(os.environ.get(TIMEOUT_ENV, "10"))
+    except ValueError:
+        raise InputError(TIMEOUT_ENV, f"expected a number of seconds, got {os.environ[TIMEOUT_ENV]!r}") from None
 R = TypeVar("R")
 
 
 @dataclass(frozen=True)
 class SchedulerOptions:
     """`workers`: local threads (None: one per CPU core); `address`: a dask.distributed scheduler to use instead;
-    `connect_timeout`: seconds to wait for that scheduler."""
+    `connect_timeout`: seconds to wait for that scheduler (default: $DPOT_SCHEDULER_TIMEOUT, else 10)."""
 
     workers: int | None = None
     address: str | None = None
-    connect_timeout: float = 30.0
+    connect_timeout: float = field(default_factory=_default_timeout)
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
@@ -121,7 +131,9 @@ def scheduler_context(options: SchedulerOptions) -> Iterator[Runner]:
         try:
             client = Client(options.address, set_as_default=False, timeout=f"{options.connect_timeout}s")
         except OSError as exc:
-            raise ValueError(f"cannot reach the dask scheduler at {options.address}: {exc}") from None
+            raise InputError("--scheduler", f"cannot reach the dask scheduler at {options.address} within "
+                             f"{options.connect_timeout:g} s ({type(exc).__name__}); is it running? "
+                             f"(set {TIMEOUT_ENV} to wait longer)") from None
         try:
             yield Runner(options, client)
         finally:

@@ -54,6 +54,7 @@ def launch_cmd(
     nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes. Default 1; a --resume reuses the run's layout."),
     node_rank: int = typer.Option(0, "--node-rank"),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT for multi-node."),
+    rdzv_timeout: int = typer.Option(600, "--rdzv-timeout", help="Seconds a node waits for the others to join."),
     resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
 ) -> None:
@@ -84,16 +85,19 @@ def launch_cmd(
         if out is None and config is None:
             raise ValueError("--out RUN_DIR is required")
         given = None if nproc_per_node is None and nnodes is None else \
-            Topology(nproc_per_node or 1, nnodes or 1, node_rank, rdzv_endpoint)
+            Topology(nproc_per_node or 1, nnodes or 1, node_rank, rdzv_endpoint, rdzv_timeout)
         topo = resume_layout(Path(cfg.out), given) if resume else (given or Topology())
         if topo.nnodes > 1 and topo.node_rank != node_rank:
-            topo = Topology(topo.nproc_per_node, topo.nnodes, node_rank, rdzv_endpoint or topo.rdzv_endpoint)
+            topo = Topology(topo.nproc_per_node, topo.nnodes, node_rank, rdzv_endpoint or topo.rdzv_endpoint,
+                            topo.rdzv_timeout)
         cfg, cfg_path = prepare_run(cfg, resume, topo)
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2
         _fail(exc)
         return
     typer.echo(" ".join(cmd), err=True)
+    if topo.waiting_message():
+        typer.echo(topo.waiting_message(), err=True)
     if dry_run:
         return
     os.execv(cmd[0], cmd)

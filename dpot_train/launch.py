@@ -33,6 +33,14 @@ class Topology:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
+    rdzv_timeout: int = 600  # seconds a node waits for the others to join (torchrun's join_timeout)
+
+    def waiting_message(self) -> str | None:
+        """What a node of a multi-node job prints before torchrun blocks in the rendezvous (None for one node)."""
+        if self.nnodes <= 1:
+            return None
+        return (f"node {self.node_rank} of {self.nnodes}: waiting at {self.rdzv_endpoint} for the other "
+                f"{self.nnodes - 1} node(s) to join (up to {self.rdzv_timeout} s; --rdzv-timeout changes it)")
 
 
 def torchrun_command(config_path: Path, topo: Topology, resume: bool, checksums_verified: bool) -> list[str]:
@@ -42,7 +50,7 @@ def torchrun_command(config_path: Path, topo: Topology, resume: bool, checksums_
         if not topo.rdzv_endpoint:
             raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
         cmd += [f"--nnodes={topo.nnodes}", f"--node-rank={topo.node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={topo.rdzv_endpoint}"]
+                f"--rdzv-endpoint={topo.rdzv_endpoint}", f"--rdzv-conf=join_timeout={topo.rdzv_timeout}"]
     else:
         cmd += ["--standalone", "--nnodes=1"]
     cmd += ["-m", "dpot_train.worker", "--config", str(config_path)]
@@ -114,7 +122,8 @@ def resume_layout(run: Path, topo: Topology | None) -> Topology:
     path = run / LAYOUT_NAME
     if path.exists():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        layout = Topology(int(saved["nproc_per_node"]), int(saved["nnodes"]), 0, saved.get("rdzv_endpoint"))
+        layout = Topology(int(saved["nproc_per_node"]), int(saved["nnodes"]), 0, saved.get("rdzv_endpoint"),
+                          int(saved.get("rdzv_timeout", 600)))
         print(f"resuming with the run's layout: {layout.nproc_per_node} process(es) per node x {layout.nnodes} "
               f"node(s) (from {path}; --nproc-per-node/--nnodes override it)", file=sys.stderr)
         return layout

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpot_train import distributed as D
@@ -142,6 +143,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
         write_eval(result, run / "eval.json")
         print_table(result)
+        _eval_to_tensorboard(run / "tb", result, summary["step"])
         summary["eval"] = result
     return summary
 
@@ -158,7 +160,9 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
         _truncate_jsonl(metrics_path, step)
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step)
+        # events after the resume step are redone; the resume step's own event stays
+        writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step + 1)
+        writer.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False) + "```", step)
         if cfg.progress:
             from tqdm import tqdm
 
@@ -238,6 +242,7 @@ class _StepLog:
     def __init__(self, cfg: TrainConfig, epoch_length: int, path: Path, writer: Any, bar: Any) -> None:
         self.cfg, self.epoch_length, self.path, self.writer, self.bar = cfg, epoch_length, path, writer, bar
         self.t_last, self.n_last = time.perf_counter(), 0
+        self.t_start = self.t_last
 
     def record(self, step: int, position: int, lr: float, loss: float, grad_norm: float) -> None:
         cfg = self.cfg
@@ -248,8 +253,10 @@ class _StepLog:
             now = time.perf_counter()
             rec["samples_per_s"] = self.n_last / max(now - self.t_last, 1e-9)
             self.t_last, self.n_last = now, 0
+            eta = (cfg.steps - step) * cfg.batch_size / max(rec["samples_per_s"], 1e-9)
             msg = (f"step {step}/{cfg.steps} | epoch {rec['epoch']:.2f} | loss {loss:.4f} | lr {lr:.2e} "
-                   f"| grad {grad_norm:.3f} | {rec['samples_per_s']:.1f} samples/s")
+                   f"| grad {grad_norm:.3f} | {rec['samples_per_s']:.1f} samples/s "
+                   f"| elapsed {_clock(now - self.t_start)} | eta {_clock(eta)}")
             (self.bar.write if self.bar is not None else print)(msg)
             self.writer.add_scalar("train/samples_per_s", rec["samples_per_s"], step)
         with open(self.path, "a", encoding="utf-8") as f:
@@ -260,6 +267,28 @@ class _StepLog:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}")
+
+
+def _clock(seconds: float) -> str:
+    """H:MM:SS."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _eval_to_tensorboard(log_dir: Path, result: dict[str, Any], step: int) -> None:
+    """Every number of the evaluation, per dataset, as eval/<dataset>/<name> scalars at the final step."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    def leaves(prefix: str, node: Any) -> list[tuple[str, float]]:
+        if isinstance(node, dict):
+            return [kv for k, v in node.items() for kv in leaves(f"{prefix}/{k}", v)]
+        if isinstance(node, (int, float)) and not isinstance(node, bool):
+            return [(prefix, float(node))]
+        return []
+
+    with SummaryWriter(log_dir=str(log_dir)) as writer:
+        for name, value in leaves("eval", result.get("datasets", {})):
+            writer.add_scalar(name, value, step)
 
 
 def _save(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,

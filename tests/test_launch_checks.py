@@ -99,3 +99,12 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_never_deletes_damaged_o
     (ckpt / "step-00000004.pt").write_bytes(b"\0" * 100)  # damaged newest
     prune(ckpt, keep=2)
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002.pt", "step-00000003.pt", "step-00000004.pt"]
+
+
+def test_a_node_of_a_multi_node_launch_says_it_waits(fno_train_shards: Path, tmp_path: Path) -> None:
+    r = _launch(fno_train_shards, tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                "node0:29500", "--rdzv-timeout", "120", "--dry-run")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "--rdzv-conf=join_timeout=120" in r.stderr
+    assert "node 1 of 2: waiting at node0:29500 for the other 1 node(s) to join (up to 120 s" in r.stderr
+    assert "waiting" not in _launch(fno_train_shards, tmp_path / "one", "--dry-run").stderr

@@ -47,3 +47,43 @@ def test_deferred_step_log_equals_per_step_log(fno_train_shards: Path,
         assert torch.equal(a["model"][k], b["model"][k]), k
     assert yaml.safe_load((out / "config.yaml").read_text())["deterministic"] is True
     assert b["train_config"]["deterministic"] is True and a["train_config"]["deterministic"] is False
+
+
+def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_holds_config_eval_and_every_step_once_after_a_resume(
+        fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    base = tmp_path_factory.mktemp("tb")
+    full = base / "full"
+    args = train_runs.launch_args(fno_train_shards, full, steps=12, nproc=1)
+    args[args.index("--ckpt-every") + 1] = "4"
+    r = train_runs.run(args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| elapsed 0:00:" in r.stdout and "| eta 0:00:" in r.stdout
+    tags = _scalars(full)
+    assert [s for s, _ in tags["train/loss"]] == list(range(1, 13))
+    evals = [t for t in tags if t.startswith("eval/fno-ns-v1e-3/")]
+    assert evals and all(tags[t][0][0] == 12 for t in evals), sorted(tags)
+    acc = EventAccumulator(str(full / "tb"))
+    acc.Reload()
+    assert "config" in "".join(acc.Tags()["tensors"])
+
+    resumed = base / "resumed"  # the same run, as if it had stopped after its step-4 checkpoint
+    shutil.copytree(full, resumed)
+    for step in (8, 12):
+        (resumed / "checkpoints" / f"step-{step:08d}.pt").unlink()
+    r = train_runs.run(train_runs.launch_args(fno_train_shards, resumed, "--resume", steps=12, nproc=1))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    again = _scalars(resumed)
+    assert [s for s, _ in again["train/loss"]] == list(range(1, 13))  # step 4 kept, 5..12 redone once
+    assert again["train/loss"] == tags["train/loss"]
