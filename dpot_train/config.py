@@ -124,10 +124,47 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     return TrainConfig.from_dict(d)
 
 
+MAX_YAML_BYTES = 1 << 20  # run configs and mixtures are a few KB; refuse anything near a megabyte
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """The safe loader without anchors/aliases: a config never needs them, and nested aliases ("billion laughs")
+    expand exponentially in everything that walks the result."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(f"YAML aliases are not accepted (line {event.start_mark.line + 1})")
+        return super().compose_node(parent, index)
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes repeated values out in full, so that what we write is what read_yaml accepts."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A small YAML file read safely: size-bounded, UTF-8, no aliases; ValueError naming the file otherwise."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise ValueError(f"{path}: expected a YAML file, found something else")
+        if size > MAX_YAML_BYTES:
+            raise ValueError(f"{path}: {size} bytes; a YAML config is expected to be under {MAX_YAML_BYTES} bytes")
+        text = path.read_bytes().decode("utf-8")
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+
+
 def load_config(path: str | Path) -> TrainConfig:
-    """Read a YAML run config (safe loader)."""
-    with open(path, encoding="utf-8") as f:
-        d = yaml.safe_load(f) or {}
+    """Read a YAML run config (safe loader, no aliases, size-bounded)."""
+    d = read_yaml(path) or {}
     if not isinstance(d, dict):
         raise ValueError(f"{path}: a run config must be a YAML mapping, got {type(d).__name__}")
     try:
@@ -140,5 +177,5 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
     """Write the config as YAML atomically."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    tmp.write_text(yaml.dump(cfg.to_dict(), Dumper=_NoAliasDumper, sort_keys=False), encoding="utf-8")
     tmp.replace(path)

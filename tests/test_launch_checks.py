@@ -108,3 +108,22 @@ def test_a_node_of_a_multi_node_launch_says_it_waits(fno_train_shards: Path, tmp
     assert "--rdzv-conf=join_timeout=120" in r.stderr
     assert "node 1 of 2: waiting at node0:29500 for the other 1 node(s) to join (up to 120 s" in r.stderr
     assert "waiting" not in _launch(fno_train_shards, tmp_path / "one", "--dry-run").stderr
+
+
+def test_hostile_run_configs_are_refused_in_one_line(fno_train_shards: Path, tmp_path: Path) -> None:
+    import os
+
+    bomb = tmp_path / "bomb.yaml"
+    layers = ["a: &a [x, x, x, x, x, x, x, x, x]"] + [
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]" for i in range(8)]
+    bomb.write_text("\n".join(layers) + "\n")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("model: tiny  # caf\xe9\n".encode("latin-1"))
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path, expected in ((bomb, "aliases are not accepted"), (latin, "not UTF-8"), (fifo, "expected a YAML file")):
+        r = subprocess.run([sys.executable, "-m", "dpot_train", "launch", "--config", str(path), "--out",
+                            str(tmp_path / "run"), "--dry-run"], capture_output=True, text=True, timeout=60,
+                           env=train_runs.env(), cwd=train_runs.ROOT)
+        assert expected in _one_line_error(r), r.stderr
