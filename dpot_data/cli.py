@@ -193,11 +193,20 @@ def _ingest_command(source: str, help_text: str) -> None:
         resolution: int = typer.Option(128, "--resolution", help="Target size of each spatial axis (0: native)."),
         channels: int = typer.Option(4, "--channels", help="Pad channels up to this count."),
         fill: float = typer.Option(1.0, "--fill", help="Value of padded channels."),
-        resample: str = typer.Option("auto", "--resample", help="auto | fourier | bilinear | bicubic."),
+        convention: str = typer.Option(
+            "dpot-reference", "--convention",
+            help="dpot-reference: orientation, frames, channels, split and resampling as the released DPOT checkpoints "
+                 "saw them (docs/conventions.md); canonical: ours (Fourier resampling of periodic data, FNO's `a` as "
+                 "frame 0, seeded split)."),
+        resample: str = typer.Option("auto", "--resample", help="auto (bilinear under dpot-reference; Fourier for "
+                                     "periodic data under canonical) | fourier | bilinear (no antialiasing, as the "
+                                     "reference) | bilinear-antialias | bicubic."),
         mask_resample: str = typer.Option("nearest", "--mask-resample", help="nearest | area-threshold."),
         formats: str = typer.Option("zarr,wds", "--format", help="Comma list of outputs: zarr, wds."),
         split: Optional[str] = typer.Option(None, "--split", help="Train fraction, or 'train,valid' fractions; rest "
-                                            "is test (default 0.9, or the catalog's split with --dataset)."),
+                                            "is test, by a seeded permutation. Default: the convention's rule (the "
+                                            "reference's index-based split where known), else 0.9 (or the catalog's "
+                                            "split with --dataset)."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help="Catalog dataset (manifests/catalog.yaml), e.g. "
                                               "pdebench-cfd-m1-eta0.1: its name, split and expected counts."),
         seed: int = typer.Option(0, "--seed", help="Seed of the trajectory split."),
@@ -219,7 +228,7 @@ def _ingest_command(source: str, help_text: str) -> None:
             options = IngestOptions(
                 resolution=resolution or None, channels=channels, fill=fill, resample=resample,
                 mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
-                split=parse_split(split or "0.9"), seed=seed, name=name, shard_size=_parse_bytes(shard_size), segment=segment,
+                split=parse_split(split) if split else None, convention=convention, seed=seed, name=name, shard_size=_parse_bytes(shard_size), segment=segment,
                 block=block, overwrite=overwrite, progress=progress, stats=stats, workers=workers, scheduler=scheduler,
             )
             if source == "corpus":

@@ -31,11 +31,14 @@ from dpot_data.errors import InputError
 from dpot_data.hashing import sha256_file
 from dpot_data.scheduler import SchedulerOptions, compute_in_task, scheduler_context
 from dpot_data.sources.base import DATASET_NAME, SPLITS, ReadResult, check_result, load_source
-from dpot_data.transform import MASK_METHODS, choose_method, pad_channels, resample_fields, resample_mask
+from dpot_data.transform import (ANTIALIASED, MASK_METHODS, choose_method, pad_channels, resample_fields,
+                                  resample_mask)
 from dpot_data.writers.wds_shards import DEFAULT_SHARD_BYTES, SplitShardWriter
 from dpot_data.writers.zarr_store import ZarrLayout
 
 FORMATS = ("zarr", "wds")
+CONVENTIONS = ("dpot-reference", "canonical")
+MODEL_LAYOUTS = ("xy", "yx")
 
 
 @dataclass
@@ -45,10 +48,13 @@ class IngestOptions:
     resolution: int | None = 128  # target size of every spatial axis; None or 0 keeps the native grid
     channels: int = 4
     fill: float = 1.0
-    resample: str = "auto"  # auto | fourier | bilinear | bicubic
+    resample: str = "auto"  # auto | fourier | bilinear | bilinear-antialias | bicubic
     mask_resample: str = "nearest"  # nearest | area-threshold
     formats: tuple[str, ...] = FORMATS
-    split: tuple[float, ...] = (0.9,)
+    # None: the convention's split (the reference's rule where the reader knows it), else seeded 0.9; a value given
+    # here replaces a reader's split with the seeded rule (recorded as a deviation from the convention)
+    split: tuple[float, ...] | None = None
+    convention: str = "dpot-reference"  # dpot-reference: what the released DPOT checkpoints saw; canonical: ours
     seed: int = 0
     name: str | None = None
     shard_size: int = DEFAULT_SHARD_BYTES
@@ -171,6 +177,7 @@ class _Plan:
     channels: int
     fill: float
     stats: bool
+    model_layout: str = "xy"
 
 
 def _process_block(plan: _Plan, rng: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, Any, list[_Piece]]:
@@ -183,7 +190,12 @@ def _process_block(plan: _Plan, rng: tuple[int, int]) -> tuple[np.ndarray, np.nd
         np.empty((0, plan.frames) + raw.shape[2:], np.float32)
     m = np.stack([mask[p.source - i0] for p in pieces]) if pieces else np.empty((0,) + mask.shape[1:], np.uint8)
     if plan.method != "none":
-        f = resample_fields(f, plan.shape, plan.method)
+        # interpolate on the grid as the model sees it (H, W), so that float32 rounding matches the reference's
+        swap = plan.model_layout == "xy" and len(plan.shape) == 2 and plan.method != "fourier"
+        if swap:
+            f = np.swapaxes(resample_fields(np.swapaxes(f, -1, -2), plan.shape[::-1], plan.method), -1, -2)
+        else:
+            f = resample_fields(f, plan.shape, plan.method)
     if plan.mask_method != "none":
         m = resample_mask(m, plan.shape, plan.mask_method)
     f, valid = pad_channels(f, plan.channels, plan.fill, axis=2)
@@ -192,6 +204,22 @@ def _process_block(plan: _Plan, rng: tuple[int, int]) -> tuple[np.ndarray, np.nd
         train = np.array([p.split == "train" for p in pieces], dtype=bool)
         block_stats = st.block_stats(f, m, valid, include=train)
     return np.ascontiguousarray(f, dtype=np.float32), np.ascontiguousarray(m, dtype=np.uint8), block_stats, pieces
+
+
+def _deviations(opts: IngestOptions, method: str, reader_split: bool) -> dict[str, Any]:
+    """The options this ingest was given that depart from its convention (empty when it follows it exactly)."""
+    if opts.convention != "dpot-reference":
+        return {}
+    out: dict[str, Any] = {}
+    if reader_split and opts.split is not None:
+        out["split"] = f"seeded {','.join(f'{v:g}' for v in opts.split)} (seed {opts.seed}) instead of the reference rule"
+    if method not in ("none", "bilinear"):
+        out["resample"] = method
+    if opts.channels != 4:
+        out["channels"] = opts.channels
+    if float(opts.fill) != 1.0:
+        out["fill"] = float(opts.fill)
+    return out
 
 
 def _existing(out: Path) -> dict[str, Any] | None:
@@ -222,6 +250,11 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     formats = tuple(dict.fromkeys(opts.formats))
     if not formats or any(f not in FORMATS for f in formats):
         raise InputError("--format", f"expected a comma list of {', '.join(FORMATS)}, got {','.join(opts.formats)}")
+    if opts.convention not in CONVENTIONS:
+        raise InputError("--convention", f"expected one of {', '.join(CONVENTIONS)}, got {opts.convention!r}")
+    model_layout = str(ds.attrs.get("model_layout", "xy"))
+    if model_layout not in MODEL_LAYOUTS:
+        raise ValueError(f"reader set model_layout {model_layout!r}; expected one of {MODEL_LAYOUTS}")
     if opts.mask_resample not in MASK_METHODS:
         raise InputError("--mask-resample", f"expected one of {', '.join(MASK_METHODS)}, got {opts.mask_resample!r}")
     native_channels = [str(c) for c in ds["channel"].values]
@@ -238,21 +271,22 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
         method, mask_method, antialias = "none", "none", False
     else:
         try:
-            method = choose_method(boundary, opts.resample)
+            method = choose_method(boundary, opts.resample, opts.convention)
         except ValueError as exc:
             raise InputError("--resample", str(exc)) from None
         mask_method = opts.mask_resample
-        antialias = method in ("bilinear", "bicubic") and any(t < n for t, n in zip(target, native_shape))
+        antialias = method in ANTIALIASED and any(t < n for t, n in zip(target, native_shape))
 
     # split (by source trajectory), then pieces
     ids = [str(s) for s in ds["sample"].values]
-    if result.split is not None:
+    if result.split is not None and opts.split is None:
         splits = np.asarray(result.split, dtype=str)
-        rule = "fixed by the source files"
+        rule = str(ds.attrs.get("split_rule", "fixed by the source files"))
     else:
-        fractions = parse_split(opts.split)
+        fractions = parse_split(opts.split if opts.split is not None else (0.9,))
         splits = assign_splits(ids, fractions, opts.seed)
         rule = _split_rule(fractions, opts.seed)
+    deviations = _deviations(opts, method, result.split is not None)
     segment = opts.segment or (result.segment if result.lengths is not None else None)
     if result.lengths is not None and segment is None:
         raise InputError("--segment", "expected a segment length: the trajectories of this source differ in length")
@@ -314,7 +348,7 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
                 writers[split] = journal.restore_shards(
                     SplitShardWriter(staging, f"shards/{name}", split, opts.shard_size))
         plan = _Plan(ds["fields"].data, ds["mask"].data, pieces, frames, target, method, mask_method,
-                     opts.channels, float(opts.fill), opts.stats)
+                     opts.channels, float(opts.fill), opts.stats, model_layout)
         acc = journal.stats(len(native_channels)) if opts.stats else None
         first = journal.point.block
         index = journal.point.row
@@ -360,7 +394,10 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
         "frames": int(frames),
         "dt": None if dt is None else float(dt),
         "resample": {"fields": method, "mask": mask_method, "antialias": bool(antialias)},
-        "splits": {"seed": int(opts.seed), "rule": rule, "counts": counts},
+        "splits": {"seed": int(opts.seed), "rule": rule, "counts": counts,
+                   "ids": {s: [p.id for p in pieces if p.split == s] for s in SPLITS}},
+        "convention": {"name": opts.convention, "model_layout": model_layout, "deviations": deviations,
+                       **({"pred_channels": int(ds.attrs["pred_channels"])} if "pred_channels" in ds.attrs else {})},
         "trajectories": len(pieces),
         "shards": shards,
         "zarr": None if arrays is None else {"path": "data.zarr", "group": name, "arrays": arrays},
@@ -436,14 +473,15 @@ def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions
     reader's `block` (trajectories per task) unless reader_options names one."""
     if options is not None and options.block is not None:
         reader_options.setdefault("block", options.block)
+    if options is not None:
+        reader_options.setdefault("convention", options.convention)
     try:
         module = load_source(source)
     except ValueError as exc:
         raise InputError(source, str(exc)) from None
     params = inspect.signature(module.read).parameters
-    if "block" in reader_options and "block" not in params and not any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        reader_options = {k: v for k, v in reader_options.items() if k != "block"}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        reader_options = {k: v for k, v in reader_options.items() if k not in ("block", "convention") or k in params}
     return module.read([Path(p) for p in paths], **reader_options)
 
 

@@ -11,14 +11,18 @@ from typing import Sequence
 import numpy as np
 import scipy.fft
 
-FIELD_METHODS = ("fourier", "bilinear", "bicubic")
+FIELD_METHODS = ("fourier", "bilinear", "bilinear-antialias", "bicubic")
 MASK_METHODS = ("nearest", "area-threshold")
+ANTIALIASED = ("bilinear-antialias", "bicubic")  # these low-pass filter when they shrink a grid
 
 
-def choose_method(boundary: str, method: str = "auto") -> str:
-    """Resolve `auto` to `fourier` for periodic data and `bilinear` otherwise; refuse spectral on non-periodic data."""
+def choose_method(boundary: str, method: str = "auto", convention: str = "canonical") -> str:
+    """Resolve `auto`: `bilinear` under the dpot-reference convention (what the released checkpoints saw), else
+    `fourier` for periodic data and `bilinear-antialias` otherwise; refuse spectral on non-periodic data."""
     if method == "auto":
-        return "fourier" if boundary == "periodic" else "bilinear"
+        if convention == "dpot-reference":
+            return "bilinear"
+        return "fourier" if boundary == "periodic" else "bilinear-antialias"
     if method not in FIELD_METHODS:
         raise ValueError(f"unknown resample method {method!r}: expected auto, {', '.join(FIELD_METHODS)}")
     if method == "fourier" and boundary != "periodic":
@@ -62,8 +66,9 @@ def resample_fourier(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     return out.astype(x.dtype if np.issubdtype(x.dtype, np.floating) else np.float32)
 
 
-def _interp2d(x: np.ndarray, shape: tuple[int, int], mode: str) -> np.ndarray:
-    """Resize the last two axes with torch (antialiased when shrinking), keeping leading axes."""
+def _interp2d(x: np.ndarray, shape: tuple[int, int], mode: str, antialias: bool) -> np.ndarray:
+    """Resize the last two axes with torch F.interpolate (align_corners=False; antialiased when asked and shrinking),
+    keeping leading axes."""
     import torch  # imported here: the Fourier path and the CLI start-up do not need it
     import torch.nn.functional as F
 
@@ -71,27 +76,28 @@ def _interp2d(x: np.ndarray, shape: tuple[int, int], mode: str) -> np.ndarray:
     t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(-1, 1, *x.shape[-2:])
     shrinking = shape[0] < x.shape[-2] or shape[1] < x.shape[-1]
     with torch.no_grad():
-        out = F.interpolate(t, size=shape, mode=mode, align_corners=False, antialias=shrinking)
+        out = F.interpolate(t, size=shape, mode=mode, align_corners=False, antialias=antialias and shrinking)
     return out.reshape(*lead, *shape).numpy()
 
 
-def _interp(x: np.ndarray, shape: tuple[int, ...], mode: str) -> np.ndarray:
+def _interp(x: np.ndarray, shape: tuple[int, ...], mode: str, antialias: bool = True) -> np.ndarray:
     """Resize the trailing 2 or 3 axes; 3D runs as two separable 2D passes ((z,y) then (y,x))."""
     if tuple(x.shape[-len(shape):]) == shape:
         return x
     if len(shape) == 2:
-        return _interp2d(x, shape, mode)
+        return _interp2d(x, shape, mode, antialias)
     if len(shape) != 3:
         raise ValueError(f"expected 2 or 3 spatial axes, got {len(shape)}")
     zyx = np.moveaxis(x, -1, 0)  # (x, ..., z, y)
-    zyx = _interp2d(zyx, (shape[0], shape[1]), mode)
+    zyx = _interp2d(zyx, (shape[0], shape[1]), mode, antialias)
     out = np.moveaxis(zyx, 0, -1)  # (..., Z, Y, x)
-    return _interp2d(out, (shape[1], shape[2]), mode)
+    return _interp2d(out, (shape[1], shape[2]), mode, antialias)
 
 
-def resample_bilinear(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """Bilinear (trilinear in 3D, separable) resampling with antialiasing when downsampling; float32 out."""
-    return _interp(np.asarray(x), tuple(int(s) for s in shape), "bilinear").astype(np.float32, copy=False)
+def resample_bilinear(x: np.ndarray, shape: Sequence[int], antialias: bool = False) -> np.ndarray:
+    """Bilinear resampling (separable in 3D), align_corners=False; float32 out. Without antialias this is exactly the
+    reference DPOT resize in both directions; `antialias` low-pass filters when downsampling."""
+    return _interp(np.asarray(x), tuple(int(s) for s in shape), "bilinear", antialias).astype(np.float32, copy=False)
 
 
 def resample_bicubic(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
@@ -106,8 +112,8 @@ def resample_fields(x: np.ndarray, shape: Sequence[int], method: str) -> np.ndar
         return np.asarray(x, dtype=np.float32)
     if method == "fourier":
         return resample_fourier(np.asarray(x, dtype=np.float32), shape)
-    if method == "bilinear":
-        return resample_bilinear(x, shape)
+    if method in ("bilinear", "bilinear-antialias"):
+        return resample_bilinear(x, shape, antialias=method == "bilinear-antialias")
     if method == "bicubic":
         return resample_bicubic(x, shape)
     raise ValueError(f"unknown resample method {method!r}: expected one of {FIELD_METHODS}")

@@ -9,7 +9,8 @@ rm -rf "$OUT"
 "$BIN/dpot-data" synth fno --out "$OUT/raw" --n 32 --frames 20 --seed 0
 # the v5 and v7.3 files hold the same trajectories: ingest one of them.
 # 32x32 (Fourier-downsampled from 64x64) keeps the training part to a few minutes on 2 CPU cores.
-"$BIN/dpot-data" ingest fno "$OUT"/raw/NavierStokes_*.mat --out "$OUT/shards" --resolution 32 --split 0.8
+"$BIN/dpot-data" ingest fno "$OUT"/raw/NavierStokes_*.mat --out "$OUT/shards" --resolution 32 --split 0.8 \
+    --convention canonical
 "$BIN/dpot-data" inspect "$OUT/shards"
 "$BIN/dpot-train" launch --manifest "$OUT/shards" --model tiny --steps "$STEPS" --batch-size 8 --nproc-per-node 2 \
     --ckpt-every 300 --log-every 100 --no-eval --out "$OUT/run"

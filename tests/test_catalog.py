@@ -157,7 +157,7 @@ def test_catalog_driven_ingest_names_splits_and_warns(tmp_path):
     from dpot_data.synth import pdebench, pdearena
 
     raw = pdebench.write_cfd(tmp_path / "raw", m=0.1, eta=0.01, n=10, frames=3, res=8)
-    opts = IngestOptions(formats=("wds",), stats=False, resolution=None)
+    opts = IngestOptions(formats=("wds",), stats=False, resolution=None, convention="canonical")
     done = ingest_with_catalog([raw], tmp_path / "out", opts, dataset="pdebench-cfd-m0.1-eta0.01")
     entry = done.outcome.manifest["datasets"][0]
     assert entry["name"] == "pdebench-cfd-m0p1-eta0p01"  # the manifest name of the catalog entry
@@ -172,7 +172,7 @@ def test_catalog_driven_ingest_names_splits_and_warns(tmp_path):
     arena = pdearena.write_standard(tmp_path / "arena", n=1, frames=14, res=8)
     done = ingest_with_catalog([tmp_path / "arena"], tmp_path / "out2", opts)
     assert done.source == "pdearena" and done.entry.name == "pdearena-ns"
-    assert done.outcome.manifest["datasets"][0]["splits"]["rule"] == "fixed by the source files"
+    assert done.outcome.manifest["datasets"][0]["splits"]["rule"] == "from the files: train, valid and test files"
     with pytest.raises(InputError, match="holds pdearena data, but pdebench-dr is a pdebench dataset"):
         ingest_with_catalog(arena, tmp_path / "out3", opts, dataset="pdebench-dr")
     with pytest.raises(InputError, match="--dataset: unknown dataset 'nope'"):
@@ -197,7 +197,10 @@ def test_cli_synth_then_ingest_by_catalog_name(tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     entry = manifest["datasets"][0]
     assert entry["name"] == "pdebench-dr" and entry["grid"]["shape"] == [128, 128]
-    assert "train 0.8, valid 0.1" in entry["splits"]["rule"]
+    # the default dpot-reference convention: the reference's split by index (first int(0.9 N) train), not the
+    # catalog's seeded ratios (those apply under --convention canonical)
+    assert entry["splits"]["rule"].startswith("dpot-reference: per file, the first int(0.9 N)")
+    assert entry["splits"]["counts"] == {"train": 3, "valid": 0, "test": 1}
     done = runner.invoke(app, ["ingest", "pdearena", str(raw), "--out", str(tmp_path / "bad"), "--no-progress"])
     assert done.exit_code == 2
     assert f"{raw}: expected exactly one top group named train, valid or test" in done.output

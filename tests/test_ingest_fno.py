@@ -26,7 +26,7 @@ NAME = "fno-ns-v1e-3"
 
 
 def _opts(**kw) -> IngestOptions:
-    return IngestOptions(**{"stats": False, **kw})
+    return IngestOptions(**{"stats": False, "convention": "canonical", **kw})
 
 
 def _group(out: Path) -> zarr.Group:
@@ -56,7 +56,7 @@ def fourier(fno_pair, tmp_path_factory) -> dict:
     out = {}
     for kind in ("v5", "v73"):
         out[kind] = base / kind
-        ingest_files("fno", [fno_pair[kind]], out[kind], IngestOptions(split=(0.5, 0.25), seed=3))
+        ingest_files("fno", [fno_pair[kind]], out[kind], IngestOptions(convention="canonical", split=(0.5, 0.25), seed=3))
     return out
 
 
@@ -258,8 +258,8 @@ def _with_hook(result, hook):
 
 def test_interrupted_ingest_resumes_to_the_same_bytes(fno_pair, tmp_path):
     # one trajectory per shard; a shard is complete once the next trajectory of its split arrives
-    opts = IngestOptions(resolution=64, workers=1, shard_size=1, split=(1.0,), command="test")
-    reference = ingest(fno.read([fno_pair["v5"]], block=1), tmp_path / "ref", opts).manifest
+    opts = IngestOptions(convention="canonical", resolution=64, workers=1, shard_size=1, split=(1.0,), command="test")
+    reference = ingest(fno.read(convention="canonical", paths=[fno_pair["v5"]], block=1), tmp_path / "ref", opts).manifest
 
     def explode(chunk):
         if chunk == 2:
@@ -267,12 +267,12 @@ def test_interrupted_ingest_resumes_to_the_same_bytes(fno_pair, tmp_path):
 
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="disk on fire"):
-        ingest(_with_hook(fno.read([fno_pair["v5"]], block=1), explode), out, opts)
+        ingest(_with_hook(fno.read(convention="canonical", paths=[fno_pair["v5"]], block=1), explode), out, opts)
     # nothing under a final name: no manifest, no data.zarr, no shards; only the hidden staging folder
     assert [p.name for p in out.iterdir()] == [".staging-fno-ns-v1e-3"]
 
     computed = []
-    outcome = ingest(_with_hook(fno.read([fno_pair["v5"]], block=1), computed.append), out, opts)
+    outcome = ingest(_with_hook(fno.read(convention="canonical", paths=[fno_pair["v5"]], block=1), computed.append), out, opts)
     # blocks 0 and 1 were journalled (2 and 3 failed together in one window); trajectory 0's shard is complete
     assert outcome.written
     assert "resumed an interrupted ingest at trajectory 1 (block 1); kept 1 completed shard(s)" in outcome.notes[0]
@@ -371,8 +371,8 @@ def test_compressed_v5_reads_like_the_uncompressed_file(fno_pair, tmp_path):
     a, u = _raw(fno_pair["v5"])
     packed = tmp_path / "NavierStokes_V1e-3_N4_T4.mat"
     scipy.io.savemat(packed, {"a": a, "u": u, "t": np.arange(1, 5, dtype=np.float32)[None]}, do_compression=True)
-    plain = fno.read([fno_pair["v5"]]).data["fields"].values
-    result = fno.read([packed])
+    plain = fno.read(convention="canonical", paths=[fno_pair["v5"]]).data["fields"].values
+    result = fno.read(convention="canonical", paths=[packed])
     assert result.data.attrs["provenance"]["files"][packed.name]["compressed"] is True
     np.testing.assert_array_equal(result.data["fields"].values, plain)
 
@@ -389,7 +389,7 @@ def test_trajectories_with_nan_or_inf_are_left_out_and_reported(fno_pair, tmp_pa
     t = np.arange(1, u.shape[-1] + 1, dtype=np.float32)[None]
     bad = tmp_path / "NavierStokes_V1e-3_N4_T4.mat"
     (write_mat_v5 if container == "v5" else write_mat_v73)(bad, a, u, t)
-    result = fno.read([bad])
+    result = fno.read(convention="canonical", paths=[bad])
     assert list(result.data["sample"].values) == [f"{bad.name}#0", f"{bad.name}#2"]
     assert [w for w, _ in result.skipped] == [f"{bad.name}#1", f"{bad.name}#3"]
     assert "frame 3" in result.skipped[0][1] and "frame 0" in result.skipped[1][1]

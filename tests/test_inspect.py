@@ -18,7 +18,8 @@ from dpot_data.inspect import inspect_dir, render
 @pytest.fixture(scope="module")
 def ingested(fno_pair, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("inspect") / "out"
-    ingest_files("fno", [fno_pair["v5"]], out, IngestOptions(resolution=32, split=(0.5,), seed=1, shard_size=1 << 18))
+    ingest_files("fno", [fno_pair["v5"]], out, IngestOptions(resolution=32, split=(0.5,), seed=1, shard_size=1 << 18,
+                                                               convention="canonical"))
     return out
 
 

@@ -18,7 +18,7 @@ HIGH = (200, 0.5)  # wave number 200 along x: above the 128-grid Nyquist (64), b
 
 
 def _ingest_fields(read_result, out, **options) -> tuple[dict, zarr.Group]:
-    opts = IngestOptions(formats=("zarr",), stats=False, **options)
+    opts = IngestOptions(convention="canonical", formats=("zarr",), stats=False, **options)
     entry = ingest(read_result, out, opts).manifest["datasets"][0]
     return entry, zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
 
@@ -41,7 +41,7 @@ def cfd512(tmp_path_factory):
 
 
 def test_512_to_128_spectral_downsampling_is_accurate(cfd512, tmp_path):
-    entry, group = _ingest_fields(pdebench.read([cfd512[0]]), tmp_path / "clean")
+    entry, group = _ingest_fields(pdebench.read(convention="canonical", paths=[cfd512[0]]), tmp_path / "clean")
     assert entry["resample"] == {"fields": "fourier", "mask": "nearest", "antialias": False}
     assert entry["grid"]["native_shape"] == [512, 512] and group["fields"].shape == (1, 2, 4, 128, 128)
     err = np.abs(group["fields"][0] - _expected(group, 0)).max()
@@ -49,12 +49,12 @@ def test_512_to_128_spectral_downsampling_is_accurate(cfd512, tmp_path):
 
 
 def test_512_to_128_lets_no_high_frequency_alias_in(cfd512, tmp_path):
-    entry, group = _ingest_fields(pdebench.read([cfd512[1]]), tmp_path / "noisy")
+    entry, group = _ingest_fields(pdebench.read(convention="canonical", paths=[cfd512[1]]), tmp_path / "noisy")
     got = group["fields"][0]
     low = _expected(group, 0)
     assert np.abs(got - low).max() < 2e-5  # the k=200 component (amplitude 0.5) is gone, nothing folded back
     # what plain subsampling (or bilinear without antialiasing, as DPOT's preprocessing does) would store instead
-    raw = pdebench.read([cfd512[1]]).data["fields"].values[0]
+    raw = pdebench.read(convention="canonical", paths=[cfd512[1]]).data["fields"].values[0]
     assert np.abs(raw[..., ::4, ::4] - low).max() > 0.3  # every 4th point sits on the output grid: k=200 folds to 72
     naive = F.interpolate(torch.from_numpy(raw), size=(128, 128), mode="bilinear", align_corners=False).numpy()
     assert np.abs(naive - low).max() > 0.1
@@ -62,10 +62,10 @@ def test_512_to_128_lets_no_high_frequency_alias_in(cfd512, tmp_path):
 
 def test_non_periodic_downsampling_is_antialiased(tmp_path):
     path = synth_arena.write_ns(tmp_path / "raw", split="train", n=1, frames=2, res=512)
-    read = pdearena.read([path])
+    read = pdearena.read(convention="canonical", paths=[path])
     raw = read.data["fields"].values[0]
     entry, group = _ingest_fields(read, tmp_path / "out", split=(1.0,))
-    assert entry["resample"] == {"fields": "bilinear", "mask": "nearest", "antialias": True}
+    assert entry["resample"] == {"fields": "bilinear-antialias", "mask": "nearest", "antialias": True}
     got = group["fields"][0, :, :3]
     # antialiased bilinear is a local average: close to the smooth plume and to a 4x4 box average of the raw grid
     box = raw.reshape(2, 3, 128, 4, 128, 4).mean(axis=(3, 5))

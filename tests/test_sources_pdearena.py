@@ -27,7 +27,7 @@ def conditioned(tmp_path_factory) -> list[Path]:
 
 
 def test_standard_files_read_exactly_with_their_split(standard):
-    result = pdearena.read(standard, block=1)
+    result = pdearena.read(convention="canonical", paths=standard, block=1)
     check_result(result)
     ds = result.data
     assert ds.attrs["dataset"] == "pdearena-ns" and ds.attrs["boundary"] == "non-periodic"
@@ -50,14 +50,14 @@ def test_standard_files_read_exactly_with_their_split(standard):
 
 def test_plume_rises_along_y(standard):
     """Buoyancy acts along y: the smoke's centre of mass must move to larger y rows, not columns."""
-    u = pdearena.read(standard[:1]).data["fields"].values[0, :, 0]  # (T, y, x)
+    u = pdearena.read(convention="canonical", paths=standard[:1]).data["fields"].values[0, :, 0]  # (T, y, x)
     rows = np.arange(u.shape[1])
     centre_y = (u.sum(axis=2) * rows).sum(axis=1) / u.sum(axis=(1, 2))
     assert centre_y[-1] > centre_y[0] + 1.0
 
 
 def test_conditioned_set_keeps_buo_y_per_trajectory(conditioned):
-    result = pdearena.read(conditioned)
+    result = pdearena.read(convention="canonical", paths=conditioned)
     ds = result.data
     assert ds.attrs["dataset"] == "pdearena-ns-cond"
     assert ds.attrs["parameters"] == {}
@@ -73,7 +73,7 @@ def test_truncated_file_among_three_is_skipped_and_reported(standard, tmp_path):
         copies.append(q)
     broken = copies[1]
     broken.write_bytes(broken.read_bytes()[: broken.stat().st_size * 2 // 3])
-    result = pdearena.read(copies)
+    result = pdearena.read(convention="canonical", paths=copies)
     assert result.skipped and result.skipped[0][0] == broken.name
     assert "truncated" in result.skipped[0][1]
     assert result.split.tolist() == ["train", "train", "test", "test"]
@@ -84,7 +84,7 @@ def test_truncated_file_among_three_is_skipped_and_reported(standard, tmp_path):
 def test_unreadable_file_is_skipped_and_a_missing_key_is_an_error(standard, tmp_path):
     junk = tmp_path / "NavierStokes2D_valid_9_0.50000.h5"
     junk.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
-    result = pdearena.read([standard[0], junk])
+    result = pdearena.read(convention="canonical", paths=[standard[0], junk])
     assert [w for w, _ in result.skipped] == [junk.name]
     nokey = tmp_path / "NavierStokes2D_test_5_0.50000.h5"
     with h5py.File(standard[2]) as src, h5py.File(nokey, "w") as dst:
@@ -92,12 +92,12 @@ def test_unreadable_file_is_skipped_and_a_missing_key_is_an_error(standard, tmp_
         for k in ("u", "vx", "t", "x", "y", "buo_y"):
             src.copy(f"test/{k}", g)
     with pytest.raises(InputError, match=rf"{nokey.name}: group 'test': missing key\(s\) \['vy'\]"):
-        pdearena.read([standard[0], nokey])
+        pdearena.read(convention="canonical", paths=[standard[0], nokey])
 
 
 def test_standard_and_conditioned_files_do_not_mix(standard, conditioned):
     with pytest.raises(InputError, match=r"expected 14 frames on a 16x16 grid .* different datasets"):
-        pdearena.read([standard[0], conditioned[0]])
+        pdearena.read(convention="canonical", paths=[standard[0], conditioned[0]])
 
 
 def test_file_names_parse():
@@ -114,8 +114,8 @@ def _ingest(paths, out, **options):
 
     from dpot_data.ingest import IngestOptions, ingest
 
-    opts = IngestOptions(stats=False, **{"formats": ("zarr",), **options})
-    manifest = ingest(pdearena.read(paths), out, opts).manifest
+    opts = IngestOptions(convention="canonical", stats=False, **{"formats": ("zarr",), **options})
+    manifest = ingest(pdearena.read(convention="canonical", paths=paths), out, opts).manifest
     entry = manifest["datasets"][0]
     return entry, zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
 
@@ -123,7 +123,7 @@ def _ingest(paths, out, **options):
 def test_ingest_native_exact_and_split_from_files(standard, tmp_path):
     entry, group = _ingest(standard, tmp_path / "out", resolution=None)
     assert entry["splits"]["counts"] == {"train": 2, "valid": 2, "test": 2}
-    assert entry["splits"]["rule"] == "fixed by the source files"
+    assert entry["splits"]["rule"] == "from the files: train, valid and test files"
     ids, splits = list(group["sample"][:]), list(group["split"][:])
     with h5py.File(standard[2]) as f:
         raw = np.stack([np.swapaxes(f[f"test/{k}"][()], 2, 3) for k in ("u", "vx", "vy")], axis=2).astype(np.float32)
@@ -141,7 +141,7 @@ def test_ingest_at_128_shards_carry_buo_y(conditioned, tmp_path):
     entry, group = _ingest(conditioned, tmp_path / "out", formats=("zarr", "wds"))
     assert group["fields"].shape == (8, 6, 4, 128, 128)
     assert entry["channels"] == ["u", "vx", "vy", "pad3"] and entry["channel_valid"] == [True, True, True, False]
-    assert entry["resample"] == {"fields": "bilinear", "mask": "nearest", "antialias": False}
+    assert entry["resample"] == {"fields": "bilinear-antialias", "mask": "nearest", "antialias": False}
     metas = []
     for shard in entry["shards"]:
         with tarfile.open(tmp_path / "out" / shard["path"]) as tar:
@@ -174,7 +174,7 @@ def test_nonfinite_trajectory_is_left_out_and_counted(standard, tmp_path):
     with h5py.File(copy, "a") as f:
         f["train/vx"][1, 5, 3, 4] = np.nan
         f["train/u"][1, 7, 0, 0] = np.inf
-    result = pdearena.read([copy, standard[1]])
+    result = pdearena.read(convention="canonical", paths=[copy, standard[1]])
     assert result.skipped == [(f"{copy.name}#1", "NaN or Inf in 2 of 14 frames (first: frame 5)")]
     assert list(result.data["sample"].values) == [f"{copy.name}#0", f"{standard[1].name}#0", f"{standard[1].name}#1"]
     assert result.split.tolist() == ["train", "valid", "valid"] and len(result.sample_params["buo_y"]) == 3
@@ -182,7 +182,7 @@ def test_nonfinite_trajectory_is_left_out_and_counted(standard, tmp_path):
     assert entry["trajectories"] == 3
     assert entry["skipped"] == [{"what": f"{copy.name}#1", "reason": "NaN or Inf in 2 of 14 frames (first: frame 5)"}]
     assert np.isfinite(group["fields"][:]).all()
-    kept = pdearena.read([copy], check_finite=False)
+    kept = pdearena.read(convention="canonical", paths=[copy], check_finite=False)
     assert kept.n_samples == 2 and kept.skipped == []
 
 
@@ -204,5 +204,5 @@ def test_values_beyond_float32_count_as_nonfinite(standard, tmp_path):
     copy.write_bytes(standard[1].read_bytes())
     with h5py.File(copy, "a") as f:
         f["valid/vy"][0, 2, 1, 1] = 1e300  # finite in the float64 file, Inf once stored as float32
-    result = pdearena.read([copy])
+    result = pdearena.read(convention="canonical", paths=[copy])
     assert result.skipped == [(f"{copy.name}#0", "NaN or Inf in 1 of 14 frames (first: frame 2)")]

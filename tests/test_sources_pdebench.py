@@ -31,7 +31,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_cfd_reads_raw_values_exactly_in_dpot_channel_order(files):
-    result = pdebench.read([files["cfd"]], block=2)
+    result = pdebench.read(convention="canonical", paths=[files["cfd"]], block=2)
     check_result(result)
     ds = result.data
     assert ds.attrs["dataset"] == "pdebench-cfd-m0p1-eta0p01-16"
@@ -52,21 +52,21 @@ def test_cfd_reads_raw_values_exactly_in_dpot_channel_order(files):
 
 def test_cfd_axis_order_is_physical(files):
     """The synth field is an analytic function of (x, y): the reader's (y, x) frame must equal it on the grid."""
-    ds = pdebench.read([files["cfd"]]).data
+    ds = pdebench.read(convention="canonical", paths=[files["cfd"]]).data
     yy, xx = np.meshgrid(ds["y"].values, ds["x"].values, indexing="ij")
     expected = synth.cfd_channel(1, 2)((xx, yy), float(ds["time"].values[3]))
     np.testing.assert_allclose(ds["fields"].values[1, 3, 2], expected, atol=1e-6)
 
 
 def test_cfd_parameters_from_name_when_no_attributes(files):
-    ds = pdebench.read([files["cfd_noattrs"]]).data
+    ds = pdebench.read(convention="canonical", paths=[files["cfd_noattrs"]]).data
     assert ds.attrs["parameters"]["M"] == 1.0 and ds.attrs["parameters"]["eta"] == 0.1
     assert ds.attrs["provenance"]["files"][files["cfd_noattrs"].name]["parameters_from"] == "file name"
     assert ds.attrs["dataset"] == "pdebench-cfd-m1-eta0p1-8"
 
 
 def test_cfd3d_is_written_as_3d_fields(files):
-    result = pdebench.read([files["cfd3d"]])
+    result = pdebench.read(convention="canonical", paths=[files["cfd3d"]])
     check_result(result)
     ds = result.data
     assert ds["fields"].dims == ("sample", "time", "channel", "z", "y", "x")
@@ -80,7 +80,7 @@ def test_cfd3d_is_written_as_3d_fields(files):
 
 @pytest.mark.parametrize("kind,channels,name", [("dr", ["u", "v"], "pdebench-dr"), ("swe", ["h"], "pdebench-swe")])
 def test_grouped_files_read_exactly(files, kind, channels, name):
-    result = pdebench.read([files[kind]])
+    result = pdebench.read(convention="canonical", paths=[files[kind]])
     check_result(result)
     ds = result.data
     assert ds.attrs["dataset"] == name and ds.attrs["boundary"] == "non-periodic"
@@ -100,7 +100,7 @@ def test_grouped_files_read_exactly(files, kind, channels, name):
 
 def test_real_diffusion_reaction_fixture(raw_fixtures):
     path = raw_fixtures / FIXTURE
-    result = pdebench.read([path])
+    result = pdebench.read(convention="canonical", paths=[path])
     check_result(result)
     ds = result.data
     assert ds["fields"].shape == (3, 21, 2, 128, 128)
@@ -134,25 +134,25 @@ def test_missing_key_and_wrong_shape_name_the_file_and_key(tmp_path, files):
         for k in ("Vx", "Vy", "density", "t-coordinate"):
             src.copy(k, dst)
     with pytest.raises(InputError, match=rf"{bad.name}: expected datasets .* missing \['pressure'\]"):
-        pdebench.read([bad])
+        pdebench.read(convention="canonical", paths=[bad])
     with h5py.File(bad, "a") as f:
         f.create_dataset("pressure", data=np.zeros((3, 5, 16, 8), np.float32))
     with pytest.raises(InputError, match=r"expected 'pressure' of shape \(3, 5, 16, 16\) like 'density', "
                                          r"found \(3, 5, 16, 8\)"):
-        pdebench.read([bad])
+        pdebench.read(convention="canonical", paths=[bad])
     grouped = tmp_path / "2D_diff-react_NA_NA.h5"
     with h5py.File(grouped, "w") as f:
         f.create_group("0000").create_dataset("data", data=np.zeros((2, 4, 4, 2), np.float32))
         f.create_group("0001").create_group("grid")
     with pytest.raises(InputError, match=r"2D_diff-react_NA_NA.h5: group '0001': expected dataset 'data'"):
-        pdebench.read([grouped])
+        pdebench.read(convention="canonical", paths=[grouped])
 
 
 def test_truncated_single_file_is_an_error_naming_it(tmp_path, files):
     cut = tmp_path / files["cfd"].name
     cut.write_bytes(files["cfd"].read_bytes()[: files["cfd"].stat().st_size // 2])
     with pytest.raises(InputError, match=rf"{cut.name}: .*truncated"):
-        pdebench.read([cut])
+        pdebench.read(convention="canonical", paths=[cut])
 
 
 def test_dataset_names_follow_the_catalog():
@@ -173,8 +173,8 @@ def _ingest(paths, out, **options):
 
     from dpot_data.ingest import IngestOptions, ingest
 
-    opts = IngestOptions(formats=("zarr",), stats=False, **options)
-    manifest = ingest(pdebench.read(paths), out, opts).manifest
+    opts = IngestOptions(convention="canonical", formats=("zarr",), stats=False, **options)
+    manifest = ingest(pdebench.read(convention="canonical", paths=paths), out, opts).manifest
     entry = manifest["datasets"][0]
     return entry, zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
 
@@ -201,8 +201,8 @@ def test_ingest_at_native_resolution_reproduces_raw_values(files, tmp_path):
 
 @pytest.mark.parametrize("kind,channels,method", [
     ("cfd", ["Vx", "Vy", "density", "pressure"], "fourier"),
-    ("dr", ["u", "v", "pad2", "pad3"], "bilinear"),
-    ("swe", ["h", "pad1", "pad2", "pad3"], "bilinear"),
+    ("dr", ["u", "v", "pad2", "pad3"], "bilinear-antialias"),  # the canonical convention's name
+    ("swe", ["h", "pad1", "pad2", "pad3"], "bilinear-antialias"),
 ])
 def test_ingest_at_128_has_dpots_layout(files, tmp_path, kind, channels, method):
     entry, group = _ingest([files[kind]], tmp_path / kind)
@@ -270,7 +270,7 @@ def test_corrupt_chunk_skips_only_its_trajectory(tmp_path):
     with open(path, "r+b") as fh:  # the file still opens; one compressed chunk of sample 0001 is garbage
         fh.seek(chunk.byte_offset)
         fh.write(b"\xff" * chunk.size)
-    result = pdebench.read([path], block=3)
+    result = pdebench.read(convention="canonical", paths=[path], block=3)
     assert [w for w, _ in result.skipped] == [f"{path.name}#0001"]
     assert result.skipped[0][1].startswith("unreadable (corrupt data): OSError")
     assert list(result.data["sample"].values) == [f"{path.name}#0000", f"{path.name}#0002"]
@@ -287,11 +287,11 @@ def test_truncated_file_among_three_is_skipped(files, tmp_path):
         q.write_bytes(files["dr"].read_bytes())
         copies.append(q)
     copies[2].write_bytes(copies[2].read_bytes()[:4096])
-    result = pdebench.read(copies)
+    result = pdebench.read(convention="canonical", paths=copies)
     assert [w for w, _ in result.skipped] == [copies[2].name] and "truncated" in result.skipped[0][1]
     assert result.n_samples == 6 and result.inputs == copies[:2]
     same = tmp_path / "other" / copies[0].name
     same.parent.mkdir()
     same.write_bytes(copies[0].read_bytes())
     with pytest.raises(InputError, match="has the same file name as"):
-        pdebench.read([copies[0], same])
+        pdebench.read(convention="canonical", paths=[copies[0], same])

@@ -210,8 +210,8 @@ def test_atomic_checkpoints_prune_and_skip_damaged(tmp_path: Path) -> None:
     (d / "step-00000006.pt").write_bytes(b"garbage")  # damaged newest: fall back to the previous one
     path, ckpt = latest_checkpoint(d)
     assert path.name == "step-00000004.pt" and ckpt["step"] == 4
-    prune(d, 1)
-    assert [s for s, _ in list_checkpoints(d)] == [6]
+    prune(d, 1)  # keeps the newest complete one (4); the damaged 6 is never deleted
+    assert [s for s, _ in list_checkpoints(d)] == [4, 6]
 
 
 def test_rng_state_round_trips_through_weights_only_load(tmp_path: Path) -> None:

@@ -103,7 +103,9 @@ def test_pad_channels_records_validity_and_fill():
 
 
 def test_choose_method_and_dispatch():
-    assert choose_method("periodic") == "fourier" and choose_method("non-periodic") == "bilinear"
+    assert choose_method("periodic") == "fourier" and choose_method("non-periodic") == "bilinear-antialias"
+    assert choose_method("periodic", convention="dpot-reference") == "bilinear"
+    assert choose_method("non-periodic", convention="dpot-reference") == "bilinear"
     assert choose_method("non-periodic", "bicubic") == "bicubic"
     with pytest.raises(ValueError, match="periodic"):
         choose_method("non-periodic", "fourier")

@@ -268,14 +268,35 @@ def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
     return t.read().astype(np.float64).reshape(-1)
 
 
+# dpot-reference split: trajectories at index >= this in their file are test (REFERENCE_INPUTS.md: 1e-3 data[4800:];
+# 1e-5 and 1e-4 train on their first 1000 / 9800, the last 200 of the published files being the test set)
+REFERENCE_TEST_FROM = {1e-5: 1000, 1e-4: 9800, 1e-3: 4800}
+
+
+def reference_split(ids: Sequence[str], nu: float) -> tuple[np.ndarray | None, str | None]:
+    """The reference's index-based split of trajectories "<file>#<index>" for a published viscosity (else None)."""
+    first = next((v for k, v in REFERENCE_TEST_FROM.items() if np.isclose(k, nu, rtol=1e-6)), None)
+    if first is None:
+        return None, None
+    index = np.array([int(i.rsplit("#", 1)[1]) for i in ids])
+    rule = (f"dpot-reference: by index in the file, trajectories 0..{first - 1} train, {first}.. test "
+            f"(the reference DPOT split for viscosity {format_viscosity(nu)})")
+    return np.where(index < first, "train", "test").astype(str), rule
+
+
 def read(
     paths: Sequence[str | Path], *, viscosity: float | None = None, block: int = DEFAULT_BLOCK, name: str | None = None,
-    check_finite: bool = True,
+    check_finite: bool = True, convention: str = "dpot-reference",
 ) -> ReadResult:
     """Open FNO Navier–Stokes .mat files lazily as one canonical dataset (all files must share viscosity, grid, T).
 
     With `check_finite` (one streamed pass before anything is written), trajectories holding NaN or Inf are left
     out and listed in `skipped` by id, as the other readers do.
+
+    Stored axes: y = the MATLAB array's second spatial axis (d2), x = the first (d1), so a stored frame is
+    `u[n, :, :, t].T`. Under the "dpot-reference" convention the trajectory is `u` alone (t = 1..T: the reference
+    never shows the model `a`), the model's (H, W) is (y, x) (`model_layout` "yx", the reference's orientation), and
+    the split is the reference's by index. Under "canonical", frame 0 is `a` and the model sees (x, y).
     """
     if not paths:
         raise InputError("<no files>", "expected at least one FNO .mat file")
@@ -313,6 +334,9 @@ def read(
     mask = da.ones((fields.shape[0], ny, nx), dtype=np.uint8, chunks=(fields.chunks[0], ny, nx))
     t = _times(first, nt)
     time = np.concatenate([[0.0], t]) if t is not None else np.arange(nt + 1, dtype=np.float64)
+    reference = convention == "dpot-reference"
+    if reference:  # u only: frames 1..T
+        fields, time = fields[:, 1:], time[1:]
     steps = np.diff(time)
     dt = float(steps[0]) if t is not None and len(steps) and np.allclose(steps, steps[0], rtol=1e-5) else None
     provenance = {
@@ -349,9 +373,13 @@ def read(
             "parameters": {"viscosity": nus[0]},
             "dt": dt,
             "provenance": provenance,
+            "model_layout": "yx" if reference else "xy",
         },
     )
-    return ReadResult(data=data, skipped=skipped, inputs=[m.path for m in mats])
+    split, rule = reference_split(ids, nus[0]) if reference else (None, None)
+    if rule is not None:
+        data.attrs["split_rule"] = rule
+    return ReadResult(data=data, split=split, skipped=skipped, inputs=[m.path for m in mats])
 
 
 @atexit.register

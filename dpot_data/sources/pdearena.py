@@ -108,8 +108,12 @@ def _inspect(path: Path) -> dict[str, object]:
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: bool | None = None,
-         block: int | None = None, check_finite: bool = True) -> ReadResult:
+         block: int | None = None, check_finite: bool = True, convention: str = "dpot-reference") -> ReadResult:
     """Open PDEArena NS files lazily as one dataset; the split and buo_y of every trajectory come from its file.
+
+    Under the "dpot-reference" convention the `valid` files are training data (the reference trains on train and
+    valid together, and tests on the test files); under "canonical" they stay "valid". The model sees the stored
+    (x, y) either way (`model_layout` "xy": the reference's H, W are the raw axes 2, 3).
 
     With `check_finite` (one streamed pass over the data before anything is written), trajectories holding NaN or
     Inf, or whose data cannot be read (a file corrupt past its header), are left out and listed in `skipped` with
@@ -185,7 +189,13 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
                "dataset": manifest_name(name or ("pdearena-ns-cond" if conditioned else "pdearena-ns")),
                "boundary": "non-periodic", "parameters": parameters, "dt": dt,
                "provenance": {"reader": "dpot_data.sources.pdearena", "reader_version": READER_VERSION,
-                              "conditioned": bool(conditioned), "files": notes}},
+                              "conditioned": bool(conditioned), "files": notes},
+               "model_layout": "xy"},
     )
-    return ReadResult(data=data, split=np.array(splits), sample_params={"buo_y": buo_y}, skipped=skipped,
-                      inputs=used)
+    split = np.array(splits)
+    if convention == "dpot-reference":
+        split = np.where(split == "valid", "train", split)
+        data.attrs["split_rule"] = "dpot-reference: from the files; train and valid files are train, test files test"
+    else:
+        data.attrs["split_rule"] = "from the files: train, valid and test files"
+    return ReadResult(data=data, split=split, sample_params={"buo_y": buo_y}, skipped=skipped, inputs=used)

@@ -172,7 +172,15 @@ def _cfd_file(path: Path) -> dict[str, object]:
             "dtype": dtype}
 
 
-def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: bool) -> ReadResult:
+def reference_split(positions: Sequence[tuple[int, int]]) -> tuple[np.ndarray, str]:
+    """The reference DPOT split of PDEBench files: per file, the first int(0.9 n) trajectories by index are train,
+    the rest test (`positions`: (index in its file, trajectories in that file) per sample)."""
+    split = np.array(["train" if i < int(0.9 * n) else "test" for i, n in positions], dtype=str)
+    return split, "dpot-reference: per file, the first int(0.9 N) trajectories by index train, the rest test"
+
+
+def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: bool,
+              convention: str = "dpot-reference") -> ReadResult:
     infos = [_cfd_file(p) for p in paths]
     first, p0 = infos[0], paths[0]
     params_list = []
@@ -198,7 +206,7 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
     space = first["shape"][2:]
     per_sample = n_frames * len(names) * int(np.prod(space)) * 4
     blk = auto_block(per_sample, block)
-    parts, ids, skipped, used = [], [], [], []
+    parts, ids, skipped, used, positions = [], [], [], [], []
     for p, info in zip(paths, infos):
         file_ids = [f"{p.name}#{i}" for i in range(info["shape"][0])]
         blocks, keep, bad = checked(_CfdBlocks(p, names, info["shape"]), blk, file_ids, p.name, check)
@@ -206,6 +214,7 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
         if keep.size:
             parts.append(to_dask(blocks, blk, "pdebench-cfd", file_token(p), keep.tolist()))
             ids.extend(file_ids[i] for i in keep)
+            positions.extend((int(i), int(info["shape"][0])) for i in keep)
             used.append(p)
     if not parts:
         raise InputError(paths[0], "no usable trajectory: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
@@ -246,9 +255,12 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
         coords={"sample": np.array(ids, dtype=str), "time": time, "channel": np.array(names), **coords_space},
         attrs={"source": "pdebench", "dataset": manifest_name(name or catalog_name), "boundary": "periodic",
                "parameters": {"M": params["M"], "eta": params["eta"], "zeta": params["zeta"], "kind": str(kind)},
-               "dt": dt, "provenance": provenance},
+               "dt": dt, "provenance": provenance, "model_layout": "xy"},  # the reference's H, W = raw X, Y: as stored
     )
-    return ReadResult(data=data, inputs=used, skipped=skipped)
+    split = None
+    if convention == "dpot-reference" and dims == 2:
+        split, data.attrs["split_rule"] = reference_split(positions)
+    return ReadResult(data=data, inputs=used, skipped=skipped, split=split)
 
 
 # ------------------------------------------------------------------------------------------------- one group per sample
@@ -339,7 +351,8 @@ def _grouped_file(path: Path) -> dict[str, object]:
             "compression": compression, "dtype": dtype}
 
 
-def _read_grouped(paths: list[Path], *, name: str | None, block: int | None, check: bool) -> ReadResult:
+def _read_grouped(paths: list[Path], *, name: str | None, block: int | None, check: bool,
+                  convention: str = "dpot-reference") -> ReadResult:
     infos = [_grouped_file(p) for p in paths]
     first, p0 = infos[0], paths[0]
     kinds = [_grouped_kind(p, info["shape"][3]) for p, info in zip(paths, infos)]
@@ -350,7 +363,7 @@ def _read_grouped(paths: list[Path], *, name: str | None, block: int | None, che
     spec = GROUPED[kinds[0]]
     n_t, ny, nx, nc = first["shape"]
     blk = auto_block(n_t * nc * ny * nx * 4, block)
-    parts, ids, seeds, skipped, used = [], [], [], [], []
+    parts, ids, seeds, skipped, used, positions = [], [], [], [], [], []
     for p, info in zip(paths, infos):
         file_ids = [f"{p.name}#{g}" for g in info["groups"]]
         blocks, keep, bad = checked(_GroupedBlocks(p, info["groups"], info["shape"]), blk, file_ids, p.name, check)
@@ -358,6 +371,7 @@ def _read_grouped(paths: list[Path], *, name: str | None, block: int | None, che
         if keep.size:
             parts.append(to_dask(blocks, blk, f"pdebench-{kinds[0]}", file_token(p), keep.tolist()))
             ids.extend(file_ids[i] for i in keep)
+            positions.extend((int(i), len(info["groups"])) for i in keep)
             seeds.extend(info["seeds"][i] for i in keep)
             used.append(p)
     if not parts:
@@ -385,9 +399,14 @@ def _read_grouped(paths: list[Path], *, name: str | None, block: int | None, che
         coords={"sample": np.array(ids, dtype=str), "time": time, "channel": np.array(spec["channels"]),
                 "y": grid.get("y", (np.arange(ny) + 0.5) / ny), "x": grid.get("x", (np.arange(nx) + 0.5) / nx)},
         attrs={"source": "pdebench", "dataset": manifest_name(name or spec["dataset"]), "boundary": "non-periodic",
-               "parameters": {"pde": spec["pde"], **sim_parameters(config)}, "dt": dt, "provenance": provenance},
+               "parameters": {"pde": spec["pde"], **sim_parameters(config)}, "dt": dt, "provenance": provenance,
+               # `data` is (T, y, x, C) and the reference's H, W are its axes 1, 2: the model sees (y, x)
+               "model_layout": "yx" if convention == "dpot-reference" else "xy"},
     )
-    return ReadResult(data=data, inputs=used, skipped=skipped,
+    split = None
+    if convention == "dpot-reference":
+        split, data.attrs["split_rule"] = reference_split(positions)
+    return ReadResult(data=data, inputs=used, skipped=skipped, split=split,
                       sample_params={"seed": np.asarray(seeds, dtype=np.int64)})
 
 
@@ -407,7 +426,7 @@ def layout(path: Path) -> str:
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | None = None,
-         check_finite: bool = True) -> ReadResult:
+         check_finite: bool = True, convention: str = "dpot-reference") -> ReadResult:
     """Open PDEBench files lazily as one canonical dataset (all files of one kind and parameter set).
 
     Among several files, one that cannot be opened (truncated, corrupt) is skipped and reported; a single bad
@@ -439,6 +458,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     for p, k in zip(good[1:], kinds[1:]):
         if k != kinds[0]:
             raise InputError(p, f"expected a {kinds[0]} file like {good[0].name}: ingest each kind as its own dataset")
-    result = (_read_cfd if kinds[0] == "cfd" else _read_grouped)(good, name=name, block=block, check=check_finite)
+    result = (_read_cfd if kinds[0] == "cfd" else _read_grouped)(good, name=name, block=block, check=check_finite,
+                                                                 convention=convention)
     result.skipped[:0] = skipped
     return result
