@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(
@@ -18,6 +20,33 @@ from dpot_train.cli_train import evaluate_cmd, launch_cmd  # noqa: E402 - traini
 
 app.command("launch")(launch_cmd)
 app.command("evaluate")(evaluate_cmd)
+
+
+@app.command("preview")
+def preview_cmd(
+    manifest: str = typer.Option(..., "--manifest", help="Folder holding manifest.json."),
+    out: Path = typer.Option(..., "--out", help="Where to write the array (.npy, numpy format, no pickle)."),
+    dataset: str = typer.Option(None, "--dataset", help="Dataset name (needed when the manifest holds several)."),
+    split: str = typer.Option("test", "--split", help="train, valid or test."),
+    index: int = typer.Option(0, "--index", help="Trajectory index within the split, in stored order."),
+    start: int = typer.Option(0, "--start", help="First frame."),
+    frames: int = typer.Option(None, "--frames", help="Number of frames (default: to the end)."),
+    backend: str = typer.Option("webdataset", "--backend", help="webdataset or zarr."),
+) -> None:
+    """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32, padded channels included,
+    in the manifest's convention (docs/conventions.md); no noise."""
+    import numpy as np
+
+    from dpot_train.preview import model_input
+
+    try:
+        x = model_input(manifest, dataset, split, index, start, frames, backend)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, x, allow_pickle=False)
+    typer.echo(f"{out}: {x.dtype} {tuple(x.shape)} (H, W, T, C)")
 
 
 @model_app.command("info")

@@ -50,8 +50,9 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
             arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
-            frames = torch.from_numpy(np.stack([to_model_layout(f) for f, _ in arrays]))
-            mask = torch.from_numpy(np.stack([np.ascontiguousarray(m.T) for _, m in arrays]).astype(bool))
+            frames = torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout) for f, _ in arrays]))
+            mask = torch.from_numpy(np.stack([np.ascontiguousarray(m.T if ds.model_layout == "xy" else m)
+                                              for _, m in arrays]).astype(bool))
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
             true = frames[:, :, :, t_in:t_in + steps]
             keep = predicted_entries(mask, cv, frames[:, :, :, :1])

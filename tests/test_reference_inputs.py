@@ -20,6 +20,7 @@ import pytest
 import zarr
 
 from dpot_data.ingest import IngestOptions, run_ingest
+from dpot_train.preview import model_input
 
 # source folder -> (reader, raw inputs relative to <folder>/raw; several sets are ingested separately)
 SOURCES = {
@@ -61,7 +62,7 @@ def to_model(fields: np.ndarray, layout: str) -> np.ndarray:
 
 def ingest(source: str, files: list[Path], out: Path, resolution: int | None) -> tuple[dict, dict[str, np.ndarray]]:
     """Ingest with the defaults (but the grid) and read every stored trajectory back: (manifest entry, id -> fields)."""
-    opts = IngestOptions(resolution=resolution, formats=("zarr",), stats=False)
+    opts = IngestOptions(resolution=resolution, stats=False)
     entry = run_ingest(source, files, out, opts).manifest["datasets"][0]
     group = zarr.open_group(str(out / entry["zarr"]["path"]), mode="r")[entry["zarr"]["group"]]
     ids = [str(s) for s in group["sample"][:]]
@@ -98,6 +99,13 @@ def test_model_input_equals_the_reference(folder: str, inputs_dir: Path, tmp_pat
     names = file_sets[0]
     entry, ours = ingest(reader, [base / "raw" / f for f in names], tmp_path / "res128", 128)
     assert entry["resample"]["fields"] in ("bilinear", "none") and entry["resample"]["antialias"] is False
-    mine = to_model(ours[our_id(index[key.replace("|", "/")]["raw"], names)], entry["convention"]["model_layout"])
+    sid = our_id(index[key.replace("|", "/")]["raw"], names)
+    mine = to_model(ours[sid], entry["convention"]["model_layout"])
     assert x128.shape == (128, 128, 10, 4)
     assert_close(mine[:, :, :10], x128, (folder, key, "128"))
+    # and what dpot-train hands the model (the public preview function, both storage backends)
+    split = key.split("|")[0]
+    position = entry["splits"]["ids"][split].index(sid)
+    for backend in ("webdataset", "zarr"):
+        x = model_input(tmp_path / "res128", split=split, index=position, frames=10, backend=backend)
+        assert_close(x, x128, (folder, key, backend))

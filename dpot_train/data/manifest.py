@@ -47,6 +47,21 @@ class DatasetInfo:
     split_counts: dict[str, int]
     entry: dict[str, Any] = field(repr=False, default_factory=dict)
 
+    @property
+    def convention(self) -> dict[str, Any]:
+        """The manifest's convention entry; a manifest written before conventions existed is canonical, "xy"."""
+        return self.entry.get("convention") or {"name": "canonical", "model_layout": "xy", "deviations": {}}
+
+    @property
+    def model_layout(self) -> str:
+        """"xy": the model's (H, W) is the stored (x, y); "yx": the stored (y, x) (docs/conventions.md)."""
+        return str(self.convention.get("model_layout", "xy"))
+
+    @property
+    def pred_channels(self) -> int:
+        """Channels the dataset's evaluation scores (the reference's pred_channels; else its native channels)."""
+        return int(self.convention.get("pred_channels", sum(self.channel_valid)))
+
     def shards_of(self, split: str) -> list[Shard]:
         """Shards of one split, in manifest order."""
         return [s for s in self.shards if s.split == split]

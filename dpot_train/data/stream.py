@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dpot_train.data.manifest import DataError, DatasetInfo
 from dpot_train.data.readers import TrajectoryReader, TrajRef
-from dpot_train.data.windows import model_view, split_window, window_start
+from dpot_train.data.windows import as_model_order, model_view, split_window, window_start
 
 
 def _name_seed(name: str) -> int:
@@ -104,7 +104,8 @@ class EpochPlans:
 
 def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int
                 ) -> dict[str, Any]:
-    """Read the window of the sample at `position`: stored frames (T, C, Y, X) plus (X, Y, T, C) views x and y.
+    """Read the window of the sample at `position`: frames (T, C, W, H) (the stored (T, C, Y, X), axes swapped for a
+    model_layout "yx" dataset) plus the model's (H, W, T, C) views x and y.
 
     No noise here: it is injected on the training device (windows.inject_noise), seeded by the same position.
     """
@@ -112,7 +113,7 @@ def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef
     ds = spec.datasets[k]
     length = spec.t_in + spec.t_out
     t0 = window_start(rng, ds.frames, length)
-    fields, mask = reader.read(ref, t0, length)
+    fields, mask = as_model_order(*reader.read(ref, t0, length), ds.model_layout)
     x, y = split_window(model_view(fields), spec.t_in)
     return {"frames": fields, "x": x, "y": y, "mask_yx": mask, "mask": mask.T.astype(bool),
             "channel_valid": np.asarray(ds.channel_valid, bool), "dataset": k, "id": ref.id,

@@ -13,9 +13,18 @@ def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
     return int(rng.integers(0, frames - length + 1))
 
 
-def to_model_layout(fields: np.ndarray) -> np.ndarray:
-    """(T, C, Y, X) as stored in shards -> (X, Y, T, C) as the model reads it (contiguous copy)."""
-    return np.ascontiguousarray(np.transpose(fields, (3, 2, 0, 1)))
+def to_model_layout(fields: np.ndarray, model_layout: str = "xy") -> np.ndarray:
+    """(T, C, Y, X) as stored in shards -> the model's (H, W, T, C) (contiguous copy): (X, Y, T, C) for the
+    manifest's model_layout "xy", (Y, X, T, C) for "yx"."""
+    return np.ascontiguousarray(np.transpose(fields, (3, 2, 0, 1) if model_layout == "xy" else (2, 3, 0, 1)))
+
+
+def as_model_order(fields: np.ndarray, mask: np.ndarray, model_layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Stored (T, C, Y, X) and (Y, X) as views whose last two axes are the model's (W, H), so that the one
+    permutation (T, C, b, a) -> (a, b, T, C) used for every sample gives the model's (H, W, T, C)."""
+    if model_layout == "yx":
+        return np.swapaxes(fields, -1, -2), mask.T
+    return fields, mask
 
 
 def split_window(window: np.ndarray, t_in: int) -> tuple[np.ndarray, np.ndarray]:

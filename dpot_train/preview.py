@@ -1,0 +1,43 @@
+"""Exactly what the model is handed for one stored trajectory: the public way to compare our inputs with others'.
+
+`model_input` reads frames of one trajectory through the same readers and layout rule as training and evaluation
+(the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dpot_train.config import DataConfig
+from dpot_train.data.manifest import DataError
+from dpot_train.data.prepare import load_datasets
+from dpot_train.data.readers import make_reader
+from dpot_train.data.windows import to_model_layout
+
+
+def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
+                start: int = 0, frames: int | None = None, backend: str = "webdataset") -> np.ndarray:
+    """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
+    (default: the manifest's only dataset) as the model sees them: (H, W, T, C) float32."""
+    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False)
+    datasets = load_datasets(cfg, split, verify=False)
+    names = [d.name for d in datasets]
+    if dataset is None:
+        if len(datasets) != 1:
+            raise DataError(f"{manifest}: holds datasets {names}; name one with --dataset")
+        ds = datasets[0]
+    elif dataset in names:
+        ds = datasets[names.index(dataset)]
+    else:
+        raise DataError(f"{manifest}: no dataset {dataset!r}; it holds {names}")
+    reader = make_reader(backend)
+    refs = reader.refs(ds, split)
+    if not 0 <= index < len(refs):
+        raise DataError(f"{ds.name}: --index {index} is outside the {len(refs)} {split!r} trajectories")
+    length = ds.frames - start if frames is None else frames
+    if start < 0 or length < 1 or start + length > ds.frames:
+        raise DataError(f"{ds.name}: frames [{start}, {start + length}) are outside its {ds.frames} frames")
+    fields, _ = reader.read(refs[index], start, length)
+    return to_model_layout(fields, ds.model_layout)
