@@ -23,7 +23,8 @@ from dpot_data.ingest import read_source
 
 
 def write_reference_files(source: str, paths: list[str | Path], out: str | Path) -> list[Path]:
-    """One `data_<i>.hdf5` per trajectory (dataset `data`, float32 (X, Y, T, C), native grid and channels).
+    """One `data_<i>.hdf5` per trajectory (dataset `data`, float32 (H, W, T, C) in the model's orientation (the
+    reader's model_layout), native grid and channels).
 
     The trajectories are those the project's own reader of `source` returns, in its order, so file i holds the
     trajectory our ingest stores under index i. Returns the file paths.
@@ -32,6 +33,7 @@ def write_reference_files(source: str, paths: list[str | Path], out: str | Path)
     out.mkdir(parents=True, exist_ok=True)
     result = read_source(source, paths)
     fields = result.data["fields"].data  # dask (sample, time, channel, y, x)
+    order = (3, 2, 0, 1) if result.data.attrs.get("model_layout", "xy") == "xy" else (2, 3, 0, 1)
     if fields.ndim != 5:
         raise ValueError(f"the reference loader handles 2D data only; {source} gave fields of shape {fields.shape}")
     files = []
@@ -39,7 +41,7 @@ def write_reference_files(source: str, paths: list[str | Path], out: str | Path)
         traj = np.asarray(fields[i].compute(), dtype=np.float32)  # (T, C, Y, X)
         path = out / f"data_{i}.hdf5"
         with h5py.File(path, "w") as f:
-            f.create_dataset("data", data=np.ascontiguousarray(traj.transpose(3, 2, 0, 1)))  # (X, Y, T, C)
+            f.create_dataset("data", data=np.ascontiguousarray(traj.transpose(order)))  # (H, W, T, C)
         files.append(path)
     return files
 

@@ -397,7 +397,8 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
         "splits": {"seed": int(opts.seed), "rule": rule, "counts": counts,
                    "ids": {s: [p.id for p in pieces if p.split == s] for s in SPLITS}},
         "convention": {"name": opts.convention, "model_layout": model_layout, "deviations": deviations,
-                       **({"pred_channels": int(ds.attrs["pred_channels"])} if "pred_channels" in ds.attrs else {})},
+                       **{k: int(ds.attrs[k]) for k in ("pred_channels", "t_test")
+                          if k in ds.attrs and opts.convention == "dpot-reference"}},
         "trajectories": len(pieces),
         "shards": shards,
         "zarr": None if arrays is None else {"path": "data.zarr", "group": name, "arrays": arrays},

@@ -39,6 +39,11 @@ def launch_cmd(
     ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps."),
     log_every: Optional[int] = typer.Option(None, "--log-every"),
     loss: Optional[str] = typer.Option(None, "--loss", help="valid (default) or all (the reference's loss)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="dpot (loss and noise over valid channels and fluid "
+                                         "cells) or reference (the reference DPOT's loss, noise and evaluation); "
+                                         "default: reference when --init names released weights, else dpot."),
+    allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
+                                                   help="Fine-tune released weights on shards of another convention."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
     rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps", help="Rollout length of the final eval."),
     deterministic: bool = typer.Option(False, "--deterministic",
@@ -76,7 +81,8 @@ def launch_cmd(
             "data.worker_kind": worker_kind,
             "data.manifests": [str(m) for m in manifest] or None,
             "audit": True if audit else None, "deterministic": True if deterministic else None,
-            "trust": True if trust else None,
+            "trust": True if trust else None, "recipe": recipe,
+            "allow_convention_mismatch": True if allow_convention_mismatch else None,
             "progress": False if no_progress else None,
             "eval_at_end": False if no_eval else None,
             "data.verify_checksums": False if no_verify_checksums else None,
@@ -114,14 +120,21 @@ def evaluate_cmd(
     max_trajectories: int = typer.Option(0, "--max-trajectories", help="Per dataset (0: all)."),
     no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums"),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="reference (the reference DPOT evaluation; default "
+                                         "for released weights) or dpot (valid channels, fluid cells; default for "
+                                         "our checkpoints)."),
+    allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
+                                                   help="Evaluate released weights on shards of another convention."),
 ) -> None:
-    """One-step and rollout L2RE per dataset, for the model and the persistence baseline; writes eval.json."""
+    """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline;
+    writes eval.json."""
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
 
     try:
         result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
                                      backend=backend, device=device, max_trajectories=max_trajectories,
-                                     verify_checksums=not no_verify_checksums, trusted=trust)
+                                     verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
+                                     allow_convention_mismatch=allow_convention_mismatch)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
         return

@@ -59,6 +59,10 @@ class TrainConfig:
     batch_size: int = 8  # global batch: split evenly over the processes
     seed: int = 0
     loss: str = "valid"  # "valid": valid channels and fluid cells; "all": every channel and cell, like the reference
+    # "dpot": our recipe (loss and noise over valid channels and fluid cells); "reference": the reference DPOT's (loss
+    # and noise over every channel and cell, its evaluation); None: reference when --init names released weights
+    recipe: str | None = None
+    allow_convention_mismatch: bool = False  # released weights on shards of another convention
     device: str = "auto"  # "auto", "cpu" or "cuda"
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     deterministic: bool = False  # deterministic CUDA kernels (bitwise-repeatable GPU runs and resumes)

@@ -14,7 +14,10 @@ from dpot_train.config import DataConfig
 from dpot_train.data.prepare import load_datasets
 from dpot_train.data.readers import make_reader
 from dpot_train.data.windows import to_model_layout
-from dpot_train.metrics import l2re, one_step, persistence, predicted_entries, rollout
+from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
+                                reference_rollout_errors, rollout)
+
+RECIPES = ("dpot", "reference")
 
 
 def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
@@ -27,21 +30,31 @@ def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
-                   verify: bool | None = None) -> dict[str, Any]:
-    """L2RE per dataset (valid channels, fluid cells): rollout from the first t_in true frames and one-step.
+                   verify: bool | None = None, recipe: str = "dpot") -> dict[str, Any]:
+    """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
-    Padded channels and solid cells are not predicted: they carry over from the last input frame (metrics.rollout).
+    recipe "dpot": valid channels and fluid cells; rollout and one-step from the first t_in true frames; padded
+    channels and solid cells are not predicted but carry over from the last input frame (metrics.rollout).
+    recipe "reference": the reference DPOT evaluation (docs/training.md): every predicted channel fed back, scored
+    on the original grid's cells and the dataset's pred_channels; rollout_l2re over the whole rollout and
+    step_l2re, the mean of the per-step errors inside it.
 
-    rollout_steps = 0 rolls out to the end of each trajectory; the persistence baseline repeats the last input frame.
+    rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
     """
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     device = torch.device(device)
     datasets = load_datasets(data, split, verify=verify)
     reader = make_reader(data.backend)
     model = model.to(device).eval()
     predict = _predictor(model, device)
     t_in = data.t_in
-    out: dict[str, Any] = {"split": split, "t_in": t_in, "datasets": {}}
+    out: dict[str, Any] = {"split": split, "t_in": t_in, "recipe": recipe, "datasets": {}}
     for ds in datasets:
+        if recipe == "reference":
+            out["datasets"][ds.name] = _reference_scores(predict, ds, reader, split, t_in, rollout_steps,
+                                                         max_trajectories, batch_size)
+            continue
         steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
         refs = reader.refs(ds, split)
         if max_trajectories > 0:
@@ -69,6 +82,46 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     return out
 
 
+def _model_grid(ds: Any) -> tuple[tuple[int, int], list[int]]:
+    """(H, W) of the model's grid and of the native grid, in the model's orientation."""
+    shape, native = list(ds.shape), list(ds.entry.get("grid", {}).get("native_shape", ds.shape))
+    if ds.model_layout == "xy":  # stored (y, x): the model's H is x
+        shape, native = shape[::-1], native[::-1]
+    return (int(shape[0]), int(shape[1])), native
+
+
+def _reference_scores(predict: Any, ds: Any, reader: Any, split: str, t_in: int, rollout_steps: int,
+                      max_trajectories: int, batch_size: int) -> dict[str, Any]:
+    """One dataset under the reference recipe: model and persistence, rollout_l2re and step_l2re."""
+    t_test = int(ds.convention.get("t_test", ds.frames - t_in))
+    steps = min(t_test, ds.frames - t_in) if rollout_steps <= 0 else min(rollout_steps, t_test, ds.frames - t_in)
+    refs = reader.refs(ds, split)
+    if max_trajectories > 0:
+        refs = refs[:max_trajectories]
+    shape, native = _model_grid(ds)
+    cells, channels = original_grid_cells(shape, native), ds.pred_channels
+    found: dict[str, list[torch.Tensor]] = {k: [] for k in ("model_rollout", "model_step", "persistence_rollout",
+                                                            "persistence_step")}
+    for i in range(0, len(refs), batch_size):
+        chunk = refs[i:i + batch_size]
+        frames = torch.from_numpy(np.stack([to_model_layout(reader.read(r, 0, t_in + steps)[0], ds.model_layout)
+                                            for r in chunk]))
+        for name, fn in (("model", predict), ("persistence", persistence)):
+            whole, per_step = reference_rollout_errors(fn, frames, t_in, steps, cells, channels)
+            found[f"{name}_rollout"].append(whole)
+            found[f"{name}_step"].append(per_step)
+    vals = {k: float(torch.cat(v).double().mean()) for k, v in found.items()}
+    return {"trajectories": len(refs), "rollout_steps": steps, "pred_channels": channels,
+            "model": {"rollout_l2re": vals["model_rollout"], "step_l2re": vals["model_step"]},
+            "persistence": {"rollout_l2re": vals["persistence_rollout"], "step_l2re": vals["persistence_step"]}}
+
+
+def _trained_recipe(checkpoint: str) -> str:
+    """The recipe stored with one of our checkpoints ("dpot" when it names none)."""
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return str((ckpt.get("train_config") or {}).get("recipe") or "dpot")
+
+
 def write_eval(result: dict[str, Any], path: str | Path) -> None:
     """Write eval.json atomically."""
     path = Path(path)
@@ -83,25 +136,42 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"L2RE on the {result['split']} split (valid channels, fluid cells; lower is better)")
-    for col in ("dataset", "traj", "steps", "model 1-step", "persist 1-step", "model rollout", "persist rollout"):
+    reference = result.get("recipe") == "reference"
+    scored = "the reference's metric: original-grid cells, pred_channels" if reference else \
+        "valid channels, fluid cells"
+    first = "step_l2re" if reference else "one_step_l2re"
+    label = "step (in rollout)" if reference else "1-step"
+    table = Table(title=f"L2RE on the {result['split']} split ({scored}; lower is better)")
+    for col in ("dataset", "traj", "steps", f"model {label}", f"persist {label}", "model rollout", "persist rollout"):
         table.add_column(col, justify="left" if col == "dataset" else "right")
     for name, r in result["datasets"].items():
         table.add_row(name, str(r["trajectories"]), str(r["rollout_steps"]),
-                      f"{r['model']['one_step_l2re']:.4f}", f"{r['persistence']['one_step_l2re']:.4f}",
+                      f"{r['model'][first]:.4f}", f"{r['persistence'][first]:.4f}",
                       f"{r['model']['rollout_l2re']:.4f}", f"{r['persistence']['rollout_l2re']:.4f}")
     Console(width=120).print(table)
 
 
 def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
-                        verify_checksums: bool = True, trusted: bool = False) -> dict[str, Any]:
-    """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`."""
+                        verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
+                        allow_convention_mismatch: bool = False) -> dict[str, Any]:
+    """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
+
+    `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
+    recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
+    dpot-reference are refused unless `allow_convention_mismatch`."""
     from dpot_train.data.manifest import read_manifests
     from dpot_train.model import load_pretrained
-    from dpot_train.model_setup import data_overrides, init_model
+    from dpot_train.model_setup import convention_problems, data_overrides, init_model, is_released
 
     datasets = read_manifests(manifests)
+    released = is_released(checkpoint, trusted)
+    if released and not allow_convention_mismatch:
+        problems = convention_problems(datasets, checkpoint)
+        if problems:
+            raise ValueError(problems[0])
+    if recipe is None:
+        recipe = "reference" if released else _trained_recipe(checkpoint)
     model = load_pretrained(checkpoint, trusted=trusted)
     cfg = model.config
     frames_in = cfg.in_timesteps
@@ -116,6 +186,6 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
-                            max_trajectories=max_trajectories)
+                            max_trajectories=max_trajectories, recipe=recipe)
     result["checkpoint"] = str(checkpoint)
     return result

@@ -21,7 +21,8 @@ from dpot_train.trainer import RunDirError
 # Fields a resume may change: they do not alter the data stream or the optimisation.
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
-              "data.worker_kind", "data.verify_checksums", "deterministic", "trust"}
+              "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
+              "allow_convention_mismatch"}
 LAYOUT_NAME = "launch.json"  # RUN_DIR/launch.json: the process layout a resume reuses
 
 
@@ -88,6 +89,16 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, data=data, init=_absolute(cfg.init) if cfg.init else None)
 
 
+def resolve_recipe(cfg: TrainConfig) -> TrainConfig:
+    """cfg with `recipe` decided: as given, else "reference" when --init names released weights, else "dpot"."""
+    if cfg.recipe is not None:
+        return cfg
+    from dpot_train.model_setup import is_released
+
+    released = bool(cfg.init) and is_released(cfg.init, cfg.trust)
+    return replace(cfg, recipe="reference" if released else "dpot")
+
+
 def validate_config(cfg: TrainConfig) -> None:
     """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it."""
     from dpot_train.model.factory import resolve_config
@@ -98,6 +109,8 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ValueError(f"--model {cfg.model!r}: {exc}") from None
     if cfg.ckpt_every <= 0 or cfg.log_every <= 0 or cfg.steps <= 0:
         raise ValueError("steps, ckpt_every and log_every must be positive")
+    if cfg.recipe not in (None, "dpot", "reference"):
+        raise ValueError(f"--recipe must be dpot or reference, got {cfg.recipe!r}")
     if not 0 < cfg.optim.warmup_pct < 1:
         raise ValueError(f"optim.warmup_pct must lie strictly between 0 and 1, got {cfg.optim.warmup_pct}")
     try:  # the same schedule the trainer builds, on a dummy parameter
@@ -153,7 +166,15 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainCo
     if cfg.batch_size % (topo.nproc_per_node * topo.nnodes):
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
-    prepare_stream(cfg.data, cfg.seed)  # every data check, sha256 included unless disabled
+    cfg = resolve_recipe(cfg)
+    spec, _ = prepare_stream(cfg.data, cfg.seed)  # every data check, sha256 included unless disabled
+    if cfg.init and not cfg.allow_convention_mismatch:
+        from dpot_train.model_setup import convention_problems, is_released
+
+        if is_released(cfg.init, cfg.trust):
+            problems = convention_problems(spec.datasets, cfg.init)
+            if problems:
+                raise ValueError(problems[0])
     run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, cfg_path)
     layout = {k: v for k, v in asdict(topo).items() if k != "node_rank"}

@@ -106,3 +106,42 @@ def l2re(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
          channel_valid: torch.Tensor | None) -> torch.Tensor:
     """(B,) L2RE: relative L2 over the whole predicted space-time block, averaged over valid channels."""
     return masked_channel_mean(relative_l2_per_channel(pred, true, mask), channel_valid)
+
+
+# ------------------------------------------------------------------------------------------ the reference's metric
+
+def original_grid_cells(shape: tuple[int, int], native: tuple[int, int] | list[int]) -> torch.Tensor:
+    """(H, W) bool: the cells that hold the native grid's points after an integer upsampling (every k-th cell from
+    0), all cells otherwise: the reference's test mask (it scores only values that were not interpolated)."""
+    cells = torch.zeros(shape, dtype=torch.bool)
+    steps = [s // n if n < s and s % n == 0 else 1 for s, n in zip(shape, native)]
+    cells[::steps[0], ::steps[1]] = True
+    return cells
+
+
+def reference_l2re(pred: torch.Tensor, true: torch.Tensor, cells: torch.Tensor, channels: int) -> torch.Tensor:
+    """(B,) the reference's relative L2 of each sample: per channel over (H, W, T) on `cells`, averaged over the
+    first `channels` channels (the dataset's own, or its pred_channels)."""
+    m = cells.to(pred.device)[None, :, :, None, None]
+    diff = ((pred - true).float() * m)[..., :channels]
+    ref = (true.float() * m)[..., :channels]
+    num = diff.pow(2).sum(dim=(1, 2, 3)).sqrt()
+    den = ref.pow(2).sum(dim=(1, 2, 3)).sqrt()
+    return (num / den).mean(dim=1)
+
+
+def reference_rollout_errors(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int, cells: torch.Tensor,
+                             channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference evaluation of a batch: an auto-regressive rollout from the first t_in frames that feeds every
+    channel of each prediction back; returns (B,) errors over the whole rollout and (B, steps) per-step errors."""
+    window = frames[:, :, :, :t_in]
+    preds: list[torch.Tensor] = []
+    while sum(p.shape[3] for p in preds) < steps:
+        new = predict(window)
+        preds.append(new)
+        window = torch.cat([window, new], dim=3)[:, :, :, -t_in:]
+    pred = torch.cat(preds, dim=3)[:, :, :, :steps]
+    true = frames[:, :, :, t_in:t_in + steps]
+    per_step = torch.stack([reference_l2re(pred[:, :, :, s:s + 1], true[:, :, :, s:s + 1], cells, channels)
+                            for s in range(steps)], dim=1)
+    return reference_l2re(pred, true, cells, channels), per_step

@@ -139,7 +139,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
 
         model.eval()
         result = evaluate_model(model, cfg.data, split=cfg.eval_split, rollout_steps=cfg.rollout_steps,
-                                device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False)
+                                device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False,
+                                recipe=cfg.recipe or "dpot")
         result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
         write_eval(result, run / "eval.json")
         print_table(result)
@@ -178,6 +179,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     trainable = [p for p in model.parameters() if p.requires_grad]
     clip = cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf
     log = _StepLog(cfg, spec.epoch_length, metrics_path, writer, bar) if info.is_main else None
+    reference = cfg.recipe == "reference"
     pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]] = []  # read back at the next flush
     ddp_model.train()
     try:
@@ -187,10 +189,13 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             y = batch["y"].to(info.device, non_blocking=True)
             mask = batch["mask"].to(info.device, non_blocking=True)
             cv = batch["channel_valid"].to(info.device, non_blocking=True)
-            x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, batch["channel_valid"])
+            if reference:  # the reference's noise touches every channel and cell
+                x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed)
+            else:
+                x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, batch["channel_valid"])
             with _autocast(info.device, cfg.amp):
                 pred = ddp_model(x)
-            loss = relative_l2_loss(pred.float(), y, mask, cv, cfg.loss)
+            loss = relative_l2_loss(pred.float(), y, mask, cv, "all" if reference else cfg.loss)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)

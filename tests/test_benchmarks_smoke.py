@@ -42,7 +42,7 @@ def test_reader_windows_equal_reference_windows(bench_data: bench_loader.BenchDa
     for r in refs:
         for t0 in (0, 1):
             fields, _ = reader.read(r, t0, 11)
-            x, y = split_window(to_model_layout(fields), 10)
+            x, y = split_window(to_model_layout(fields, spec.datasets[0].model_layout), 10)
             rx, ry = (a.numpy() for a in ref.window(r.index, t0))
             assert x.shape == rx.shape == (128, 128, 10, 4) and y.shape == ry.shape == (128, 128, 1, 4)
             # same bilinear upsampling, applied along (y, x) at ingest and along (x, y) by the baseline

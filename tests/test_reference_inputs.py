@@ -109,3 +109,23 @@ def test_model_input_equals_the_reference(folder: str, inputs_dir: Path, tmp_pat
     for backend in ("webdataset", "zarr"):
         x = model_input(tmp_path / "res128", split=split, index=position, frames=10, backend=backend)
         assert_close(x, x128, (folder, key, backend))
+
+
+@pytest.mark.parametrize("folder", sorted(SOURCES))
+def test_evaluation_of_the_released_format_equals_the_reference(folder: str, inputs_dir: Path, reference_dir: Path,
+                                                                tmp_path: Path) -> None:
+    from dpot_train.evaluate import evaluate_checkpoint
+
+    reader, file_sets = SOURCES[folder]
+    base = inputs_dir / folder
+    official = json.loads((base / "official_eval.json").read_text())
+    run_ingest(reader, [base / "raw" / f for f in file_sets[0]], tmp_path / "out", IngestOptions(stats=False))
+    result = evaluate_checkpoint(str(reference_dir / "dpot_tiny.pth"), [str(tmp_path / "out")],
+                                 split=official["settings"]["split"], device="cpu")
+    assert result["recipe"] == "reference"  # the default for released weights
+    (scores,) = result["datasets"].values()
+    for name, ours in (("dpot_tiny", scores["model"]), ("persistence", scores["persistence"])):
+        ref = official[name]
+        assert scores["trajectories"] == ref["trajectories"] and scores["rollout_steps"] == ref["rollout_steps"]
+        assert abs(ours["rollout_l2re"] - ref["rollout_l2re"]) <= 1e-5, (name, ours, ref)
+        assert abs(ours["step_l2re"] - ref["step_l2re"]) <= 1e-5, (name, ours, ref)

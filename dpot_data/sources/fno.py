@@ -271,6 +271,7 @@ def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
 # dpot-reference split: trajectories at index >= this in their file are test (REFERENCE_INPUTS.md: 1e-3 data[4800:];
 # 1e-5 and 1e-4 train on their first 1000 / 9800, the last 200 of the published files being the test set)
 REFERENCE_TEST_FROM = {1e-5: 1000, 1e-4: 9800, 1e-3: 4800}
+REFERENCE_T_TEST = {1e-5: 10, 1e-4: 20, 1e-3: 20}  # frames the reference evaluates after the 10 input frames
 
 
 def reference_split(ids: Sequence[str], nu: float) -> tuple[np.ndarray | None, str | None]:
@@ -379,6 +380,9 @@ def read(
     split, rule = reference_split(ids, nus[0]) if reference else (None, None)
     if rule is not None:
         data.attrs["split_rule"] = rule
+    t_test = next((v for k, v in REFERENCE_T_TEST.items() if np.isclose(k, nus[0], rtol=1e-6)), None)
+    if reference and t_test is not None:
+        data.attrs["t_test"] = t_test
     return ReadResult(data=data, split=split, skipped=skipped, inputs=[m.path for m in mats])
 
 

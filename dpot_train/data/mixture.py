@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-import yaml
 
 from dpot_train.data.manifest import DataError
 
@@ -28,8 +27,7 @@ def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | 
         where = "mixture"
     elif Path(spec).is_file():
         where = str(spec)
-        with open(spec, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+        raw = _read(spec)
         if isinstance(raw, dict) and isinstance(raw.get("weights"), dict):
             raw = raw["weights"]
     elif re.fullmatch(r"\s*[a-z0-9_-]+\s*=\s*[^,=]+(\s*,\s*[a-z0-9_-]+\s*=\s*[^,=]+)*\s*", str(spec)):
@@ -49,6 +47,30 @@ def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | 
             raise DataError(f"{where}: weight of {k!r} must be finite and >= 0, got {v!r}")
         out[str(k)] = w
     return out
+
+
+def _read(path: str | Path) -> object:
+    from dpot_train.config import read_yaml
+
+    try:
+        return read_yaml(path)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
+def parse_caps(spec: str | Mapping[str, float] | None) -> dict[str, int]:
+    """A mixture file's optional `max_trajectories` (dataset -> n): train on the first n training trajectories of
+    that dataset in stored order (the reference pre-training set takes the first `ntrain` of each)."""
+    if not isinstance(spec, (str, Path)) or not Path(spec).is_file():
+        return {}
+    raw = _read(spec)
+    caps = raw.get("max_trajectories") if isinstance(raw, dict) else None
+    if caps is None:
+        return {}
+    if not isinstance(caps, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                             for v in caps.values()):
+        raise DataError(f"{spec}: max_trajectories must map dataset names to positive integers")
+    return {str(k): int(v) for k, v in caps.items()}
 
 
 def resolve_weights(names: list[str], mixture: Mapping[str, float] | None) -> dict[str, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dpot_train.config import DataConfig
 from dpot_train.data.manifest import DataError, DatasetInfo, check_compatible, read_manifests, verify_shards
-from dpot_train.data.mixture import parse_mixture, resolve_weights, visit_counts
+from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.readers import TrajectoryReader, make_reader
 from dpot_train.data.stream import StreamSpec
 
@@ -34,6 +34,8 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None) -> tu
         if len(r) != d.split_counts.get(cfg.split, 0):
             raise DataError(f"{d.manifest}: dataset {d.name!r} lists {d.split_counts.get(cfg.split, 0)} "
                             f"{cfg.split!r} trajectories but its {cfg.backend} data holds {len(r)}")
+    caps = parse_caps(cfg.mixture)
+    refs = [r[:caps[d.name]] if d.name in caps else r for d, r in zip(datasets, refs)]
     counts = visit_counts({d.name: len(r) for d, r in zip(datasets, refs)}, weights)
     spec = StreamSpec(datasets=datasets, refs=refs, visits=[counts[d.name] for d in datasets],
                       t_in=cfg.t_in, t_out=cfg.t_out, seed=seed)
