@@ -37,7 +37,7 @@ def reference_dir(shared_dir: Path) -> Path:
 def fno_train_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Small FNO Navier-Stokes shards for training tests, made through dpot_data's library API (synth + ingest).
 
-    16 trajectories of 14 frames at 32x32 (1 valid channel padded to 4): 12 train, 2 valid, 2 test.
+    16 trajectories of 13 frames (u; the dpot-reference convention leaves out a) at 32x32 (1 valid channel padded to 4): 12 train, 2 valid, 2 test.
     """
     from dpot_data.ingest import IngestOptions, ingest_files
     from dpot_data.synth.fno import synth_fno

@@ -81,7 +81,9 @@ def test_bad_options_are_rejected() -> None:
 
 
 def test_unreachable_scheduler_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="cannot reach the dask scheduler at tcp://127.0.0.1:1"):
+    from dpot_data.errors import InputError
+
+    with pytest.raises(InputError, match="cannot reach the dask scheduler at tcp://127.0.0.1:1 within 1 s"):
         with scheduler_context(SchedulerOptions(address="tcp://127.0.0.1:1", connect_timeout=1)):
             pass
 

@@ -43,7 +43,7 @@ def test_metrics_against_known_predictors(fno_train_shards: Path) -> None:
     assert r["model"] == r["persistence"]
     assert 0 < r["persistence"]["one_step_l2re"] < r["persistence"]["rollout_l2re"] < 1
     zero = evaluate_model(_Zero(), _data(fno_train_shards))["datasets"]["fno-ns-v1e-3"]
-    assert zero["rollout_steps"] == 4  # 14 frames - 10 inputs
+    assert zero["rollout_steps"] == 3  # 13 frames (u only, the dpot-reference convention) - 10 inputs
     assert zero["model"]["rollout_l2re"] == pytest.approx(1.0, abs=1e-6)
     assert zero["model"]["one_step_l2re"] == pytest.approx(1.0, abs=1e-6)
 
@@ -63,7 +63,7 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     run = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
     ev = json.loads((run / "eval.json").read_text())
     r = ev["datasets"]["fno-ns-v1e-3"]
-    assert ev["split"] == "test" and r["trajectories"] == 2 and r["rollout_steps"] == 4
+    assert ev["split"] == "test" and r["trajectories"] == 2 and r["rollout_steps"] == 3
     for who in ("model", "persistence"):
         assert set(r[who]) == {"one_step_l2re", "rollout_l2re"} and all(0 < v < 10 for v in r[who].values())
     ckpt = run / "checkpoints" / f"step-{train_runs.STEPS:08d}.pt"

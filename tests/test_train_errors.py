@@ -92,7 +92,7 @@ def test_mismatched_channel_counts(shards: Path, fno_train_shards: Path, tmp_pat
 def test_duplicate_dataset_and_too_few_frames(shards: Path) -> None:
     with pytest.raises(DataError, match=rf"dataset '{DATASET}' appears in two manifests"):
         _prepare(shards, shards)
-    with pytest.raises(DataError, match=r"has 14 frames per trajectory, fewer than t_in \+ t_out = 15"):
+    with pytest.raises(DataError, match=r"has 13 frames per trajectory, fewer than t_in \+ t_out = 15"):
         _prepare(shards, t_in=14)
 
 
