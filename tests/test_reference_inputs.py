@@ -20,6 +20,7 @@ import pytest
 import zarr
 
 from dpot_data.ingest import IngestOptions, run_ingest
+from dpot_data.sources.cfdbench import reference_piece_id
 from dpot_train.preview import model_input
 
 # source folder -> (reader, raw inputs relative to <folder>/raw; several sets are ingested separately)
@@ -30,6 +31,7 @@ SOURCES = {
     "pdebench-swe": ("pdebench", [["2D_rdb_NA_NA.h5"]]),
     "pdearena-ns": ("pdearena", [["NavierStokes2D_train_101_0.50000_3.h5", "NavierStokes2D_valid_102_0.50000.h5",
                                   "NavierStokes2D_test_103_0.50000.h5"]]),
+    "cfdbench": ("cfdbench", [["cavity", "tube", "cylinder"]]),
 }
 
 
@@ -44,6 +46,8 @@ def inputs_dir(reference_dir: Path) -> Path:
 def our_id(raw: dict, names: list[str]) -> str:
     """Our stored sample id of a trajectory the reference's index.json describes by its raw origin (`names`: the
     files we ingested; FNO's v5 twin of the reference's v7.3 file holds the same trajectories)."""
+    if "piece" in raw:
+        return reference_piece_id(raw["piece"])
     file = raw["file"] if raw["file"] in names else raw.get("twin", raw["file"])
     return f"{file}#{raw['group'] if 'group' in raw else raw['trajectory']}"
 
@@ -86,6 +90,10 @@ def test_model_input_equals_the_reference(folder: str, inputs_dir: Path, tmp_pat
             expected = sorted(our_id(r["raw"], names) for r in index.values() if r["split"] == split)
             assert sorted(entry["splits"]["ids"][split]) == expected, (folder, split)
         assert entry["splits"]["ids"]["valid"] == []
+        note = json.loads((base / "index.json").read_text()).get("note") or ""
+        if "dev_cases_dropped" in note:  # CFDBench: the reference's dev cases are left out, by name
+            dropped = {s["what"] for s in entry["skipped"]}
+            assert set(json.loads(note)["dev_cases_dropped"]) <= dropped
         # every stored reference trajectory, at the native grid, in model layout, own channels only
         native_channels = sum(entry["channel_valid"])
         for key, ref in official.items():

@@ -29,7 +29,7 @@ def _case(root: Path, problem: str, k: int) -> tuple[dict, np.ndarray, np.ndarra
 
 
 def test_tree_reads_as_variable_length_trajectories(tree):
-    result = cfdbench.read([tree])
+    result = cfdbench.read(convention="canonical", paths=[tree])
     check_result(result)
     ds = result.data
     assert ds.attrs["dataset"] == "cfdbench" and ds.attrs["boundary"] == "non-periodic"
@@ -55,7 +55,7 @@ def _cell_centres(n: int, length: float) -> np.ndarray:
 
 
 def test_cylinder_disc_is_solid_where_case_json_puts_it(tree):
-    result = cfdbench.read([tree / "cylinder"])
+    result = cfdbench.read(convention="canonical", paths=[tree / "cylinder"])
     for n in range(2):
         case, u, _ = _case(tree, "cylinder", n)
         xs = _cell_centres(64, case["x_max"] - case["x_min"])
@@ -72,7 +72,7 @@ def test_cylinder_disc_is_solid_where_case_json_puts_it(tree):
 
 
 def test_dam_barrier_is_solid_where_case_json_puts_it(tree):
-    result = cfdbench.read([tree / "dam" / "bc" / "case0001" / "u.npy"])  # a file names its case
+    result = cfdbench.read(convention="canonical", paths=[tree / "dam" / "bc" / "case0001" / "u.npy"])  # a file names its case
     case, u, _ = _case(tree, "dam", 1)
     mask = result.data["mask"].values[0]
     xs, ys = _cell_centres(64, case["width"]), _cell_centres(64, case["height"])
@@ -85,7 +85,7 @@ def test_dam_barrier_is_solid_where_case_json_puts_it(tree):
 
 
 def test_cavity_and_tube_are_all_fluid(tree):
-    result = cfdbench.read([tree / "cavity", tree / "tube"])
+    result = cfdbench.read(convention="canonical", paths=[tree / "cavity", tree / "tube"])
     assert result.data["mask"].values.min() == 1
 
 
@@ -94,7 +94,7 @@ def test_broken_case_is_skipped_and_bad_keys_are_errors(tree, tmp_path):
     shutil.copytree(tree / "dam", copy / "dam")
     u = copy / "dam" / "bc" / "case0000" / "u.npy"
     u.write_bytes(u.read_bytes()[:1000])
-    result = cfdbench.read([copy])
+    result = cfdbench.read(convention="canonical", paths=[copy])
     assert result.n_samples == 1
     assert result.skipped[0][0] == "dam/bc/case0000" and "u.npy is unreadable" in result.skipped[0][1]
     case_json = copy / "dam" / "bc" / "case0001" / "case.json"
@@ -102,7 +102,7 @@ def test_broken_case_is_skipped_and_bad_keys_are_errors(tree, tmp_path):
     del params["barrier_height"]
     case_json.write_text(json.dumps(params))
     with pytest.raises(InputError, match=r"case0001/case.json: dam case: missing key\(s\) \['barrier_height'\]"):
-        cfdbench.read([copy])
+        cfdbench.read(convention="canonical", paths=[copy])
 
 
 def test_wrong_shape_names_the_file(tree, tmp_path):
@@ -110,7 +110,7 @@ def test_wrong_shape_names_the_file(tree, tmp_path):
     shutil.copytree(tree / "tube", copy / "tube")
     np.save(copy / "tube" / "bc" / "case0001" / "v.npy", np.zeros((5, 64, 64), np.float32))
     with pytest.raises(InputError, match=r"case0001/v.npy: expected the shape of u.npy \(\d+, 64, 64\)"):
-        cfdbench.read([copy])
+        cfdbench.read(convention="canonical", paths=[copy])
 
 
 # ------------------------------------------------------------------------------------------------ through ingest
@@ -120,8 +120,8 @@ def _ingest(paths, out, **options):
 
     from dpot_data.ingest import IngestOptions, ingest
 
-    opts = IngestOptions(formats=("zarr",), stats=False, **options)
-    manifest = ingest(cfdbench.read(paths), out, opts).manifest
+    opts = IngestOptions(convention="canonical", formats=("zarr",), stats=False, **options)
+    manifest = ingest(cfdbench.read(paths, convention="canonical"), out, opts).manifest
     entry = manifest["datasets"][0]
     return entry, zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
 
@@ -155,7 +155,7 @@ def test_masks_stay_binary_at_128(tree, tmp_path, method):
     ids = [str(s) for s in group["sample"][:]]
     for problem in ("cylinder", "dam"):
         row = ids.index(f"{problem}/bc/case0000#0/seg0")
-        native = cfdbench.read([tree / problem / "bc" / "case0000"]).data["mask"].values[0]
+        native = cfdbench.read(convention="canonical", paths=[tree / problem / "bc" / "case0000"]).data["mask"].values[0]
         np.testing.assert_array_equal(masks[row], np.kron(native, np.ones((2, 2), np.uint8)))
         # and close to the geometry evaluated directly on the 128 grid (differences only at the solid's edge)
         case, _, _ = _case(tree, problem, 0)
@@ -169,7 +169,7 @@ def test_nonfinite_case_is_left_out_but_padding_is_not(tree, tmp_path):
     u = np.load(copy / "cavity" / "bc" / "case0001" / "u.npy")
     u[-1, 10, 10] = np.nan
     np.save(copy / "cavity" / "bc" / "case0001" / "u.npy", u)
-    result = cfdbench.read([copy])
+    result = cfdbench.read(convention="canonical", paths=[copy])
     assert result.skipped == [("cavity/bc/case0001#0", f"NaN or Inf in 1 of {len(u)} frames (first: frame {len(u) - 1})")]
     assert list(result.data["sample"].values) == ["cavity/bc/case0000#0"] and result.lengths.tolist() == [
         len(np.load(copy / "cavity" / "bc" / "case0000" / "u.npy"))]
@@ -187,3 +187,29 @@ def test_synth_tree_follows_formats_md(tree):
     _, u, _ = _case(tree, "tube", 0)
     case = _case(tree, "tube", 0)[0]
     assert np.all(u[:, 1:-1, 0] == case["vel_in"]) and np.all(u[:, [0, -1], :] == 0)  # inlet column, wall rows
+
+
+def test_reference_convention_gives_the_reference_pieces_and_leaves_out_dam(tree):
+    result = cfdbench.read([tree])  # the default dpot-reference convention
+    check_result(result)
+    ds = result.data
+    assert list(ds["channel"].values) == ["u", "v", "mask"] and ds.sizes["time"] == 20
+    assert ds.attrs["model_layout"] == "yx" and ds.attrs["pred_channels"] == 2
+    ids = [str(s) for s in ds["sample"].values]
+    assert all(i.split("#0/seg")[1].isdigit() for i in ids) and result.lengths is None
+    dam = [w for w, why in result.skipped if w.startswith("dam/")]
+    assert dam and all("not part of the DPOT reference pre-training" in why
+                       for w, why in result.skipped if w.startswith("dam/"))
+    assert not any(i.startswith("dam/") for i in ids)
+    # a 30-frame case gives two pieces, the second padded with its last frame; cavity's u is stored unchanged
+    info, u, _ = _case(tree, "cavity", 1)
+    u = u.astype(np.float32)
+    pieces = [i for i in ids if i.startswith("cavity/bc/case0001#0/")]
+    if pieces:  # (unless the reference split put this case into its dev part)
+        assert len(pieces) == int(np.ceil(len(u) / 20))
+        last = ds["fields"].sel(sample=pieces[-1]).values  # (20, 3, y, x)
+        tail = len(u) - 20 * (len(pieces) - 1)
+        np.testing.assert_array_equal(last[:tail, 0], u[20 * (len(pieces) - 1):])
+        np.testing.assert_array_equal(last[tail:, 0], np.broadcast_to(u[-1], last[tail:, 0].shape))
+    with pytest.raises(InputError, match="no cavity, tube or cylinder case"):
+        cfdbench.read([tree / "dam"])

@@ -15,6 +15,8 @@ cavity and tube are all fluid (the tube's inlet column and wall rows are boundar
 from __future__ import annotations
 
 import json
+import math
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +146,154 @@ def _check_case(folder: Path) -> Case | str:
                 (dt_u.name, dt_v.name))
 
 
+# ------------------------------------------------------------------------------------------ dpot-reference convention
+REFERENCE_PROBLEMS = ("cavity", "tube", "cylinder")  # the reference never processes dam
+REFERENCE_SUBSETS = ("prop", "bc", "geo")  # the order in which it lists a problem's case folders before shuffling
+REFERENCE_CHANNELS = ("u", "v", "mask")
+REFERENCE_PRED_CHANNELS = 2  # its evaluation scores u and v only
+
+
+def reference_piece_id(piece: str) -> str:
+    """Our sample id of the reference's piece "<problem>/<subset>/caseNNNN/seg<k>" ("<case>#0/seg<k>")."""
+    case, seg = piece.rsplit("/", 1)
+    return f"{case}#0/{seg}"
+
+
+def reference_split(cases: list[Case]) -> dict[str, str]:
+    """The reference's split of each problem's cases: the folders listed subset by subset (prop, bc, geo) and by
+    number, shuffled with Python's random.seed(0), then 80 % train, 10 % dev (never used), the rest test; counts
+    rounded for cavity and truncated for tube and cylinder (REFERENCE_INPUTS.md). Returns case id -> split."""
+    out: dict[str, str] = {}
+    for problem in REFERENCE_PROBLEMS:
+        listed = sorted((c for c in cases if c.problem == problem),
+                        key=lambda c: (REFERENCE_SUBSETS.index(c.subset) if c.subset in REFERENCE_SUBSETS
+                                       else len(REFERENCE_SUBSETS), c.subset, c.number))
+        random.seed(0)
+        random.shuffle(listed)
+        n = len(listed)
+        cut = round if problem == "cavity" else int
+        n_train, n_dev = int(cut(0.8 * n)), int(cut(0.1 * n))
+        for i, c in enumerate(listed):
+            out[c.id] = "train" if i < n_train else ("dev" if i < n_train + n_dev else "test")
+    return out
+
+
+def reference_mask_channel(case: Case, grid: tuple[int, int]) -> np.ndarray:
+    """The reference's geometry channel at the raw grid (before its inlet/wall padding): all ones, but for the
+    cylinder a disc of `radius` at (0.5, 0.5) on cell centres that start at (x_min, y_min), as the reference places
+    it (for the published domains that disc lies outside the grid, so the channel is all ones there too)."""
+    ny, nx = grid
+    if case.problem != "cylinder":
+        return np.ones(grid)
+    p = case.params
+    x = float(p["x_min"]) + (np.arange(nx) + 0.5) * (float(p["x_max"]) - float(p["x_min"])) / nx
+    y = float(p["y_min"]) + (np.arange(ny) + 0.5) * (float(p["y_max"]) - float(p["y_min"])) / ny
+    yy, xx = np.meshgrid(y, x, indexing="ij")
+    return (~((xx - 0.5) ** 2 + (yy - 0.5) ** 2 <= float(p["radius"]) ** 2)).astype(np.float64)
+
+
+def _inlet_and_walls(frames: np.ndarray, inlet: float) -> np.ndarray:
+    """(T, y, x) -> (T, y, x) as the reference prepares tube and cylinder fields: an inlet column of value `inlet`
+    on the left, then a wall row of 0 above and below, then a bilinear (align_corners=True) resize back to the
+    original grid, in float64."""
+    import torch
+    import torch.nn.functional as F
+
+    t, ny, nx = frames.shape
+    a = np.concatenate([np.full((t, ny, 1), inlet), frames.astype(np.float64)], axis=2)
+    a = np.concatenate([np.zeros((t, 1, nx + 1)), a, np.zeros((t, 1, nx + 1))], axis=1)
+    out = F.interpolate(torch.from_numpy(a)[:, None], size=(ny, nx), mode="bilinear", align_corners=True)
+    return out[:, 0].numpy()
+
+
+def reference_case_fields(case: Case) -> np.ndarray:
+    """(T, 3, y, x) float32 of one case as the reference hands it on: u, v and its geometry channel."""
+    u = np.load(case.folder / "u.npy", allow_pickle=False)
+    v = np.load(case.folder / "v.npy", allow_pickle=False)
+    mask = np.broadcast_to(reference_mask_channel(case, case.grid), u.shape)
+    if case.problem in ("tube", "cylinder"):
+        inlet = float(case.params[VELOCITY_KEY[case.problem]])
+        u, v, mask = _inlet_and_walls(u, inlet), _inlet_and_walls(v, 0.0), _inlet_and_walls(mask, 0.0)
+    return np.stack([u, v, mask], axis=1).astype(np.float32)
+
+
+class _ReferencePieces(SampleBlocks):
+    """(N, segment, 3, y, x) float32: the reference's pieces, the last of each case padded with its last frame."""
+
+    def __init__(self, pieces: list[tuple[Case, int]], segment: int) -> None:
+        self.pieces, self.segment = pieces, segment
+        ny, nx = pieces[0][0].grid
+        self.shape = (len(pieces), segment, len(REFERENCE_CHANNELS), ny, nx)
+
+    def block(self, n0: int, n1: int) -> np.ndarray:
+        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
+        cache: dict[Path, np.ndarray] = {}
+        for i, (case, k) in enumerate(self.pieces[n0:n1]):
+            if case.folder not in cache:
+                cache = {case.folder: reference_case_fields(case)}
+            frames = cache[case.folder]
+            idx = np.minimum(np.arange(k * self.segment, (k + 1) * self.segment), len(frames) - 1)
+            out[i] = frames[idx]
+        return out
+
+
+def _read_reference(cases: list[Case], skipped: list[tuple[str, str]], name: str | None, segment: int,
+                    block: int | None) -> ReadResult:
+    """The dpot-reference convention: the reference's pieces, channels, split and orientation."""
+    kept = []
+    for c in cases:
+        if c.problem not in REFERENCE_PROBLEMS:
+            skipped.append((c.id, "not part of the DPOT reference pre-training (the reference never processes "
+                                  f"{c.problem}); ingest it with --convention canonical"))
+        else:
+            kept.append(c)
+    if not kept:
+        raise InputError(cases[0].folder, "no cavity, tube or cylinder case: the dpot-reference convention has none "
+                                          "of these cases (use --convention canonical)")
+    splits = reference_split(kept)
+    for c in kept:
+        if splits[c.id] == "dev":
+            skipped.append((c.id, "the reference's dev part of its case split (never used by DPOT)"))
+    kept = [c for c in kept if splits[c.id] != "dev"]
+    pieces = [(c, k) for c in kept for k in range(math.ceil(c.frames / segment))]
+    grid = kept[0].grid
+    blk = auto_block(segment * len(REFERENCE_CHANNELS) * grid[0] * grid[1] * 4, block)
+    token = [file_token(c.folder / n) for c in kept for n in ("u.npy", "v.npy", "case.json")]
+    fields = to_dask(_ReferencePieces(pieces, segment), blk, "cfdbench-reference", token, segment)
+    masks = np.stack([geometry_mask(c.problem, c.params, grid) for c, _ in pieces])
+    mask = da.from_array(masks, chunks=(fields.chunks[0], *grid))
+    ny, nx = grid
+    order = {p: i for i, p in enumerate(KEYS)}
+    data = xr.Dataset(
+        {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
+        coords={"sample": np.array([f"{c.id}#0/seg{k}" for c, k in pieces], dtype=str),
+                "time": FRAME_DT * np.arange(segment), "channel": np.array(REFERENCE_CHANNELS),
+                "y": (np.arange(ny) + 0.5) / ny, "x": (np.arange(nx) + 0.5) / nx},
+        attrs={"source": "cfdbench", "dataset": manifest_name(name or "cfdbench"), "boundary": "non-periodic",
+               "parameters": {"problems": sorted({c.problem for c in kept}, key=order.get)}, "dt": FRAME_DT,
+               "model_layout": "yx",  # the reference's (H, W) are the stored rows and columns of u.npy
+               "pred_channels": REFERENCE_PRED_CHANNELS,
+               "split_rule": "dpot-reference: per problem, case folders (prop, bc, geo; by number) shuffled with "
+                             "Python random.seed(0); 80 % train, 10 % dev (left out), the rest test (cavity rounds, "
+                             f"tube and cylinder truncate); {segment}-frame pieces, the last padded with its last "
+                             "frame",
+               "provenance": {
+                   "reader": "dpot_data.sources.cfdbench", "reader_version": READER_VERSION,
+                   "convention": "dpot-reference: channels u, v and the reference's geometry channel; tube and "
+                                 "cylinder fields padded with an inlet column and wall rows and resized back "
+                                 "(bilinear, align_corners=True) as the reference does",
+                   "cases": {c.id: {"frames": c.frames, "dtype": list(c.dtypes), "case": c.params} for c in kept},
+               }},
+    )
+    sample_params = {
+        "problem": np.array([c.problem for c, _ in pieces]),
+        "subset": np.array([c.subset for c, _ in pieces]),
+        "velocity": np.array([float(c.params[VELOCITY_KEY[c.problem]]) for c, _ in pieces]),
+    }
+    return ReadResult(data=data, split=np.array([splits[c.id] for c, _ in pieces]), sample_params=sample_params,
+                      skipped=skipped, inputs=[c.folder / n for c in kept for n in ("u.npy", "v.npy", "case.json")])
+
+
 class _Blocks(SampleBlocks):
     """(N, T_max, 2, y, x) float32 view of the cases, NaN past each case's own frame count."""
 
@@ -161,13 +311,20 @@ class _Blocks(SampleBlocks):
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int = DEFAULT_SEGMENT,
-         problems: Sequence[str] | None = None, block: int | None = None, check_finite: bool = True) -> ReadResult:
+         problems: Sequence[str] | None = None, block: int | None = None, check_finite: bool = True,
+         convention: str = "dpot-reference") -> ReadResult:
     """Open CFDBench cases lazily as one dataset of variable-length trajectories with per-case geometry masks.
 
     `problems` keeps only the named problems (default: all found). A case whose u/v/case.json cannot be read is
     skipped and reported; wrong shapes or missing case.json keys raise InputError naming the file and the key.
     With `check_finite` (one streamed pass over the data before anything is written), cases holding NaN or Inf in
     their frames, or whose data cannot be read, are left out and listed in `skipped` with their id.
+
+    Under the "dpot-reference" convention (the default) the samples are the reference's pieces: channels u, v and
+    its geometry channel, tube and cylinder fields prepared as the reference prepares them, `segment`-frame pieces
+    with the last one padded, the reference's case split (its dev cases and any dam case left out, listed in
+    `skipped`); the split equals the reference's when whole problem folders are given. Under "canonical": variable-
+    length trajectories (u, v) that ingest cuts into pieces after a seeded split.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -204,6 +361,8 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
         raise InputError(paths[0], "no usable CFDBench case: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     cases = [cases[i] for i in keep]
     lengths = lengths[keep]
+    if convention == "dpot-reference":
+        return _read_reference(cases, skipped, name, int(segment), block)
     t_max = int(lengths.max())
     blocks = _Blocks(cases, t_max)
     token = [file_token(c.folder / n) for c in cases for n in ("u.npy", "v.npy", "case.json")]
