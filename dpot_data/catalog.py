@@ -15,7 +15,8 @@ import yaml
 from dpot_data.sources.base import BOUNDARIES, DATASET_NAME, SPLITS, ReadResult
 
 CATALOG_ENV = "DPOT_CATALOG"
-DEFAULT_CATALOG = Path(__file__).resolve().parents[1] / "manifests" / "catalog.yaml"
+# packaged with dpot_data (the checkout's top-level manifests/ is a link to this folder: one copy)
+DEFAULT_CATALOG = Path(__file__).resolve().parent / "manifests" / "catalog.yaml"
 CATALOG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 SOURCES = ("fno", "pdebench", "pdearena", "cfdbench")
 _KEYS = {"name", "source", "dpot_name", "files", "file_count", "channels", "frames", "segment", "samples", "grid",

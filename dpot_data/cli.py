@@ -221,7 +221,7 @@ def _ingest_command(source: str, help_text: str) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
         from dpot_data.errors import InputError
-        from dpot_data.catalog import ingest_with_catalog
+        from dpot_data.catalog import CatalogError, ingest_with_catalog
         from dpot_data.ingest import IngestOptions, parse_split
 
         try:
@@ -257,7 +257,7 @@ def _ingest_command(source: str, help_text: str) -> None:
                     done.outcome = publish(staged, done.outcome)
                     runs = [done]
                 failed = []
-        except InputError as exc:
+        except (InputError, CatalogError) as exc:
             raise _fail(exc) from None
         for done in runs:
             outcome = done.outcome

@@ -25,9 +25,9 @@ def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | 
     if isinstance(spec, Mapping):
         raw: object = dict(spec)
         where = "mixture"
-    elif Path(spec).is_file():
+    elif Path(spec).is_file() or packaged_mixture(str(spec)) is not None:
         where = str(spec)
-        raw = _read(spec)
+        raw = _read(spec if Path(spec).is_file() else packaged_mixture(str(spec)))
         if isinstance(raw, dict) and isinstance(raw.get("weights"), dict):
             raw = raw["weights"]
     elif re.fullmatch(r"\s*[a-z0-9_-]+\s*=\s*[^,=]+(\s*,\s*[a-z0-9_-]+\s*=\s*[^,=]+)*\s*", str(spec)):
@@ -49,6 +49,16 @@ def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | 
     return out
 
 
+def packaged_mixture(name: str) -> Path | None:
+    """A mixture shipped with the package by name (`dpot-pretrain-ti`), so installed copies find them too."""
+    if not re.fullmatch(r"[a-z0-9_-]+", name):
+        return None
+    from importlib import resources
+
+    path = Path(str(resources.files("dpot_data") / "manifests" / "mixtures" / f"{name}.yaml"))
+    return path if path.is_file() else None
+
+
 def _read(path: str | Path) -> object:
     from dpot_train.config import read_yaml
 
@@ -61,9 +71,12 @@ def _read(path: str | Path) -> object:
 def parse_caps(spec: str | Mapping[str, float] | None) -> dict[str, int]:
     """A mixture file's optional `max_trajectories` (dataset -> n): train on the first n training trajectories of
     that dataset in stored order (the reference pre-training set takes the first `ntrain` of each)."""
-    if not isinstance(spec, (str, Path)) or not Path(spec).is_file():
+    if not isinstance(spec, (str, Path)):
         return {}
-    raw = _read(spec)
+    path = Path(spec) if Path(spec).is_file() else packaged_mixture(str(spec))
+    if path is None:
+        return {}
+    raw = _read(path)
     caps = raw.get("max_trajectories") if isinstance(raw, dict) else None
     if caps is None:
         return {}
