@@ -230,7 +230,7 @@ def test_corpus_sorts_a_download_folder_into_datasets_and_resumes(tmp_path):
     pdebench.write_swe(raw / "pdebench", n=2, frames=3, res=8)
     pdebench.write_cfd(raw / "pdebench", m=0.1, eta=0.01, n=2, frames=3, res=8,
                        name="2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_128_Train.hdf5")
-    cfdbench.write_cfdbench(raw / "cfdbench", problems=("dam",), cases=2, frames=(20, 22), res=8)
+    cfdbench.write_cfdbench(raw / "cfdbench", problems=("cavity", "dam"), cases=2, frames=(20, 22), res=8)
     (raw / "pdebench" / "unrelated.h5").write_bytes(b"")
     plan = plan_corpus([raw])
     assert list(plan.groups) == ["pdebench-cfd-m0.1-eta0.01", "pdebench-swe", "pdearena-ns", "pdearena-ns-cond",
