@@ -338,6 +338,9 @@ def read(
     reference = convention == "dpot-reference"
     if reference:  # u only: frames 1..T
         fields, time = fields[:, 1:], time[1:]
+        first_frame_left_out = True
+    else:
+        first_frame_left_out = False
     steps = np.diff(time)
     dt = float(steps[0]) if t is not None and len(steps) and np.allclose(steps, steps[0], rtol=1e-5) else None
     provenance = {
@@ -375,6 +378,7 @@ def read(
             "dt": dt,
             "provenance": provenance,
             "model_layout": "yx" if reference else "xy",
+            "frames_left_out": int(first_frame_left_out),
         },
     )
     split, rule = reference_split(ids, nus[0]) if reference else (None, None)
