@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -40,6 +41,21 @@ def _fail(exc: Exception) -> typer.Exit:
     """Bad input: one line on stderr naming the file and what was expected, exit code 2."""
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(code=2)
+
+
+def _absolute(path: str | Path) -> str:
+    """A local path made absolute, so that dask workers with another working directory find it; URLs are kept."""
+    text = str(path)
+    return text if "://" in text else str(Path(text).expanduser().resolve())
+
+
+def _output_roots(folder: str) -> list[str]:
+    """The ingest outputs at `folder`: itself when it holds manifest.json, else (an `ingest corpus` folder) every
+    sub-folder holding one, sorted; itself again when there is neither (the command then says what is missing)."""
+    if "://" in folder or (Path(folder) / "manifest.json").exists():
+        return [folder]
+    subs = sorted(str(p.parent) for p in Path(folder).glob("*/manifest.json"))
+    return subs or [folder]
 
 
 def _parse_bytes(text: str) -> int:
@@ -247,6 +263,7 @@ def _ingest_command(source: str, help_text: str) -> None:
                 from dpot_data.catalog import CatalogIngest
                 from dpot_data.remote import prepare, publish
 
+                files, out = [_absolute(f) for f in files], _absolute(out)  # workers may run elsewhere
                 staged = prepare(files, out, overwrite)  # URLs: local input copies and a local output to upload
                 if staged.existing is not None:
                     runs = [CatalogIngest(staged.existing, source, None, [])]
@@ -310,10 +327,14 @@ def inspect_command(
     from dpot_data.errors import InputError
     from dpot_data.inspect import inspect_dir, render
 
+    roots = _output_roots(str(folder))
     try:
-        report = inspect_dir(folder, verify=verify)
+        reports = [inspect_dir(Path(root), verify=verify) for root in roots]
     except InputError as exc:
         raise _fail(exc) from None
+    report = reports[0] if len(reports) == 1 else {
+        "ok": all(r["ok"] for r in reports), "folder": str(folder),
+        "datasets": [d for r in reports for d in r["datasets"]], "outputs": reports}
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -321,7 +342,9 @@ def inspect_command(
 
         from rich.console import Console
 
-        Console(width=None if sys.stdout.isatty() else 160).print(render(report))
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        for one in reports:
+            console.print(render(one))
     if plot is not None:
         from dpot_data.plot import PlotOptions, plot_output
 
@@ -346,8 +369,21 @@ def verify_command(
     from dpot_data.verify import as_json as problems_json
     from dpot_data.verify import manifest_items, summarise, verify_output
 
-    problems = verify_output(folder, SchedulerOptions(workers=workers, address=scheduler))
-    checked = None if any(p.kind in ("manifest", "schema") for p in problems) else manifest_items(folder)
+    from dpot_data.errors import InputError
+
+    roots = _output_roots(_absolute(folder))
+    problems, checked = [], 0
+    try:
+        for root in roots:
+            found = verify_output(root, SchedulerOptions(workers=workers, address=scheduler))
+            prefix = "" if len(roots) == 1 else f"{Path(root).name}/"
+            problems += [replace(p, what=prefix + p.what) for p in found]
+            if checked is not None and not any(p.kind in ("manifest", "schema") for p in found):
+                checked += manifest_items(root)
+            else:
+                checked = None
+    except InputError as exc:
+        raise _fail(exc) from None
     code, lines = summarise(problems, checked)
     if as_json:
         typer.echo(json.dumps({"ok": code == 0, "problems": problems_json(problems)}, indent=2))
@@ -372,12 +408,15 @@ def stats_command(
     from dpot_data.scheduler import SchedulerOptions, scheduler_context
     from dpot_data.stats import compare
 
+    from dpot_data.errors import InputError
+
+    folder = _absolute(folder)
     try:
         manifest = load_manifest(folder)
-    except OutputError as exc:
+        with scheduler_context(SchedulerOptions(workers=workers, address=scheduler)) as runner:
+            recomputed = recompute_stats(folder, runner)
+    except (OutputError, InputError) as exc:
         raise _fail(exc) from None
-    with scheduler_context(SchedulerOptions(workers=workers, address=scheduler)) as runner:
-        recomputed = recompute_stats(folder, runner)
     problems = {}
     for entry in manifest["datasets"]:
         stored = entry.get("stats")

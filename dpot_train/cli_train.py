@@ -21,7 +21,11 @@ def launch_cmd(
     out: Optional[str] = typer.Option(None, "--out", help="RUN_DIR: config.yaml, checkpoints/, eval.json, logs."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML run config; the options below override it."),
     mixture: Optional[str] = typer.Option(None, "--mixture",
-                                          help="Mixture YAML (dataset -> weight) or inline 'a=1,b=2'."),
+                                          help="Mixture YAML (dataset -> weight), a packaged mixture by name "
+                                               "(dpot-pretrain-ti), or inline 'a=1,b=2'."),
+    mixture_partial: bool = typer.Option(False, "--mixture-partial",
+                                         help="Train on the mixture's datasets that the manifests hold, shares "
+                                              "renormalised over them (default: a missing one is an error)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model preset (tiny, Ti, S, M, L, H)."),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the --init checkpoint "
@@ -77,6 +81,7 @@ def launch_cmd(
             "out": out, "model": model, "init": init, "steps": steps, "batch_size": batch_size, "seed": seed,
             "ckpt_every": ckpt_every, "log_every": log_every, "loss": loss, "device": device,
             "rollout_steps": rollout_steps, "optim.lr": lr, "optim.clip_grad": clip_grad, "data.noise": noise, "data.mixture": mixture,
+            "data.mixture_partial": True if mixture_partial else None,
             "data.backend": backend, "data.num_workers": num_workers,
             "data.worker_kind": worker_kind,
             "data.manifests": [str(m) for m in manifest] or None,

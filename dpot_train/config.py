@@ -17,6 +17,7 @@ class DataConfig:
     manifests: list[str] = field(default_factory=list)
     # Mixture: None (weight 1 per dataset, the balanced default), a YAML file path, or an inline mapping name -> weight.
     mixture: str | dict[str, float] | None = None
+    mixture_partial: bool = False  # datasets of the mixture absent from the manifests are dropped (shares renormalised)
     split: str = "train"
     backend: str = "webdataset"  # "webdataset" or "zarr"
     t_in: int = 10

@@ -83,8 +83,8 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """cfg with its manifest, mixture-file and --init paths absolute."""
     data = cfg.data
     mixture = data.mixture
-    if isinstance(mixture, str) and "=" not in mixture:  # a mixture file, not an inline 'a=1,b=2'
-        mixture = _absolute(mixture)
+    if isinstance(mixture, str) and "=" not in mixture and Path(mixture).exists():  # a file (not a packaged name
+        mixture = _absolute(mixture)                                                 # or an inline 'a=1,b=2')
     data = replace(data, manifests=[_absolute(m) for m in data.manifests], mixture=mixture)
     return replace(cfg, data=data, init=_absolute(cfg.init) if cfg.init else None)
 

@@ -70,8 +70,9 @@ def test_parse_mixture_forms_and_errors(tmp_path: Path) -> None:
         parse_mixture({"a": -1})
     with pytest.raises(DataError, match="not a file"):
         parse_mixture("no/such/mixture.yaml")
-    with pytest.raises(DataError, match=r"unknown dataset\(s\) \['zz'\]"):
+    with pytest.raises(DataError, match=r"absent from the given manifests: \['zz'\]; present: \['a'\]"):
         resolve_weights(["a", "b"], {"a": 1.0, "zz": 1.0})
+    assert resolve_weights(["a", "b"], {"a": 1.0, "zz": 1.0}, partial=True) == {"a": 1.0, "b": 0.0}
     assert resolve_weights(["a", "b"], None) == {"a": 1.0, "b": 1.0}
     assert resolve_weights(["a", "b"], {"a": 2.0}) == {"a": 2.0, "b": 0.0}
 
@@ -246,5 +247,5 @@ def test_the_checked_in_dpot_pretrain_mixture_parses() -> None:
     weights = parse_mixture(str(path))
     assert weights is not None and "fno-ns-v1e-3" in weights and len(weights) >= 10
     assert all(isinstance(w, float) and w > 0 for w in weights.values())
-    with pytest.raises(DataError, match="mixture names unknown dataset"):  # the corpus needs all its manifests
+    with pytest.raises(DataError, match="absent from the given manifests"):  # the corpus needs all its manifests
         resolve_weights(["fno-ns-v1e-3"], weights)

@@ -73,8 +73,8 @@ def test_missing_manifest_and_schema_violation(shards: Path, tmp_path: Path) -> 
 def test_mixture_naming_an_unknown_dataset(shards: Path, tmp_path: Path) -> None:
     mix = tmp_path / "mix.yaml"
     mix.write_text(f"{DATASET}: 1.0\npdebench-swe: 2.0\n")
-    with pytest.raises(DataError, match=rf"mixture names unknown dataset\(s\) \['pdebench-swe'\]; "
-                                        rf"the manifests hold \['{DATASET}'\]"):
+    with pytest.raises(DataError, match=rf"names 1 dataset\(s\) absent from the given manifests: \['pdebench-swe'\]; "
+                                        rf"present: \['{DATASET}'\].*--mixture-partial"):
         _prepare(shards, mixture=str(mix))
 
 
@@ -104,4 +104,4 @@ def test_cli_reports_bad_input_before_training(shards: Path, tmp_path: Path) -> 
     assert "error:" in r.stderr and "shard missing" in r.stderr
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
     r = train_runs.run(train_runs.launch_args(shards, out, "--mixture", "nope=1", steps=2, nproc=1))
-    assert r.returncode == 2 and "mixture names unknown dataset(s) ['nope']" in r.stderr
+    assert r.returncode == 2 and "absent from the given manifests: ['nope']" in r.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import os
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,13 +114,23 @@ def read_manifest(path: str) -> list[DatasetInfo]:
     return out
 
 
+def expand_outputs(path: str) -> list[str]:
+    """An ingest output as given, or, for a local folder without manifest.json (an `ingest corpus` folder), every
+    sub-folder that holds one, sorted."""
+    p = str(path)
+    if "://" in p or p.endswith(".json") or os.path.exists(os.path.join(p, "manifest.json")):
+        return [p]
+    subs = sorted(os.path.dirname(m) for m in glob.glob(os.path.join(glob.escape(p), "*", "manifest.json")))
+    return subs or [p]
+
+
 def read_manifests(paths: list[str]) -> list[DatasetInfo]:
     """Load several manifests; dataset names must be unique across them."""
     if not paths:
         raise DataError("no manifest given: pass --manifest DIR (a folder written by `dpot-data ingest`)")
     seen: dict[str, str] = {}
     out: list[DatasetInfo] = []
-    for p in paths:
+    for p in [m for path in paths for m in expand_outputs(path)]:
         for ds in read_manifest(p):
             if ds.name in seen:
                 raise DataError(f"dataset {ds.name!r} appears in two manifests: {seen[ds.name]} and {ds.manifest}")

@@ -86,13 +86,18 @@ def parse_caps(spec: str | Mapping[str, float] | None) -> dict[str, int]:
     return {str(k): int(v) for k, v in caps.items()}
 
 
-def resolve_weights(names: list[str], mixture: Mapping[str, float] | None) -> dict[str, float]:
-    """Weight per dataset name; every mixture name must be a loaded dataset. Unlisted datasets get weight 0."""
+def resolve_weights(names: list[str], mixture: Mapping[str, float] | None,
+                    partial: bool = False) -> dict[str, float]:
+    """Weight per dataset name; every mixture name must be a loaded dataset unless `partial` (then the present ones
+    keep their weights, which are relative: the shares renormalise over them). Unlisted datasets get weight 0."""
     if mixture is None:
         return {n: 1.0 for n in names}
     unknown = sorted(set(mixture) - set(names))
-    if unknown:
-        raise DataError(f"mixture names unknown dataset(s) {unknown}; the manifests hold {sorted(names)}")
+    if unknown and not partial:
+        present = sorted(set(mixture) & set(names))
+        raise DataError(f"the mixture names {len(unknown)} dataset(s) absent from the given manifests: {unknown}; "
+                        f"present: {present}. Add their manifests, or pass --mixture-partial to train on the present "
+                        "ones with their shares renormalised")
     weights = {n: float(mixture.get(n, 0.0)) for n in names}
     if sum(weights.values()) <= 0:
         raise DataError(f"mixture gives no dataset a positive weight: {weights}")

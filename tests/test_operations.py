@@ -1,0 +1,109 @@
+"""Operations around the two CLIs: an `ingest corpus` folder is one argument for inspect, verify and launch; a
+mixture naming absent datasets says which and trains on the rest only when asked; relative paths work with a real
+dask.distributed cluster (a scheduler and two workers in another working directory, on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dpot_data.cli import app as data_app
+from dpot_data.ingest import IngestOptions, ingest_files
+from dpot_data.synth.fno import write_mat_v5
+from tests import train_runs
+
+
+def _raw(folder: Path, nu: str, n: int = 6) -> Path:
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(nu))
+    path = folder / f"NavierStokes_V{nu}_N{n}_T12.mat"
+    write_mat_v5(path, rng.standard_normal((n, 16, 16)).astype(np.float32),
+                 rng.standard_normal((n, 16, 16, 12)).astype(np.float32), np.arange(1, 13, dtype=np.float32)[None])
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("corpus")
+    for nu in ("1e-4", "1e-3"):
+        ingest_files("fno", [_raw(base / "raw", nu)], base / "out" / f"fno-{nu}",
+                     IngestOptions(resolution=None, split=(0.5,), stats=False))
+    return base / "out"
+
+
+def test_a_corpus_folder_is_one_argument(corpus: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    report = json.loads(runner.invoke(data_app, ["inspect", str(corpus), "--json"]).stdout)
+    assert sorted(d["name"] for d in report["datasets"]) == ["fno-ns-v1e-3", "fno-ns-v1e-4"] and report["ok"]
+    verified = runner.invoke(data_app, ["verify", str(corpus)])
+    assert verified.exit_code == 0 and "OK: " in verified.output, verified.output
+    r = train_runs.run(train_runs.launch_args(corpus, tmp_path / "run", "--dry-run", nproc=1))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_mixture_with_absent_datasets_needs_an_explicit_flag(corpus: Path, tmp_path: Path) -> None:
+    one = corpus / "fno-1e-3"
+    args = train_runs.launch_args(one, tmp_path / "run", "--mixture", "fno-ns-v1e-3=1,fno-ns-v1e-4=3", "--dry-run",
+                                  nproc=1)
+    r = train_runs.run(args)
+    assert r.returncode == 2 and "absent from the given manifests: ['fno-ns-v1e-4']" in r.stderr
+    assert "--mixture-partial" in r.stderr
+    r = train_runs.run([*args, "--mixture-partial"])
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _dask(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "dask"), *args]
+
+
+@pytest.mark.slow
+def test_relative_paths_with_a_real_dask_cluster(tmp_path: Path) -> None:
+    sched_file = tmp_path / "scheduler.json"
+    elsewhere = tmp_path / "workers"  # the workers' working directory differs from the client's
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(train_runs.ROOT)}
+    procs = [subprocess.Popen(_dask("scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+                                    "--scheduler-file", str(sched_file)), cwd=elsewhere, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 60
+        while not sched_file.exists():
+            assert time.monotonic() < deadline, "the dask scheduler did not start"
+            time.sleep(0.2)
+        for _ in range(2):
+            procs.append(subprocess.Popen(_dask("worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
+                                                "--host", "127.0.0.1", "--dashboard-address", ":0", "--no-nanny"),
+                                          cwd=elsewhere, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        address = json.loads(sched_file.read_text())["address"]
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+        client_dir = tmp_path / "client"
+        _raw(client_dir / "raw", "1e-3", n=8)
+        cli = [sys.executable, "-m", "dpot_data"]
+        for args in (["ingest", "fno", "raw/NavierStokes_V1e-3_N8_T12.mat", "--out", "out", "--resolution", "0",
+                      "--no-progress", "--scheduler", address],
+                     ["verify", "out", "--scheduler", address],
+                     ["stats", "out", "--scheduler", address]):
+            r = subprocess.run([*cli, *args], cwd=client_dir, env=env, capture_output=True, text=True, timeout=240)
+            assert r.returncode == 0, (args[0], r.stdout[-1500:], r.stderr[-1500:])
+        assert (client_dir / "out" / "manifest.json").is_file()
+    finally:
+        for p in procs[::-1]:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
