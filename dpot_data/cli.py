@@ -236,46 +236,53 @@ def _ingest_command(source: str, help_text: str) -> None:
         stats: bool = typer.Option(True, "--stats/--no-stats", help="Normalisation statistics of the train split."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
-        from dpot_data.errors import InputError
+        import warnings
+
         from dpot_data.catalog import CatalogError, ingest_with_catalog
+        from dpot_data.errors import InputError
         from dpot_data.ingest import IngestOptions, parse_split
 
-        try:
-            options = IngestOptions(
-                resolution=resolution or None, channels=channels, fill=fill, resample=resample,
-                mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
-                split=parse_split(split) if split else None, convention=convention, seed=seed, name=name, shard_size=_parse_bytes(shard_size), segment=segment,
-                block=block, overwrite=overwrite, progress=progress, stats=stats, workers=workers, scheduler=scheduler,
-            )
-            if source == "corpus":
-                from dpot_data.corpus import ingest_corpus
+        with warnings.catch_warnings(record=True) as noted:  # ingest warnings become "warning:" lines below
+            warnings.simplefilter("always")
+            try:
+                options = IngestOptions(
+                    resolution=resolution or None, channels=channels, fill=fill, resample=resample,
+                    mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
+                    split=parse_split(split) if split else None, convention=convention, seed=seed, name=name,
+                    shard_size=_parse_bytes(shard_size), segment=segment, block=block, overwrite=overwrite,
+                    progress=progress, stats=stats, workers=workers, scheduler=scheduler,
+                )
+                if source == "corpus":
+                    from dpot_data.corpus import ingest_corpus
 
-                if any("://" in p for p in [*files, out]):
-                    raise InputError(out, "expected local folders for `ingest corpus` (URLs work per dataset)")
-                run = ingest_corpus([Path(p) for p in files], Path(out), options, dataset=dataset,
-                                    catalog_split=split is None)
-                runs, failed = run.done, run.failed
-                for path in run.plan.unknown:
-                    typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
-                for missing in run.plan.missing:
-                    typer.echo(f"warning: pre-training dataset {missing}: no raw files found", err=True)
-            else:
-                from dpot_data.catalog import CatalogIngest
-                from dpot_data.remote import prepare, publish
-
-                files, out = [_absolute(f) for f in files], _absolute(out)  # workers may run elsewhere
-                staged = prepare(files, out, overwrite)  # URLs: local input copies and a local output to upload
-                if staged.existing is not None:
-                    runs = [CatalogIngest(staged.existing, source, None, [])]
+                    if any("://" in p for p in [*files, out]):
+                        raise InputError(out, "expected local folders for `ingest corpus` (URLs work per dataset)")
+                    run = ingest_corpus([Path(p) for p in files], Path(out), options, dataset=dataset,
+                                        catalog_split=split is None)
+                    runs, failed = run.done, run.failed
+                    for path in run.plan.unknown:
+                        typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
+                    for missing in run.plan.missing:
+                        typer.echo(f"warning: pre-training dataset {missing}: no raw files found", err=True)
                 else:
-                    done = ingest_with_catalog([Path(p) for p in staged.inputs], Path(staged.out), options,
-                                               dataset=dataset, source=None if source == "auto" else source,
-                                               catalog_split=split is None)
-                    done.outcome = publish(staged, done.outcome)
-                    runs = [done]
-                failed = []
-        except (InputError, CatalogError) as exc:
-            raise _fail(exc) from None
+                    from dpot_data.catalog import CatalogIngest
+                    from dpot_data.remote import prepare, publish
+
+                    files, out = [_absolute(f) for f in files], _absolute(out)  # workers may run elsewhere
+                    staged = prepare(files, out, overwrite)  # URLs: local input copies and a local output to upload
+                    if staged.existing is not None:
+                        runs = [CatalogIngest(staged.existing, source, None, [])]
+                    else:
+                        done = ingest_with_catalog([Path(p) for p in staged.inputs], Path(staged.out), options,
+                                                   dataset=dataset, source=None if source == "auto" else source,
+                                                   catalog_split=split is None)
+                        done.outcome = publish(staged, done.outcome)
+                        runs = [done]
+                    failed = []
+            except (InputError, CatalogError) as exc:
+                raise _fail(exc) from None
+        for note in noted:
+            typer.echo(f"warning: {note.message}", err=True)
         for done in runs:
             outcome = done.outcome
             for warning in done.warnings:
@@ -310,6 +317,54 @@ _ingest_command("corpus", "Folders of downloaded raw files of several datasets: 
                 "pre-training sets.")
 _ingest_command("auto", "Raw files of any source, detected from names or content; with --dataset NAME the catalog "
                 "entry gives the source, name and split. Warns where the files differ from the catalog.")
+
+
+@app.command("catalog")
+def catalog_command(
+    name: Optional[str] = typer.Argument(None, help="One dataset (catalog or manifest name): all its facts."),
+    pretrain: bool = typer.Option(False, "--pretrain", help="Only the 12 datasets of the DPOT pre-training corpus."),
+    as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
+) -> None:
+    """The public datasets dpot-data knows: source, expected file names, trajectories, frames, grid, channels, and
+    whether DPOT pre-trains on them; with a NAME, the ingest command for it."""
+    import json
+    from dataclasses import asdict
+
+    from dpot_data.catalog import CatalogError, load_catalog
+
+    try:
+        catalog = load_catalog()
+        entries = list(catalog.entries.values())
+        if name is not None:
+            found = catalog.find(name)
+            if found is None:
+                raise CatalogError(f"no catalog dataset {name!r}; `dpot-data catalog` lists them")
+            entries = [found]
+    except CatalogError as exc:
+        raise _fail(exc) from None
+    if pretrain:
+        entries = [e for e in entries if e.pretrain]
+    if as_json:
+        typer.echo(json.dumps([{**asdict(e), "manifest_name": e.manifest_name} for e in entries], indent=1,
+                              default=str))
+        return
+    if name is not None:
+        (e,) = entries
+        for key, value in asdict(e).items():
+            typer.echo(f"{key:<12} {value}")
+        typer.echo(f"ingest:      dpot-data ingest --dataset {e.name} {e.files[0]} --out out/{e.manifest_name}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(entries)} datasets ({catalog.path}); `dpot-data catalog NAME` for one")
+    for column in ("dataset", "source", "files", "trajectories", "frames", "grid", "channels", "pre-train"):
+        table.add_column(column)
+    for e in entries:
+        table.add_row(e.name, e.source, e.files[0] + (f" (+{e.file_count - 1})" if (e.file_count or 1) > 1 else ""),
+                      str(e.samples or "-"), str(e.frames or f"pieces of {e.segment}"),
+                      "x".join(map(str, e.grid)), ", ".join(e.channels), "yes" if e.pretrain else "")
+    Console(width=200).print(table)
 
 
 @app.command("inspect")

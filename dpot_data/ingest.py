@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 import math
 import os
 import shutil
@@ -206,6 +207,11 @@ def _process_block(plan: _Plan, rng: tuple[int, int]) -> tuple[np.ndarray, np.nd
     return np.ascontiguousarray(f, dtype=np.float32), np.ascontiguousarray(m, dtype=np.uint8), block_stats, pieces
 
 
+def counts_of(pieces: list[_Piece], split: str) -> int:
+    """Stored trajectories of one split."""
+    return sum(1 for p in pieces if p.split == split)
+
+
 def _deviations(opts: IngestOptions, method: str, reader_split: bool) -> dict[str, Any]:
     """The options this ingest was given that depart from its convention (empty when it follows it exactly)."""
     if opts.convention != "dpot-reference":
@@ -313,6 +319,14 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
         "rows": [[p.id, p.split, p.start] for p in pieces], "frames": frames,
         "reader": _plain(ds.attrs.get("provenance", {})), "parameters": _plain(ds.attrs.get("parameters", {})),
     }, blocks)
+    if opts.scheduler:  # an unreachable scheduler fails here, before a staging folder exists
+        with scheduler_context(SchedulerOptions(address=opts.scheduler)):
+            pass
+    if not counts_of(pieces, "train"):
+        warnings.warn(f"{name}: the split leaves no training trajectory ({rule})", stacklevel=2)
+    elif not counts_of(pieces, "test"):
+        warnings.warn(f"{name}: the split leaves no test trajectory ({rule}); evaluation will have nothing to score",
+                      stacklevel=2)
     try:
         journal = jn.Journal.open(out, name, job, row_splits, block_rows, zarr="zarr" in formats,
                                   shards="wds" in formats)

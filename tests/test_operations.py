@@ -107,3 +107,21 @@ def test_relative_paths_with_a_real_dask_cluster(tmp_path: Path) -> None:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def test_catalog_command_lists_the_known_datasets() -> None:
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(data_app, ["catalog", "--pretrain", "--json"]).stdout)
+    assert len(listed) == 12 and {e["source"] for e in listed} == {"fno", "pdebench", "pdearena", "cfdbench"}
+    dr = runner.invoke(data_app, ["catalog", "pdebench-dr"])
+    assert dr.exit_code == 0 and "dpot-data ingest --dataset pdebench-dr 2D_diff-react_NA_NA.h5" in dr.output
+    missing = runner.invoke(data_app, ["catalog", "nope"])
+    assert missing.exit_code == 2 and "no catalog dataset 'nope'" in missing.output
+
+
+def test_a_split_without_test_trajectories_warns_at_ingest(tmp_path: Path) -> None:
+    raw = _raw(tmp_path / "raw", "1e-3", n=4)  # the reference's FNO 1e-3 test set starts at index 4800
+    result = CliRunner().invoke(data_app, ["ingest", "fno", str(raw), "--out", str(tmp_path / "out"),
+                                           "--resolution", "0", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "warning: fno-ns-v1e-3: the split leaves no test trajectory" in result.output
