@@ -142,7 +142,8 @@ def test_ingested_stats_equal_numpy_over_fluid_cells_of_stored_train_trajectorie
     from dpot_data.synth.cfdbench import write_cfdbench
 
     write_cfdbench(tmp_path / "raw", problems=("cylinder", "dam"), cases=3, frames=(12, 16), res=32)
-    opts = IngestOptions(resolution=32, segment=6, split=(0.6,), channels=4, workers=2, command="test")
+    opts = IngestOptions(resolution=32, segment=6, split=(0.6,), channels=4, workers=2, command="test",
+                         convention="canonical")
     manifest = run_ingest("cfdbench", [tmp_path / "raw"], tmp_path / "out", opts).manifest
     entry = manifest["datasets"][0]
     g = zarr.open_group(str(tmp_path / "out" / "data.zarr"), mode="r", path=entry["zarr"]["group"])
