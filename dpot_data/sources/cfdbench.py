@@ -1,4 +1,4 @@
-"""CFDBench reader (FORMATS.md §4): cavity, tube, cylinder and dam cases, with the geometry mask from `case.json`.
+"""CFDBench reader (docs/sources.md): cavity, tube, cylinder and dam cases, with the geometry mask from `case.json`.
 
 Input: the tree root, problem or subset folders, case folders, or files inside case folders; every
 `<problem>/<subset>/caseNNNN/` with `u.npy`, `v.npy` (T_i, 64, 64) [t, y, x] and `case.json` becomes one
@@ -162,7 +162,7 @@ def reference_piece_id(piece: str) -> str:
 def reference_split(cases: list[Case]) -> dict[str, str]:
     """The reference's split of each problem's cases: the folders listed subset by subset (prop, bc, geo) and by
     number, shuffled with Python's random.seed(0), then 80 % train, 10 % dev (never used), the rest test; counts
-    rounded for cavity and truncated for tube and cylinder (REFERENCE_INPUTS.md). Returns case id -> split."""
+    rounded for cavity and truncated for tube and cylinder (docs/conventions.md). Returns case id -> split."""
     out: dict[str, str] = {}
     for problem in REFERENCE_PROBLEMS:
         listed = sorted((c for c in cases if c.problem == problem),

@@ -268,7 +268,7 @@ def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
     return t.read().astype(np.float64).reshape(-1)
 
 
-# dpot-reference split: trajectories at index >= this in their file are test (REFERENCE_INPUTS.md: 1e-3 data[4800:];
+# dpot-reference split: trajectories at index >= this in their file are test (docs/conventions.md: 1e-3 data[4800:];
 # 1e-5 and 1e-4 train on their first 1000 / 9800, the last 200 of the published files being the test set)
 REFERENCE_TEST_FROM = {1e-5: 1000, 1e-4: 9800, 1e-3: 4800}
 REFERENCE_T_TEST = {1e-5: 10, 1e-4: 20, 1e-3: 20}  # frames the reference evaluates after the 10 input frames

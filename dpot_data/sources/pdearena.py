@@ -1,4 +1,4 @@
-"""PDEArena Navier–Stokes 2D reader (FORMATS.md §3): standard and conditioned smoke-buoyancy files, lazily.
+"""PDEArena Navier–Stokes 2D reader (docs/sources.md): standard and conditioned smoke-buoyancy files, lazily.
 
 Each file holds one top group named after its split (`train`, `valid`, `test`) with `u`, `vx`, `vy` (N, T, nx, ny)
 float64 stored in (x, y) order (the generator groups phiflow axes as x, y). They become float32 channels

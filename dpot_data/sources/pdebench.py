@@ -1,4 +1,4 @@
-"""PDEBench reader (FORMATS.md §2): 2D/3D compressible NS (flat HDF5), diffusion–reaction and shallow water
+"""PDEBench reader (docs/sources.md): 2D/3D compressible NS (flat HDF5), diffusion–reaction and shallow water
 (one group per sample), opened lazily as the canonical dataset.
 
 - Compressible NS: `density`, `pressure`, `Vx`, `Vy` [, `Vz`] (N, T, X, Y[, Z]) become channels

@@ -1,4 +1,4 @@
-"""A small CFDBench tree in the published layout (FORMATS.md §4).
+"""A small CFDBench tree in the published layout (docs/sources.md).
 
 `<problem>/<subset>/caseNNNN/{u.npy, v.npy, case.json}` with `u`, `v` of shape (T_i, 64, 64) in [t, y, x] order
 (row 0 = the bottom of the domain, frames 0.1 s apart), T_i different for every case, no mask file: the solid parts
@@ -29,7 +29,7 @@ FRAME_DT = 0.1
 
 
 def case_parameters(problem: str, rng: np.random.Generator, case_no: int) -> dict[str, object]:
-    """Plausible `case.json` contents for one case (exactly the keys of FORMATS.md §4)."""
+    """Plausible `case.json` contents for one case (exactly the keys of docs/sources.md)."""
     density, viscosity = float(rng.uniform(0.5, 2.0)), float(10 ** rng.uniform(-4, -2))
     if problem == "cavity":
         return {"vel_top": float(rng.uniform(1, 10)), "density": density, "viscosity": viscosity,

@@ -1,4 +1,4 @@
-"""Small PDEArena Navier–Stokes 2D files in the published layout (FORMATS.md §3).
+"""Small PDEArena Navier–Stokes 2D files in the published layout (docs/sources.md).
 
 `NavierStokes2D_{split}_{seed}_{buo_y:.5f}[_{N}].h5` (the `_{N}` suffix only on train files, as the generator
 names them), one top group named after the split with `u`, `vx`, `vy` (N, T, nx, ny) float64 stored in (x, y) order,

@@ -1,4 +1,4 @@
-"""Small PDEBench files in the published layouts (FORMATS.md §2), filled with closed-form smooth solutions.
+"""Small PDEBench files in the published layouts (docs/sources.md), filled with closed-form smooth solutions.
 
 Compressible NS (2D and 3D): flat HDF5 with `density`, `pressure`, `Vx`, `Vy` [, `Vz`] of shape (N, T, X, Y[, Z]),
 `t-coordinate` with T+1 entries, cell-centred `x-coordinate`/`y-coordinate`[/`z-coordinate`] on (0, 1).
