@@ -242,8 +242,9 @@ def _ingest_command(source: str, help_text: str) -> None:
         from dpot_data.errors import InputError
         from dpot_data.ingest import IngestOptions, parse_split
 
-        with warnings.catch_warnings(record=True) as noted:  # ingest warnings become "warning:" lines below
+        with warnings.catch_warnings():  # ingest warnings are "warning:" lines, printed as they happen
             warnings.simplefilter("always")
+            warnings.showwarning = lambda message, *_a, **_k: typer.echo(f"warning: {message}", err=True)
             try:
                 options = IngestOptions(
                     resolution=resolution or None, channels=channels, fill=fill, resample=resample,
@@ -281,8 +282,6 @@ def _ingest_command(source: str, help_text: str) -> None:
                     failed = []
             except (InputError, CatalogError) as exc:
                 raise _fail(exc) from None
-        for note in noted:
-            typer.echo(f"warning: {note.message}", err=True)
         for done in runs:
             outcome = done.outcome
             for warning in done.warnings:

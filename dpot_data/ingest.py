@@ -322,6 +322,12 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     if opts.scheduler:  # an unreachable scheduler fails here, before a staging folder exists
         with scheduler_context(SchedulerOptions(address=opts.scheduler)):
             pass
+    grow = math.prod(target) / math.prod(native_shape)
+    if grow > 1:
+        out_bytes = len(pieces) * frames * opts.channels * math.prod(target) * 4
+        warnings.warn(f"{name}: resampling {'x'.join(map(str, native_shape))} -> {'x'.join(map(str, target))} "
+                      f"multiplies the data {grow:g}x: about {out_bytes / 1e9:.3g} GB per output format "
+                      f"({', '.join(formats)}); --resolution 0 keeps the native grid", stacklevel=2)
     if not counts_of(pieces, "train"):
         warnings.warn(f"{name}: the split leaves no training trajectory ({rule})", stacklevel=2)
     elif not counts_of(pieces, "test"):

@@ -125,3 +125,13 @@ def test_a_split_without_test_trajectories_warns_at_ingest(tmp_path: Path) -> No
                                            "--resolution", "0", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "warning: fno-ns-v1e-3: the split leaves no test trajectory" in result.output
+
+
+def test_upsampling_says_how_much_it_multiplies_the_data_before_writing(tmp_path: Path) -> None:
+    raw = _raw(tmp_path / "raw", "1e-3", n=4)  # 16x16 native
+    result = CliRunner().invoke(data_app, ["ingest", "fno", str(raw), "--out", str(tmp_path / "out"),
+                                           "--resolution", "64", "--no-progress", "--format", "wds"])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "multiplies the data" in ln)
+    # 4 trajectories x 12 frames x 4 channels x 64 x 64 x 4 bytes
+    assert "16x16 -> 64x64 multiplies the data 16x: about 0.00315 GB per output format (wds)" in line
