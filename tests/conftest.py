@@ -17,27 +17,35 @@ def shared_dir() -> Path:
     return SHARED
 
 
+def _existing(path: Path, what: str) -> Path:
+    """`path` when it is a folder; the test is skipped, saying what is missing, otherwise."""
+    if not path.is_dir():
+        pytest.skip(f"{what} not found at {path}")
+    return path
+
+
 @pytest.fixture(scope="session")
 def raw_fixtures(shared_dir: Path) -> Path:
-    path = shared_dir / "fixtures" / "raw"
-    if not path.is_dir():
-        pytest.skip(f"raw fixtures not found at {path}")
-    return path
+    return _existing(shared_dir / "fixtures" / "raw", "raw fixtures")
 
 
 @pytest.fixture(scope="session")
 def reference_dir(shared_dir: Path) -> Path:
-    path = shared_dir / "reference"
-    if not path.is_dir():
-        pytest.skip(f"reference checkpoints not found at {path}")
-    return path
+    return _existing(shared_dir / "reference", "reference checkpoints")
+
+
+@pytest.fixture(scope="session")
+def inputs_dir(reference_dir: Path) -> Path:
+    """The reference pipeline's golden model inputs per source (raw files, official.npz, official_eval.json)."""
+    return _existing(reference_dir / "inputs", "reference model inputs")
 
 
 @pytest.fixture(scope="session")
 def fno_train_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Small FNO Navier-Stokes shards for training tests, made through dpot_data's library API (synth + ingest).
 
-    16 trajectories of 13 frames (u; the dpot-reference convention leaves out a) at 32x32 (1 valid channel padded to 4): 12 train, 2 valid, 2 test.
+    16 trajectories of 13 frames (u only: the dpot-reference convention leaves out a) at 32x32 (1 valid channel
+    padded to 4): 12 train, 2 valid, 2 test.
     """
     from dpot_data.ingest import IngestOptions, ingest_files
     from dpot_data.synth.fno import synth_fno

@@ -35,14 +35,6 @@ SOURCES = {
 }
 
 
-@pytest.fixture(scope="module")
-def inputs_dir(reference_dir: Path) -> Path:
-    path = reference_dir / "inputs"
-    if not path.is_dir():
-        pytest.skip(f"reference model inputs not found at {path}")
-    return path
-
-
 def our_id(raw: dict, names: list[str]) -> str:
     """Our stored sample id of a trajectory the reference's index.json describes by its raw origin (`names`: the
     files we ingested; FNO's v5 twin of the reference's v7.3 file holds the same trajectories)."""
