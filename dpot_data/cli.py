@@ -207,7 +207,8 @@ def _ingest_command(source: str, help_text: str) -> None:
         files: List[str] = typer.Argument(..., help="Raw files of this source (paths or fsspec URLs)."),
         out: str = typer.Option(..., "--out", help="Output folder or fsspec URL (manifest.json, data.zarr, shards/)."),
         resolution: int = typer.Option(128, "--resolution", help="Target size of each spatial axis (0: native)."),
-        channels: int = typer.Option(4, "--channels", help="Pad channels up to this count."),
+        channels: Optional[int] = typer.Option(None, "--channels", help="Pad channels up to this count (default 4, "
+                                               "or the native count when larger: 5 for 3D compressible NS)."),
         fill: float = typer.Option(1.0, "--fill", help="Value of padded channels."),
         convention: str = typer.Option(
             "dpot-reference", "--convention",

@@ -90,7 +90,7 @@ def ingest_corpus(paths: Sequence[str | Path], out: str | Path, options: object 
     done, failed = [], []
     for name, inputs in groups.items():
         entry = catalog.get(name)
-        per = replace(opts, channels=max(opts.channels, len(entry.channels)), name=None)
+        per = replace(opts, channels=max(opts.channels or 4, len(entry.channels)), name=None)
         try:
             done.append(ingest_with_catalog(inputs, Path(out) / entry.manifest_name, per, dataset=name,
                                             catalog_split=catalog_split, catalog=catalog))

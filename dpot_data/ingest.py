@@ -47,7 +47,7 @@ class IngestOptions:
     """How to turn a ReadResult into shards. `split`: train fraction, or (train, valid) fractions, rest is test."""
 
     resolution: int | None = 128  # target size of every spatial axis; None or 0 keeps the native grid
-    channels: int = 4
+    channels: int | None = None  # pad to this many channels; None: 4, or the native count when larger (3D CNS: 5)
     fill: float = 1.0
     resample: str = "auto"  # auto | fourier | bilinear | bilinear-antialias | bicubic
     mask_resample: str = "nearest"  # nearest | area-threshold
@@ -221,7 +221,7 @@ def _deviations(opts: IngestOptions, method: str, reader_split: bool) -> dict[st
         out["split"] = f"seeded {','.join(f'{v:g}' for v in opts.split)} (seed {opts.seed}) instead of the reference rule"
     if method not in ("none", "bilinear"):
         out["resample"] = method
-    if opts.channels != 4:
+    if opts.channels not in (None, 4):
         out["channels"] = opts.channels
     if float(opts.fill) != 1.0:
         out["fill"] = float(opts.fill)
@@ -264,9 +264,13 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     if opts.mask_resample not in MASK_METHODS:
         raise InputError("--mask-resample", f"expected one of {', '.join(MASK_METHODS)}, got {opts.mask_resample!r}")
     native_channels = [str(c) for c in ds["channel"].values]
-    if len(native_channels) > opts.channels:
+    n_channels = opts.channels if opts.channels is not None else max(4, len(native_channels))
+    if len(native_channels) > n_channels:
         raise InputError("--channels", f"expected at least {len(native_channels)} channels for {name} "
-                                       f"({', '.join(native_channels)}), got {opts.channels}")
+                                       f"({', '.join(native_channels)}), got {n_channels}")
+    if len(ds["fields"].dims) == 6:
+        warnings.warn(f"{name}: 3D data; `dpot-train launch` trains on 2D data only (the library has DPOT3D and "
+                      "transfer_2d_to_3d for downstream use, docs/model.md)", stacklevel=2)
     if opts.shard_size < 1:
         raise InputError("--shard-size", f"expected a positive byte count, got {opts.shard_size}")
     space = list(ds["fields"].dims[3:])
@@ -305,8 +309,8 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     dt = ds.attrs.get("dt")
     if dt is None and len(time) > 1 and np.allclose(np.diff(time), time[1] - time[0], rtol=1e-6):
         dt = float(time[1] - time[0])
-    channels = native_channels + [f"pad{k}" for k in range(len(native_channels), opts.channels)]
-    channel_valid = np.arange(opts.channels) < len(native_channels)
+    channels = native_channels + [f"pad{k}" for k in range(len(native_channels), n_channels)]
+    channel_valid = np.arange(n_channels) < len(native_channels)
     coords = {d: resampled_coord(ds[d].values, m, boundary == "periodic") for d, m in zip(space, target)}
     sample_params = {k: np.asarray(v)[[p.source for p in pieces]] for k, v in result.sample_params.items()}
     command = opts.command if opts.command is not None else mf.command_line()
@@ -324,7 +328,7 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
             pass
     grow = math.prod(target) / math.prod(native_shape)
     if grow > 1:
-        out_bytes = len(pieces) * frames * opts.channels * math.prod(target) * 4
+        out_bytes = len(pieces) * frames * n_channels * math.prod(target) * 4
         warnings.warn(f"{name}: resampling {'x'.join(map(str, native_shape))} -> {'x'.join(map(str, target))} "
                       f"multiplies the data {grow:g}x: about {out_bytes / 1e9:.3g} GB per output format "
                       f"({', '.join(formats)}); --resolution 0 keeps the native grid", stacklevel=2)
@@ -368,7 +372,7 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
                 writers[split] = journal.restore_shards(
                     SplitShardWriter(staging, f"shards/{name}", split, opts.shard_size))
         plan = _Plan(ds["fields"].data, ds["mask"].data, pieces, frames, target, method, mask_method,
-                     opts.channels, float(opts.fill), opts.stats, model_layout)
+                     n_channels, float(opts.fill), opts.stats, model_layout)
         acc = journal.stats(len(native_channels)) if opts.stats else None
         first = journal.point.block
         index = journal.point.row
