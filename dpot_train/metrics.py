@@ -36,15 +36,20 @@ def masked_channel_mean(per_channel: torch.Tensor, channel_valid: torch.Tensor |
     return (per_channel * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
 
 
+def per_sample_loss(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
+                    channel_valid: torch.Tensor | None, mode: str = "valid") -> torch.Tensor:
+    """(B,) training loss of each sample: 'valid' = valid channels and fluid cells; 'all' = everything (reference)."""
+    if mode == "valid":
+        return masked_channel_mean(relative_l2_per_channel(pred, true, mask), channel_valid)
+    if mode == "all":
+        return relative_l2_per_channel(pred, true, None).mean(dim=1)
+    raise ValueError(f"unknown loss mode {mode!r}; expected 'valid' or 'all'")
+
+
 def relative_l2_loss(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
                      channel_valid: torch.Tensor | None, mode: str = "valid") -> torch.Tensor:
-    """Training loss, mean over the batch: 'valid' = valid channels and fluid cells; 'all' = everything (reference)."""
-    if mode == "valid":
-        per = relative_l2_per_channel(pred, true, mask)
-        return masked_channel_mean(per, channel_valid).mean()
-    if mode == "all":
-        return relative_l2_per_channel(pred, true, None).mean(dim=1).mean()
-    raise ValueError(f"unknown loss mode {mode!r}; expected 'valid' or 'all'")
+    """Training loss, mean over the batch (see per_sample_loss)."""
+    return per_sample_loss(pred, true, mask, channel_valid, mode).mean()
 
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]

@@ -26,7 +26,7 @@ from dpot_train.config import TrainConfig, save_config
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.stream import WindowStream, make_loader
 from dpot_train.data.windows import inject_noise
-from dpot_train.metrics import relative_l2_loss
+from dpot_train.metrics import per_sample_loss
 from dpot_train.model_setup import data_overrides, fresh_model, init_model
 
 
@@ -181,6 +181,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     log = _StepLog(cfg, spec.epoch_length, metrics_path, writer, bar) if info.is_main else None
     reference = cfg.recipe == "reference"
     pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]] = []  # read back at the next flush
+    by_dataset = _DatasetLoss([d.name for d in spec.datasets], info.device) if len(spec.datasets) > 1 else None
     ddp_model.train()
     try:
         while step < cfg.steps:
@@ -195,7 +196,10 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
                 x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, batch["channel_valid"])
             with _autocast(info.device, cfg.amp):
                 pred = ddp_model(x)
-            loss = relative_l2_loss(pred.float(), y, mask, cv, "all" if reference else cfg.loss)
+            per_sample = per_sample_loss(pred.float(), y, mask, cv, "all" if reference else cfg.loss)
+            loss = per_sample.mean()
+            if by_dataset is not None:
+                by_dataset.add(batch["dataset"].to(info.device, non_blocking=True), per_sample.detach())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
@@ -212,6 +216,8 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             pending.append((step, position, lr, D.mean_across_ranks(loss.detach()), grad_norm.detach()))
             if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.steps:
                 last_loss = _flush(pending, log)
+                if by_dataset is not None:
+                    by_dataset.flush(log.writer if log is not None else None, step)
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
                 _save(cfg, info, model, opt, sched, step, position, spec, ckpt_dir)
     finally:
@@ -239,6 +245,29 @@ def _flush(pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]], lo
             log.record(step, position, lr, loss, grad)
     pending.clear()
     return values[-1][0]
+
+
+class _DatasetLoss:
+    """Per-dataset mean training loss of a mixture since the last flush, summed on the device and reduced over the
+    ranks at flush time only; rank 0 writes it to TensorBoard as train/loss/<dataset>."""
+
+    def __init__(self, names: list[str], device: torch.device) -> None:
+        self.names = names
+        self.sums = torch.zeros(len(names), device=device)
+        self.counts = torch.zeros(len(names), device=device)
+
+    def add(self, dataset: torch.Tensor, per_sample: torch.Tensor) -> None:
+        self.sums.index_add_(0, dataset, per_sample.float())
+        self.counts.index_add_(0, dataset, torch.ones_like(per_sample, dtype=torch.float32))
+
+    def flush(self, writer: Any, step: int) -> None:
+        sums, counts = (D.mean_across_ranks(t).cpu().tolist() for t in (self.sums, self.counts))  # ratio unaffected
+        if writer is not None:
+            for name, s, c in zip(self.names, sums, counts):
+                if c > 0:
+                    writer.add_scalar(f"train/loss/{name}", s / c, step)
+        self.sums.zero_()
+        self.counts.zero_()
 
 
 class _StepLog:

@@ -147,3 +147,17 @@ def test_3d_data_gets_its_channels_and_says_training_is_2d(tmp_path: Path) -> No
     assert "3D data; `dpot-train launch` trains on 2D data only" in result.output
     entry = json.loads((tmp_path / "out" / "manifest.json").read_text())["datasets"][0]
     assert entry["channels"] == ["Vx", "Vy", "Vz", "density", "pressure"]  # five native channels, none dropped
+
+
+def test_a_mixture_run_logs_each_datasets_training_loss(corpus: Path, tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = train_runs.launch_args(corpus, tmp_path / "run", "--no-eval", steps=4)  # 2 gloo processes
+    args[args.index("--log-every") + 1] = "2"
+    r = train_runs.run(args)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    acc = EventAccumulator(str(tmp_path / "run" / "tb"))
+    acc.Reload()
+    for name in ("fno-ns-v1e-3", "fno-ns-v1e-4"):
+        events = acc.Scalars(f"train/loss/{name}")
+        assert [e.step for e in events] == [2, 4] and all(0 < e.value < 10 for e in events)
