@@ -304,7 +304,8 @@ def _ingest_command(source: str, help_text: str) -> None:
     ingest_app.command(source)(command)
 
 
-_ingest_command("fno", "FNO Navier–Stokes .mat files (v5 or v7.3): a then u along time, viscosity from the name.")
+_ingest_command("fno", "FNO Navier–Stokes .mat files (v5 or v7.3): u at t = 1..T (with --convention canonical, a "
+                       "as frame 0 before it), viscosity from the name.")
 _ingest_command("pdebench", "PDEBench HDF5: 2D/3D compressible NS (flat; Vx, Vy, [Vz,] density, pressure), "
                 "diffusion–reaction (u, v) or shallow water (h) with one group per sample.")
 _ingest_command("pdearena", "PDEArena NavierStokes2D_*.h5 files or folders (standard or conditioned): u, vx, vy; "
