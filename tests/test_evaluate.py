@@ -58,6 +58,7 @@ def test_metrics_against_known_predictors(fno_train_shards: Path) -> None:
     assert r["persistence"]["rollout_l2re"] == pytest.approx(float(np.mean(errs)), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory,
                                        tmp_path: Path) -> None:
     run = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
@@ -86,6 +87,7 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_finetune_from_released_checkpoint(fno_train_shards: Path, reference_dir: Path, tmp_path: Path) -> None:
     released = reference_dir / "dpot_tiny.pth"
     out = tmp_path / "ft"

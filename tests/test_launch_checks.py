@@ -44,6 +44,7 @@ class _Payload:
     """An arbitrary class: the weights-only loader must refuse it unless --trust is given."""
 
 
+@pytest.mark.slow
 def test_init_checkpoint_is_loaded_safely_before_torchrun(fno_train_shards: Path, tmp_path: Path) -> None:
     unsafe = tmp_path / "unsafe.pth"
     state = torch.load(GOLDEN, weights_only=True)
@@ -54,6 +55,7 @@ def test_init_checkpoint_is_loaded_safely_before_torchrun(fno_train_shards: Path
     assert "not found" in missing
 
 
+@pytest.mark.slow
 def test_paths_are_absolute_and_resume_reuses_the_layout(fno_train_shards: Path, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -76,6 +78,7 @@ def test_paths_are_absolute_and_resume_reuses_the_layout(fno_train_shards: Path,
     assert r.returncode == 0 and "--nproc-per-node=1" in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_resume_with_only_unreadable_checkpoints_stops_and_keeps_them(fno_train_shards: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert _launch(fno_train_shards, out, "--dry-run").returncode == 0
@@ -101,6 +104,7 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_never_deletes_damaged_o
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002.pt", "step-00000003.pt", "step-00000004.pt"]
 
 
+@pytest.mark.slow
 def test_a_node_of_a_multi_node_launch_says_it_waits(fno_train_shards: Path, tmp_path: Path) -> None:
     r = _launch(fno_train_shards, tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
                 "node0:29500", "--rdzv-timeout", "120", "--dry-run")

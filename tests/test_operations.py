@@ -50,6 +50,7 @@ def test_a_corpus_folder_is_one_argument(corpus: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_mixture_with_absent_datasets_needs_an_explicit_flag(corpus: Path, tmp_path: Path) -> None:
     one = corpus / "fno-1e-3"
     args = train_runs.launch_args(one, tmp_path / "run", "--mixture", "fno-ns-v1e-3=1,fno-ns-v1e-4=3", "--dry-run",
@@ -149,6 +150,7 @@ def test_3d_data_gets_its_channels_and_says_training_is_2d(tmp_path: Path) -> No
     assert entry["channels"] == ["Vx", "Vy", "Vz", "density", "pressure"]  # five native channels, none dropped
 
 
+@pytest.mark.slow
 def test_a_mixture_run_logs_each_datasets_training_loss(corpus: Path, tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -37,6 +37,7 @@ def test_released_weights_are_evaluated_with_the_reference_recipe(fno_train_shar
                                                                                           "rollout_l2re"}
 
 
+@pytest.mark.slow
 def test_released_weights_on_another_convention_are_refused(canonical_shards: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"follows the 'canonical' convention.*--allow-convention-mismatch"):
         evaluate_checkpoint(str(RELEASED), [str(canonical_shards)], device="cpu")

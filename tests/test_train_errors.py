@@ -96,6 +96,7 @@ def test_duplicate_dataset_and_too_few_frames(shards: Path) -> None:
         _prepare(shards, t_in=14)
 
 
+@pytest.mark.slow
 def test_cli_reports_bad_input_before_training(shards: Path, tmp_path: Path) -> None:
     _train_shard(shards).unlink()
     out = tmp_path / "run"

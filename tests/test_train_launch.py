@@ -28,6 +28,7 @@ def test_torchrun_command_single_and_multi_node(tmp_path: Path) -> None:
         torchrun_command(cfg, Topology(8, 2), resume=False, checksums_verified=False)
 
 
+@pytest.mark.slow
 def test_yaml_config_with_cli_overrides_dry_run(fno_train_shards: Path, tmp_path: Path) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({

@@ -20,6 +20,7 @@ def _log(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_deferred_step_log_equals_per_step_log(fno_train_shards: Path,
                                                tmp_path_factory: pytest.TempPathFactory) -> None:
     reference = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
@@ -57,6 +58,7 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_config_eval_and_every_step_once_after_a_resume(
         fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     import shutil

@@ -187,6 +187,7 @@ def test_make_loader_rejects_unknown_kinds(stream_data) -> None:
     assert isinstance(make_loader(WindowStream(spec, reader, 0, BATCH), 0), torch.utils.data.DataLoader)
 
 
+@pytest.mark.slow
 def test_launch_worker_kind_option_reaches_the_run_config(fno_train_shards: Path, tmp_path: Path) -> None:
     import sys
 
@@ -220,6 +221,7 @@ def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path) -
     assert r.stdout.startswith("['fno-ns-v1e-3:")
 
 
+@pytest.mark.slow
 def test_training_with_thread_workers_is_bitwise_the_run_without_workers(
         fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     import json

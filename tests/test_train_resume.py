@@ -39,6 +39,7 @@ def _tensors_equal(a: object, b: object) -> bool:
     return a == b
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to follow the worker processes")
 def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -98,6 +99,7 @@ def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
     assert max(abs(x["loss"] - y["loss"]) for x, y in zip(la, lc)) < 1e-4
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_settings_and_fresh_start_refuses_existing_run(
         fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     reference = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
