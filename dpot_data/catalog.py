@@ -374,7 +374,8 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
         entry = catalog.find(str(result.data.attrs.get("dataset", "")))
     warnings = compare(result, entry) if entry is not None else [
         f"{result.data.attrs.get('dataset')}: not in the catalog ({catalog.path}); nothing to compare with"]
-    if dataset is not None and catalog_split and entry.split.rule == "random" and result.split is None:
+    # the catalog's split whether the entry was named (--dataset) or found from the files: one file, one split
+    if entry is not None and catalog_split and entry.split.rule == "random" and result.split is None:
         opts = replace(opts, split=(entry.split.ratios["train"], entry.split.ratios["valid"]), seed=entry.split.seed)
     provenance = dict(result.data.attrs.get("provenance") or {})
     provenance["catalog"] = {"entry": entry.name if entry else None, "warnings": warnings}

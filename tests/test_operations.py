@@ -163,3 +163,32 @@ def test_a_mixture_run_logs_each_datasets_training_loss(corpus: Path, tmp_path: 
     for name in ("fno-ns-v1e-3", "fno-ns-v1e-4"):
         events = acc.Scalars(f"train/loss/{name}")
         assert [e.step for e in events] == [2, 4] and all(0 < e.value < 10 for e in events)
+
+
+def test_the_same_file_gets_the_same_split_named_or_detected(tmp_path: Path) -> None:
+    raw = _raw(tmp_path / "raw", "1e-3", n=10)
+    splits = []
+    for how, extra in (("named", ["--dataset", "fno-ns-v1e-3"]), ("detected", [])):
+        result = CliRunner().invoke(data_app, ["ingest", *extra, str(raw), "--out", str(tmp_path / how),
+                                               "--resolution", "0", "--no-progress", "--convention", "canonical"])
+        assert result.exit_code == 0, result.output
+        splits.append(json.loads((tmp_path / how / "manifest.json").read_text())["datasets"][0]["splits"])
+    assert splits[0] == splits[1] and "train 0.8, valid 0.1" in splits[0]["rule"]  # the catalog's ratios
+
+
+def test_makefile_torch_choice_and_docs_stay_inside_the_repository() -> None:
+    root = train_runs.ROOT
+    plain = subprocess.run(["make", "-n", "-B", ".venv/.installed"], cwd=root, capture_output=True, text=True)
+    cpu = subprocess.run(["make", "-n", "-B", ".venv/.installed", "TORCH_INDEX=https://example.invalid/cpu"],
+                         cwd=root, capture_output=True, text=True)
+    assert plain.returncode == cpu.returncode == 0
+    def torch_line(out: str) -> str:
+        return next(ln for ln in out.splitlines() if 'install -q "torch==2.13.0"' in ln)
+
+    assert "--index-url" not in torch_line(plain.stdout)  # the default index, as documented
+    assert "--index-url https://example.invalid/cpu" in torch_line(cpu.stdout)
+    docs = [*root.glob("docs/*.md"), root / "README.md", *root.glob("dpot_data/**/*.py"), *root.glob("dpot_train/**/*.py")]
+    for path in docs:
+        text = path.read_text(encoding="utf-8")
+        for outside in ("../shared", "FORMATS.md", "REFERENCE_INPUTS.md", "project brief"):
+            assert outside not in text, (path, outside)
