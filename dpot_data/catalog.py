@@ -20,7 +20,8 @@ DEFAULT_CATALOG = Path(__file__).resolve().parent / "manifests" / "catalog.yaml"
 CATALOG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 SOURCES = ("fno", "pdebench", "pdearena", "cfdbench")
 _KEYS = {"name", "source", "dpot_name", "files", "file_count", "channels", "frames", "segment", "samples", "grid",
-         "boundary", "split", "pretrain", "weight", "rollout", "parameters", "uncertain", "notes"}
+         "boundary", "split", "pretrain", "weight", "rollout", "parameters", "uncertain", "notes",
+         "download"}
 _REQUIRED = {"name", "source", "files", "channels", "frames", "samples", "grid", "boundary", "split", "pretrain",
              "weight", "rollout", "parameters"}
 
@@ -60,6 +61,7 @@ class Entry:
     segment: int | None = None
     uncertain: tuple[str, ...] = ()
     notes: str = ""
+    download: Mapping[str, str] | None = None  # {"url", "md5"} of the published file, where known
 
     @property
     def manifest_name(self) -> str:
@@ -180,8 +182,18 @@ def _entry(where: str, raw: object) -> Entry:
         pretrain=raw["pretrain"], weight=None if weight is None else float(weight), rollout=_int_or_none(where, "rollout", raw["rollout"]),
         parameters=dict(raw["parameters"]), dpot_name=raw.get("dpot_name"),
         file_count=_int_or_none(where, "file_count", raw.get("file_count")), segment=segment,
-        uncertain=tuple(uncertain), notes=str(raw.get("notes") or ""),
+        uncertain=tuple(uncertain), notes=str(raw.get("notes") or ""), download=_download(where, raw.get("download")),
     )
+
+
+def _download(where: str, raw: object) -> dict[str, str] | None:
+    """The optional `download` entry: {url: https://..., md5: 32 hex digits}."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"url", "md5"} or not str(raw["url"]).startswith("https://") \
+            or not re.fullmatch(r"[0-9a-f]{32}", str(raw["md5"])):
+        raise CatalogError(f"{where}: download must be {{url: https://..., md5: 32 hex digits}}, got {raw!r}")
+    return {"url": str(raw["url"]), "md5": str(raw["md5"])}
 
 
 def load_catalog(path: str | Path | None = None) -> Catalog:

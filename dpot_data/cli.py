@@ -239,7 +239,7 @@ def _ingest_command(source: str, help_text: str) -> None:
     ) -> None:
         import warnings
 
-        from dpot_data.catalog import CatalogError, ingest_with_catalog
+        from dpot_data.catalog import CatalogError, ingest_with_catalog, load_catalog
         from dpot_data.errors import InputError
         from dpot_data.ingest import IngestOptions, parse_split
 
@@ -265,7 +265,9 @@ def _ingest_command(source: str, help_text: str) -> None:
                     for path in run.plan.unknown:
                         typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
                     for missing in run.plan.missing:
-                        typer.echo(f"warning: pre-training dataset {missing}: no raw files found", err=True)
+                        expected = load_catalog().get(missing).files[0]
+                        typer.echo(f"warning: pre-training dataset {missing}: no raw files found (expected "
+                                   f"{expected}; `dpot-data catalog {missing}` says where it comes from)", err=True)
                 else:
                     from dpot_data.catalog import CatalogIngest
                     from dpot_data.remote import prepare, publish
@@ -325,13 +327,20 @@ def catalog_command(
     name: Optional[str] = typer.Argument(None, help="One dataset (catalog or manifest name): all its facts."),
     pretrain: bool = typer.Option(False, "--pretrain", help="Only the 12 datasets of the DPOT pre-training corpus."),
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
+    check: Optional[Path] = typer.Option(None, "--check", help="A download folder: which catalog datasets it holds, "
+                                         "which pre-training datasets it lacks, files no dataset claims."),
+    md5: bool = typer.Option(False, "--md5", help="With --check: compare each found file with its published MD5."),
 ) -> None:
-    """The public datasets dpot-data knows: source, expected file names, trajectories, frames, grid, channels, and
-    whether DPOT pre-trains on them; with a NAME, the ingest command for it."""
+    """The public datasets dpot-data knows: source, expected file names, trajectories, frames, grid, channels,
+    the published download location and MD5 where there is one, and whether DPOT pre-trains on them; with a NAME, the
+    ingest command for it; with --check DIR, what a download folder holds."""
     import json
     from dataclasses import asdict
 
     from dpot_data.catalog import CatalogError, load_catalog
+
+    if check is not None:
+        raise typer.Exit(code=_check_downloads(check, md5, as_json))
 
     try:
         catalog = load_catalog()
@@ -366,6 +375,54 @@ def catalog_command(
                       str(e.samples or "-"), str(e.frames or f"pieces of {e.segment}"),
                       "x".join(map(str, e.grid)), ", ".join(e.channels), "yes" if e.pretrain else "")
     Console(width=200).print(table)
+
+
+def _check_downloads(folder: Path, md5: bool, as_json: bool) -> int:
+    """Report which catalog datasets a folder holds (exit 1 when a published MD5 differs)."""
+    import hashlib
+    import json
+
+    from dpot_data.catalog import load_catalog
+    from dpot_data.corpus import plan_corpus
+    from dpot_data.errors import InputError
+
+    catalog = load_catalog()
+    try:
+        plan = plan_corpus([folder], catalog)
+    except InputError as exc:
+        raise _fail(exc) from None
+    report: dict = {"folder": str(folder), "datasets": {}, "missing_pretrain": plan.missing,
+                    "unknown": [str(p) for p in plan.unknown]}
+    bad = 0
+    for name, paths in plan.groups.items():
+        entry = catalog.get(name)
+        files = []
+        for path in sorted(p for q in paths for p in ([q] if q.is_file() else sorted(q.rglob("*"))) if p.is_file()):
+            item: dict = {"path": str(path), "bytes": path.stat().st_size}
+            published = entry.download if entry.download and path.name == entry.files[0] else None
+            if md5 and published:
+                h = hashlib.md5()
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 22), b""):
+                        h.update(block)
+                item["md5_ok"] = h.hexdigest() == published["md5"]
+                bad += not item["md5_ok"]
+            files.append(item)
+        report["datasets"][name] = files
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        for name, files in report["datasets"].items():
+            checked = [f for f in files if "md5_ok" in f]
+            note = "" if not checked else (" (published MD5 matches)" if all(f["md5_ok"] for f in checked)
+                                           else " (published MD5 DIFFERS)")
+            typer.echo(f"found   {name}: {len(files)} file(s), {sum(f['bytes'] for f in files)} bytes{note}")
+        for name in report["missing_pretrain"]:
+            files = catalog.get(name).files
+            typer.echo(f"missing {name} (pre-training): expected {files[0]}")
+        for path in report["unknown"]:
+            typer.echo(f"unknown {path}: no catalog dataset has this file name")
+    return 1 if bad else 0
 
 
 @app.command("inspect")

@@ -192,3 +192,16 @@ def test_makefile_torch_choice_and_docs_stay_inside_the_repository() -> None:
         text = path.read_text(encoding="utf-8")
         for outside in ("../shared", "FORMATS.md", "REFERENCE_INPUTS.md", "project brief"):
             assert outside not in text, (path, outside)
+
+
+def test_catalog_check_lists_found_missing_and_published_md5(tmp_path: Path) -> None:
+    from dpot_data.synth import pdebench
+
+    pdebench.write_diff_react(tmp_path / "dl", n=2, frames=3, res=8)  # our small file: not the published bytes
+    result = CliRunner().invoke(data_app, ["catalog", "--check", str(tmp_path / "dl"), "--md5"])
+    assert result.exit_code == 1, result.output
+    assert "found   pdebench-dr: 1 file(s)" in result.output and "published MD5 DIFFERS" in result.output
+    assert "missing pdebench-swe (pre-training): expected 2D_rdb_NA_NA.h5" in result.output
+    listed = json.loads(CliRunner().invoke(data_app, ["catalog", "pdebench-dr", "--json"]).stdout)
+    assert listed[0]["download"] == {"url": "https://darus.uni-stuttgart.de/api/access/datafile/133017",
+                                     "md5": "b8d0b86064193195ddc30c33be5dc949"}
