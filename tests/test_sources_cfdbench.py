@@ -213,3 +213,85 @@ def test_reference_convention_gives_the_reference_pieces_and_leaves_out_dam(tree
         np.testing.assert_array_equal(last[tail:, 0], np.broadcast_to(u[-1], last[tail:, 0].shape))
     with pytest.raises(InputError, match="no cavity, tube or cylinder case"):
         cfdbench.read([tree / "dam"])
+
+
+# ------------------------------------------------------------------------------- dpot-reference split and geometry
+
+@pytest.fixture(scope="module")
+def full_tree(tmp_path_factory) -> Path:
+    """cavity and tube with 4 cases in each of prop, bc, geo (12 per problem, as in the reference's golden set)."""
+    root = tmp_path_factory.mktemp("cfdbench_full")
+    synth.write_cfdbench(root, problems=("cavity", "tube"), subsets=("prop", "bc", "geo"), cases=4, frames=(21, 25))
+    return root
+
+
+def _case_splits(result) -> dict[str, str]:
+    return {str(s).split("#")[0]: v for s, v in zip(result.data["sample"].values, result.split)}
+
+
+def test_reference_split_lists_prop_bc_geo_by_number_then_shuffles_with_seed_0(full_tree):
+    # the case folders listed prop, bc, geo and by number, then random.seed(0); random.shuffle gives
+    order = ["prop/case0001", "geo/case0001", "geo/case0000", "bc/case0001", "geo/case0002", "prop/case0002",
+             "prop/case0003", "bc/case0003", "bc/case0000", "prop/case0000", "geo/case0003", "bc/case0002"]
+    result = cfdbench.read([full_tree])
+    splits = _case_splits(result)
+    # cavity rounds: 10 train, 1 dev, 1 test; tube truncates: 9 train, 1 dev, 2 test
+    assert {c: splits.get(f"cavity/{c}") for c in order} == dict(zip(order, ["train"] * 10 + [None, "test"]))
+    assert {c: splits.get(f"tube/{c}") for c in order} == dict(zip(order, ["train"] * 9 + [None, "test", "test"]))
+    dev = {w: why for w, why in result.skipped if "dev part" in why}
+    assert set(dev) == {"cavity/geo/case0003", "tube/prop/case0000"}
+    assert "random.seed(0)" in result.data.attrs["split_rule"]
+    # the same rule, per problem, over the cases given: one problem folder alone keeps its split
+    alone = _case_splits(cfdbench.read([full_tree / "tube"]))
+    assert alone == {k: v for k, v in splits.items() if k.startswith("tube/")}
+    # pieces: ceil(T/20) per case, ids map to the reference's piece names
+    ids = [str(s) for s in result.data["sample"].values]
+    assert cfdbench.raw_piece(ids[0]) == ids[0].replace("#0/", "/")
+    assert all(cfdbench.reference_piece_id(cfdbench.raw_piece(i)) == i for i in ids)
+
+
+def test_reference_split_ignores_cases_left_out_for_bad_data(full_tree, tmp_path):
+    copy = tmp_path / "tree"
+    shutil.copytree(full_tree / "cavity", copy / "cavity")
+    u_file = copy / "cavity" / "prop" / "case0001" / "u.npy"  # a train case
+    u = np.load(u_file)
+    u[0, 3, 3] = np.inf
+    np.save(u_file, u)
+    (copy / "cavity" / "bc" / "case0000" / "v.npy").write_bytes(b"broken")  # another train case, unreadable
+    extra = copy / "cavity" / "extra" / "case0000"  # a subset the reference does not list
+    shutil.copytree(full_tree / "cavity" / "bc" / "case0001", extra)
+    result = cfdbench.read([copy])
+    full = {k: v for k, v in _case_splits(cfdbench.read([full_tree / "cavity"])).items()}
+    left_out = {"cavity/prop/case0001", "cavity/bc/case0000"}
+    assert _case_splits(result) == {k: v for k, v in full.items() if k not in left_out}
+    reasons = dict(result.skipped)
+    assert "NaN or Inf" in reasons["cavity/prop/case0001#0"] and "unreadable" in reasons["cavity/bc/case0000"]
+    assert "lists the subsets prop, bc, geo only" in reasons["cavity/extra/case0000"]
+    assert "dev part" in reasons["cavity/geo/case0003"]
+
+
+def test_reference_geometry_channel_places_the_disc_at_half_on_grid_corners(tree, tmp_path):
+    folder = tmp_path / "cylinder" / "bc" / "case0000"
+    shutil.copytree(tree / "cylinder" / "bc" / "case0000", folder)
+    params = json.loads((folder / "case.json").read_text())
+    params.update(x_min=0.0, x_max=1.0, y_min=0.0, y_max=1.0, radius=0.1)  # the disc at (0.5, 0.5) inside the grid
+    (folder / "case.json").write_text(json.dumps(params))
+    case = cfdbench._check_case(folder)
+    channel = cfdbench.reference_mask_channel(case, (64, 64))
+    expected = np.ones((64, 64))
+    for i in range(64):
+        for j in range(64):
+            x, y = 0.0 + j * (1.0 / 64), 0.0 + i * (1.0 / 64)
+            if (x - 0.5) ** 2 + (y - 0.5) ** 2 <= 0.1**2:
+                expected[i, j] = 0
+    np.testing.assert_array_equal(channel, expected)
+    # on grid corners x = j / 64 the disc spans columns 26..38 of row 32 (on cell centres it would be 26..37)
+    assert channel[32, 26] == channel[32, 38] == 0 and channel[32, 25] == channel[32, 39] == 1
+    # after the inlet/wall padding and the align_corners resize, the channel holds values between 0 and 1
+    fields = cfdbench.read([folder]).data["fields"].values[0, 0, 2]
+    assert fields.min() == 0.0 and fields.max() <= 1.0 and np.any((fields > 0) & (fields < 1))
+
+
+def test_unknown_convention_is_an_input_error(tree):
+    with pytest.raises(InputError, match=r"^--convention: expected one of dpot-reference, canonical, got 'ours'$"):
+        cfdbench.read([tree], convention="ours")

@@ -1,9 +1,17 @@
 """CFDBench reader (docs/sources.md): cavity, tube, cylinder and dam cases, with the geometry mask from `case.json`.
 
 Input: the tree root, problem or subset folders, case folders, or files inside case folders; every
-`<problem>/<subset>/caseNNNN/` with `u.npy`, `v.npy` (T_i, 64, 64) [t, y, x] and `case.json` becomes one
-trajectory, ordered by problem, subset and case number. Trajectories differ in length: `fields` is NaN-padded to
-the longest, `lengths` gives each one's frames, and ingest cuts them into `segment`-frame pieces after the split.
+`<problem>/<subset>/caseNNNN/` with `u.npy`, `v.npy` (T_i, 64, 64) [t, y, x] and `case.json` is one case.
+
+Two conventions (docs/sources.md, "CFDBench conventions"):
+- "dpot-reference" (default): the samples are the reference DPOT pipeline's 20-frame pieces (ceil(T_i/20) per case,
+  the last padded with its last frame), channels u, v and its geometry channel (tube and cylinder fields padded with
+  an inlet column and wall rows, resized back with bilinear align_corners=True), its per-problem random.seed(0) case
+  split (dev cases and dam left out, listed in `skipped`), `model_layout` "yx". Sample ids
+  "<problem>/<subset>/caseNNNN#0/seg<k>" (`reference_piece_id`, `raw_piece`).
+- "canonical": every case is one trajectory (u, v), ordered by problem, subset and case number. Trajectories differ
+  in length: `fields` is NaN-padded to the longest, `lengths` gives each one's frames, and ingest cuts them into
+  `segment`-frame pieces after its seeded split.
 
 The grid is 64×64 cell centres over the physical domain (row 0 at the bottom). Solid cells, whose centre lies
 inside the obstacle, get mask 0:
@@ -43,6 +51,7 @@ KEYS = {
 }
 VELOCITY_KEY = {"cavity": "vel_top", "tube": "vel_in", "cylinder": "vel_in", "dam": "velocity"}
 _CASE = re.compile(r"^case(\d+)$")
+CONVENTIONS = ("dpot-reference", "canonical")
 
 
 @dataclass(frozen=True)
@@ -154,40 +163,60 @@ REFERENCE_PRED_CHANNELS = 2  # its evaluation scores u and v only
 
 
 def reference_piece_id(piece: str) -> str:
-    """Our sample id of the reference's piece "<problem>/<subset>/caseNNNN/seg<k>" ("<case>#0/seg<k>")."""
+    """Our sample id of the reference's piece "<problem>/<subset>/caseNNNN/seg<k>": "<problem>/<subset>/caseNNNN#0/
+    seg<k>" (the case id with the "#0" every CFDBench trajectory id carries, then the piece). `raw_piece` inverts it."""
     case, seg = piece.rsplit("/", 1)
     return f"{case}#0/{seg}"
 
 
-def reference_split(cases: list[Case]) -> dict[str, str]:
-    """The reference's split of each problem's cases: the folders listed subset by subset (prop, bc, geo) and by
-    number, shuffled with Python's random.seed(0), then 80 % train, 10 % dev (never used), the rest test; counts
-    rounded for cavity and truncated for tube and cylinder (docs/conventions.md). Returns case id -> split."""
+def raw_piece(sample_id: str) -> str:
+    """The reference's piece name ("<problem>/<subset>/caseNNNN/seg<k>") of our sample id: `reference_piece_id`
+    inverted."""
+    case, seg = sample_id.rsplit("/", 1)
+    if not case.endswith("#0") or not re.fullmatch(r"seg\d+", seg):
+        raise ValueError(f"not a CFDBench piece id <problem>/<subset>/caseNNNN#0/seg<k>: {sample_id!r}")
+    return f"{case[:-2]}/{seg}"
+
+
+def reference_split(case_ids: Sequence[str]) -> dict[str, str]:
+    """The reference's split of each problem's cases, given as ids "<problem>/<subset>/caseNNNN": per problem, the
+    folders listed subset by subset (prop, bc, geo; no other subset is listed) and by case number, shuffled with
+    Python's random.seed(0), then 80 % train, 10 % dev (never used), the rest test; counts rounded for cavity and
+    truncated for tube and cylinder (docs/conventions.md). Returns case id -> "train" | "dev" | "test" for the cases
+    of cavity, tube and cylinder in the prop, bc and geo subsets. The split is the reference's only when every case
+    folder of the problem is given (the shuffle depends on the whole list)."""
     out: dict[str, str] = {}
     for problem in REFERENCE_PROBLEMS:
-        listed = sorted((c for c in cases if c.problem == problem),
-                        key=lambda c: (REFERENCE_SUBSETS.index(c.subset) if c.subset in REFERENCE_SUBSETS
-                                       else len(REFERENCE_SUBSETS), c.subset, c.number))
-        random.seed(0)
-        random.shuffle(listed)
+        listed = []
+        for cid in case_ids:
+            prob, subset, name = cid.split("/")
+            match = _CASE.match(name)
+            if prob == problem and subset in REFERENCE_SUBSETS and match:
+                listed.append((REFERENCE_SUBSETS.index(subset), int(match.group(1)), cid))
+        listed = [cid for _, _, cid in sorted(set(listed))]
+        random.Random(0).shuffle(listed)  # the same order as random.seed(0); random.shuffle, without the global state
         n = len(listed)
         cut = round if problem == "cavity" else int
         n_train, n_dev = int(cut(0.8 * n)), int(cut(0.1 * n))
-        for i, c in enumerate(listed):
-            out[c.id] = "train" if i < n_train else ("dev" if i < n_train + n_dev else "test")
+        for i, cid in enumerate(listed):
+            out[cid] = "train" if i < n_train else ("dev" if i < n_train + n_dev else "test")
     return out
 
 
 def reference_mask_channel(case: Case, grid: tuple[int, int]) -> np.ndarray:
     """The reference's geometry channel at the raw grid (before its inlet/wall padding): all ones, but for the
-    cylinder a disc of `radius` at (0.5, 0.5) on cell centres that start at (x_min, y_min), as the reference places
-    it (for the published domains that disc lies outside the grid, so the channel is all ones there too)."""
+    cylinder 0 on the points (x_min + j dx, y_min + i dy), dx = (x_max - x_min) / nx, dy = (y_max - y_min) / ny,
+    that lie in a disc of `radius` at (0.5, 0.5), as the reference places it (grid corners, not cell centres; for the
+    published domains, x in [-0.06, 0.16], that disc lies outside the grid, so the channel is all ones there too)."""
     ny, nx = grid
     if case.problem != "cylinder":
         return np.ones(grid)
     p = case.params
-    x = float(p["x_min"]) + (np.arange(nx) + 0.5) * (float(p["x_max"]) - float(p["x_min"])) / nx
-    y = float(p["y_min"]) + (np.arange(ny) + 0.5) * (float(p["y_max"]) - float(p["y_min"])) / ny
+    x_min, y_min = float(p["x_min"]), float(p["y_min"])
+    dx = (float(p["x_max"]) - x_min) / nx
+    dy = (float(p["y_max"]) - y_min) / ny
+    x = x_min + np.arange(nx) * dx
+    y = y_min + np.arange(ny) * dy
     yy, xx = np.meshgrid(y, x, indexing="ij")
     return (~((xx - 0.5) ** 2 + (yy - 0.5) ** 2 <= float(p["radius"]) ** 2)).astype(np.float64)
 
@@ -237,20 +266,26 @@ class _ReferencePieces(SampleBlocks):
         return out
 
 
-def _read_reference(cases: list[Case], skipped: list[tuple[str, str]], name: str | None, segment: int,
-                    block: int | None) -> ReadResult:
-    """The dpot-reference convention: the reference's pieces, channels, split and orientation."""
+def _read_reference(cases: list[Case], listed: list[str], skipped: list[tuple[str, str]], name: str | None,
+                    segment: int, block: int | None) -> ReadResult:
+    """The dpot-reference convention: the reference's pieces, channels, split and orientation. `listed`: the ids of
+    every case folder given (readable or not), over which the reference's shuffle runs, so that a case left out for
+    unreadable or non-finite data does not move the others between splits."""
     kept = []
     for c in cases:
         if c.problem not in REFERENCE_PROBLEMS:
             skipped.append((c.id, "not part of the DPOT reference pre-training (the reference never processes "
                                   f"{c.problem}); ingest it with --convention canonical"))
+        elif c.subset not in REFERENCE_SUBSETS:
+            skipped.append((c.id, f"not part of the DPOT reference pre-training (the reference lists the subsets "
+                                  f"{', '.join(REFERENCE_SUBSETS)} only); ingest it with --convention canonical"))
         else:
             kept.append(c)
     if not kept:
-        raise InputError(cases[0].folder, "no cavity, tube or cylinder case: the dpot-reference convention has none "
-                                          "of these cases (use --convention canonical)")
-    splits = reference_split(kept)
+        raise InputError(cases[0].folder, "no cavity, tube or cylinder case in a prop, bc or geo subset: the "
+                                          "dpot-reference convention has none of these cases (use --convention "
+                                          "canonical)")
+    splits = reference_split(listed)
     for c in kept:
         if splits[c.id] == "dev":
             skipped.append((c.id, "the reference's dev part of its case split (never used by DPOT)"))
@@ -322,20 +357,25 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
 
     Under the "dpot-reference" convention (the default) the samples are the reference's pieces: channels u, v and
     its geometry channel, tube and cylinder fields prepared as the reference prepares them, `segment`-frame pieces
-    with the last one padded, the reference's case split (its dev cases and any dam case left out, listed in
-    `skipped`); the split equals the reference's when whole problem folders are given. Under "canonical": variable-
-    length trajectories (u, v) that ingest cuts into pieces after a seeded split.
+    with the last one padded, the reference's case split (its dev cases, any dam case and any case outside the prop,
+    bc and geo subsets left out, listed in `skipped`). The split is drawn per problem over the case folders given
+    (unreadable ones included), so it equals the reference's only when whole problem folders are given. Under
+    "canonical": variable-length trajectories (u, v) that ingest cuts into pieces after a seeded split.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("<no files>", "expected a CFDBench folder or case folders")
     if problems is not None and not set(problems) <= set(KEYS):
         raise InputError(",".join(problems), f"unknown CFDBench problem(s); expected some of {sorted(KEYS)}")
+    if convention not in CONVENTIONS:
+        raise InputError("--convention", f"expected one of {', '.join(CONVENTIONS)}, got {convention!r}")
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
+    listed: list[str] = []
     for folder in _case_folders(paths):
         if problems is not None and folder.parent.parent.name not in problems:
             continue
+        listed.append(f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}")
         case = _check_case(folder)
         if isinstance(case, str):
             skipped.append((f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}", case))
@@ -362,7 +402,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     cases = [cases[i] for i in keep]
     lengths = lengths[keep]
     if convention == "dpot-reference":
-        return _read_reference(cases, skipped, name, int(segment), block)
+        return _read_reference(cases, listed, skipped, name, int(segment), block)
     t_max = int(lengths.max())
     blocks = _Blocks(cases, t_max)
     token = [file_token(c.folder / n) for c in cases for n in ("u.npy", "v.npy", "case.json")]
