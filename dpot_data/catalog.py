@@ -308,13 +308,13 @@ def _close(a: float, b: float) -> bool:
 # ------------------------------------------------------------------------------------------------ catalog-driven ingest
 
 @dataclass
-class CatalogIngest:
-    """What `ingest_with_catalog` did: the ingest outcome, the catalog entry used (if any) and the mismatch warnings."""
+class CatalogMatch:
+    """Which reader and files an ingest uses, and the catalog dataset they were named as (None: detected)."""
 
-    outcome: object  # dpot_data.ingest.IngestOutcome
     source: str
+    inputs: list[Path]
     entry: Entry | None
-    warnings: list[str]
+    reader_options: dict[str, object]
 
 
 def reader_options_for(entry: Entry) -> dict[str, object]:
@@ -327,31 +327,16 @@ def reader_options_for(entry: Entry) -> dict[str, object]:
     return options
 
 
-def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: object | None = None, *,
-                        dataset: str | None = None, source: str | None = None, catalog_split: bool = True,
-                        catalog: Catalog | None = None, **reader_options: object) -> CatalogIngest:
-    """Ingest raw files named by a catalog dataset, or of a detected source, and compare them with the catalog.
-
-    With `dataset`, the catalog entry gives the source, the dataset name and (unless `catalog_split` is False) the
-    split ratios and seed; the files must belong to that source and have its channels and PDE parameters. Without
-    it, the source is detected from the files (unless `source` names it) and the entry is looked up by the dataset
-    name the reader gives, for the warnings only. Warnings (partial sets, odd shapes, counts) are returned and
-    recorded in the manifest entry's provenance under "catalog". An OUT that already holds a complete manifest is
-    left alone without reading anything.
-    """
-    from dataclasses import replace
-
+def match(paths: Sequence[str | Path], *, dataset: str | None = None, source: str | None = None,
+          catalog: Catalog | None = None, reader_options: dict[str, object] | None = None) -> CatalogMatch:
+    """The source and raw files of an ingest: the catalog entry `dataset` gives the source (and reader options
+    naming its variant), else `source`, else the source detected from the files. A named dataset's files must be
+    of its source."""
     from dpot_data.errors import InputError
-    from dpot_data import manifest as mf
-    from dpot_data.ingest import IngestOptions, IngestOutcome, ingest, read_source
     from dpot_data.sources.detect import detect, expand
 
     catalog = catalog or load_catalog()
-    opts = options if options is not None else IngestOptions()
-    done = Path(out) / mf.MANIFEST_NAME
-    if not opts.overwrite and done.exists():  # finished earlier: read nothing
-        note = f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)"
-        return CatalogIngest(IngestOutcome(mf.read(done), done, False, [note]), source or "", None, [])
+    reader_options = dict(reader_options or {})
     entry = None
     if dataset is not None:
         try:
@@ -369,28 +354,42 @@ def ingest_with_catalog(paths: Sequence[str | Path], out: str | Path, options: o
         inputs = expand(paths)
         if source == "cfdbench":
             inputs = list(dict.fromkeys(p.parent if p.is_file() else p for p in inputs))
-    if dataset is not None:
+    if entry is not None:
         try:
             detected = detect(inputs[:1]).source if inputs else source
         except InputError:  # nothing tells (an odd name and unreadable content): the reader will judge
             detected = source
         if detected != source:
             raise InputError(inputs[0], f"holds {detected} data, but {entry.name} is a {source} dataset")
-    result = read_source(source, inputs, opts, **reader_options)
+    return CatalogMatch(source, inputs, entry, reader_options)
+
+
+def review(result: ReadResult, found: CatalogMatch, options: Any, catalog_split: bool = True,
+           catalog: Catalog | None = None) -> tuple[Any, list[str]]:
+    """Compare what was read with the catalog: files that are another dataset than the one named are refused;
+    partial sets, odd shapes and counts are warnings, recorded in the entry's provenance under "catalog". Returns
+    the options with the catalog's split (a random split, when none is given and the reader has none) and the
+    warnings."""
+    from dataclasses import replace
+
+    from dpot_data.errors import InputError
+
+    catalog = catalog or load_catalog()
+    entry = found.entry
     if entry is not None:
         wrong = conflicts(result, entry)
         if wrong:
-            raise InputError(inputs[0], f"does not belong to catalog dataset {entry.name}: {'; '.join(wrong)}; "
-                                        "name the matching dataset, or leave out --dataset")
-    if entry is None:
-        entry = catalog.find(str(result.data.attrs.get("dataset", "")))
+            raise InputError(found.inputs[0], f"does not belong to catalog dataset {entry.name}: {'; '.join(wrong)}; "
+                                              "name the matching dataset, or leave out --dataset")
+    else:
+        entry = found.entry = catalog.find(str(result.data.attrs.get("dataset", "")))
     warnings = compare(result, entry) if entry is not None else [
         f"{result.data.attrs.get('dataset')}: not in the catalog ({catalog.path}); nothing to compare with"]
     # the catalog's split whether the entry was named (--dataset) or found from the files: one file, one split
     if entry is not None and catalog_split and entry.split.rule == "random" and result.split is None:
-        opts = replace(opts, split=(entry.split.ratios["train"], entry.split.ratios["valid"]), seed=entry.split.seed)
+        options = replace(options, split=(entry.split.ratios["train"], entry.split.ratios["valid"]),
+                          seed=entry.split.seed)
     provenance = dict(result.data.attrs.get("provenance") or {})
     provenance["catalog"] = {"entry": entry.name if entry else None, "warnings": warnings}
     result.data.attrs["provenance"] = provenance
-    outcome = ingest(result, out, opts)
-    return CatalogIngest(outcome, source, entry, warnings)
+    return options, warnings

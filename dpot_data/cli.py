@@ -237,73 +237,79 @@ def _ingest_command(source: str, help_text: str) -> None:
         stats: bool = typer.Option(True, "--stats/--no-stats", help="Normalisation statistics of the train split."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
-        import warnings
-
-        from dpot_data.catalog import CatalogError, ingest_with_catalog, load_catalog
-        from dpot_data.errors import InputError
-        from dpot_data.ingest import IngestOptions, parse_split
-
-        with warnings.catch_warnings():  # ingest warnings are "warning:" lines, printed as they happen
-            warnings.simplefilter("always")
-            warnings.showwarning = lambda message, *_a, **_k: typer.echo(f"warning: {message}", err=True)
-            try:
-                options = IngestOptions(
-                    resolution=resolution or None, channels=channels, fill=fill, resample=resample,
-                    mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
-                    split=parse_split(split) if split else None, convention=convention, seed=seed, name=name,
-                    shard_size=_parse_bytes(shard_size), segment=segment, block=block, overwrite=overwrite,
-                    progress=progress, stats=stats, workers=workers, scheduler=scheduler,
-                )
-                if source == "corpus":
-                    from dpot_data.corpus import ingest_corpus
-
-                    if any("://" in p for p in [*files, out]):
-                        raise InputError(out, "expected local folders for `ingest corpus` (URLs work per dataset)")
-                    run = ingest_corpus([Path(p) for p in files], Path(out), options, dataset=dataset,
-                                        catalog_split=split is None)
-                    runs, failed = run.done, run.failed
-                    for path in run.plan.unknown:
-                        typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
-                    for missing in run.plan.missing:
-                        expected = load_catalog().get(missing).files[0]
-                        typer.echo(f"warning: pre-training dataset {missing}: no raw files found (expected "
-                                   f"{expected}; `dpot-data catalog {missing}` says where it comes from)", err=True)
-                else:
-                    from dpot_data.catalog import CatalogIngest
-                    from dpot_data.remote import prepare, publish
-
-                    files, out = [_absolute(f) for f in files], _absolute(out)  # workers may run elsewhere
-                    staged = prepare(files, out, overwrite)  # URLs: local input copies and a local output to upload
-                    if staged.existing is not None:
-                        runs = [CatalogIngest(staged.existing, source, None, [])]
-                    else:
-                        done = ingest_with_catalog([Path(p) for p in staged.inputs], Path(staged.out), options,
-                                                   dataset=dataset, source=None if source == "auto" else source,
-                                                   catalog_split=split is None)
-                        done.outcome = publish(staged, done.outcome)
-                        runs = [done]
-                    failed = []
-            except (InputError, CatalogError) as exc:
-                raise _fail(exc) from None
-        for done in runs:
-            outcome = done.outcome
-            for warning in done.warnings:
-                typer.echo(f"warning: {warning}", err=True)
-            for note in outcome.notes:
-                typer.echo(note, err=True)
-            for d in outcome.manifest["datasets"]:
-                counts = ", ".join(f"{k} {v}" for k, v in d["splits"]["counts"].items() if v)
-                size = sum(s["bytes"] for s in d["shards"])
-                typer.echo(f"{'wrote' if outcome.written else 'kept'} {outcome.path}: {d['name']}, {d['trajectories']} "
-                           f"trajectories ({counts}), {d['frames']} frames, "
-                           f"grid {'x'.join(map(str, d['grid']['shape']))}, {len(d['shards'])} shards ({size} bytes)")
-        for name, error in failed:
-            typer.echo(f"error: {name}: {error}", err=True)
-        if failed:
-            raise typer.Exit(code=2)
+        options = dict(resolution=resolution or None, channels=channels, fill=fill, resample=resample,
+                       mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
+                       split=split, convention=convention, seed=seed, name=name, shard_size=shard_size,
+                       segment=segment, block=block, overwrite=overwrite, progress=progress, stats=stats,
+                       workers=workers, scheduler=scheduler)
+        runs, failed = _run_ingest(source, files, out, options, dataset)
+        _report_ingest(runs, failed)
 
     command.__doc__ = help_text
     ingest_app.command(source)(command)
+
+
+def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: Optional[str]) -> tuple[list, list]:
+    """Run `dpot-data ingest <source>` (every source, corpus and auto): the outcomes and the datasets that failed.
+    Ingest warnings are printed as "warning:" lines as they happen; bad input is one error line and exit code 2."""
+    import warnings
+
+    from dpot_data.catalog import CatalogError
+    from dpot_data.errors import InputError
+    from dpot_data.ingest import IngestOptions, parse_split, run_ingest
+
+    split = given.pop("split")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *_a, **_k: typer.echo(f"warning: {message}", err=True)
+        try:
+            options = IngestOptions(**{**given, "shard_size": _parse_bytes(given["shard_size"])},
+                                    split=parse_split(split) if split else None)
+            if source == "corpus":
+                return _run_corpus(files, out, options, dataset, split is None)
+            files, out = [_absolute(f) for f in files], _absolute(out)  # workers may run elsewhere
+            return [run_ingest(None if source == "auto" else source, files, out, options, dataset=dataset,
+                               catalog=True, catalog_split=split is None)], []
+        except (InputError, CatalogError) as exc:
+            raise _fail(exc) from None
+
+
+def _run_corpus(files: List[str], out: str, options: object, dataset: Optional[str],
+                catalog_split: bool) -> tuple[list, list]:
+    """`dpot-data ingest corpus`: every catalog dataset found, each into OUT/<dataset>/."""
+    from dpot_data.catalog import load_catalog
+    from dpot_data.corpus import ingest_corpus
+    from dpot_data.errors import InputError
+
+    if any("://" in p for p in [*files, out]):
+        raise InputError(out, "expected local folders for `ingest corpus` (URLs work per dataset)")
+    run = ingest_corpus([Path(p) for p in files], Path(out), options, dataset=dataset, catalog_split=catalog_split)
+    for path in run.plan.unknown:
+        typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
+    for missing in run.plan.missing:
+        expected = load_catalog().get(missing).files[0]
+        typer.echo(f"warning: pre-training dataset {missing}: no raw files found (expected "
+                   f"{expected}; `dpot-data catalog {missing}` says where it comes from)", err=True)
+    return run.done, run.failed
+
+
+def _report_ingest(runs: list, failed: list) -> None:
+    """One line per dataset written or kept, its warnings and notes; exit code 2 when a dataset failed."""
+    for outcome in runs:
+        for warning in outcome.warnings:
+            typer.echo(f"warning: {warning}", err=True)
+        for note in outcome.notes:
+            typer.echo(note, err=True)
+        for d in outcome.manifest["datasets"]:
+            counts = ", ".join(f"{k} {v}" for k, v in d["splits"]["counts"].items() if v)
+            size = sum(s["bytes"] for s in d["shards"])
+            typer.echo(f"{'wrote' if outcome.written else 'kept'} {outcome.path}: {d['name']}, {d['trajectories']} "
+                       f"trajectories ({counts}), {d['frames']} frames, "
+                       f"grid {'x'.join(map(str, d['grid']['shape']))}, {len(d['shards'])} shards ({size} bytes)")
+    for name, error in failed:
+        typer.echo(f"error: {name}: {error}", err=True)
+    if failed:
+        raise typer.Exit(code=2)
 
 
 _ingest_command("fno", "FNO Navier–Stokes .mat files (v5 or v7.3): u at t = 1..T (with --convention canonical, a "

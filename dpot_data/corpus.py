@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from dpot_data.catalog import Catalog, CatalogIngest, ingest_with_catalog, load_catalog
+from dpot_data.catalog import Catalog, load_catalog
 from dpot_data.errors import InputError
 from dpot_data.sources.detect import RAW_SUFFIXES
 
@@ -29,7 +29,7 @@ class CorpusPlan:
 class CorpusRun:
     """The outcome of every dataset ingested, the datasets that failed (name, error) and the plan."""
 
-    done: list[CatalogIngest]
+    done: list[Any]  # dpot_data.ingest.IngestOutcome, one per dataset ingested or kept
     failed: list[tuple[str, str]]
     plan: CorpusPlan
 
@@ -73,7 +73,7 @@ def ingest_corpus(paths: Sequence[str | Path], out: str | Path, options: object 
     Each dataset uses the catalog's split (unless `catalog_split` is False) and at least as many channels as it
     has (the 3D sets have 5). A dataset that fails is reported and the others still run.
     """
-    from dpot_data.ingest import IngestOptions
+    from dpot_data.ingest import IngestOptions, run_ingest
 
     catalog = catalog or load_catalog()
     opts = options if options is not None else IngestOptions()
@@ -92,8 +92,8 @@ def ingest_corpus(paths: Sequence[str | Path], out: str | Path, options: object 
         entry = catalog.get(name)
         per = replace(opts, channels=max(opts.channels or 4, len(entry.channels)), name=None)
         try:
-            done.append(ingest_with_catalog(inputs, Path(out) / entry.manifest_name, per, dataset=name,
-                                            catalog_split=catalog_split, catalog=catalog))
+            done.append(run_ingest(None, inputs, Path(out) / entry.manifest_name, per, dataset=name,
+                                   catalog=catalog, catalog_split=catalog_split))
         except InputError as exc:
             failed.append((name, str(exc)))
     return CorpusRun(done, failed, plan)

@@ -56,16 +56,6 @@ def input_identity(paths: Sequence[str | os.PathLike[str]]) -> list[list[Any]]:
     return out
 
 
-NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command"})
-
-
-def options_identity(options: Any) -> dict[str, Any]:
-    """The fields of an IngestOptions dataclass that shape the output (not how or where it runs)."""
-    from dataclasses import asdict
-
-    return {k: v for k, v in asdict(options).items() if k not in NOT_OUTPUT_OPTIONS}
-
-
 def job_fingerprint(inputs: Sequence[str | os.PathLike[str]], options: Mapping[str, Any],
                     blocks: Sequence[tuple[int, int]]) -> str:
     """Fingerprint of one ingest job: inputs, output-shaping options, block layout and tool version."""
@@ -116,6 +106,14 @@ class ResumePoint:
     def kept_samples(self, split: str) -> int:
         """Trajectories of `split` already in completed shards."""
         return sum(int(s["samples"]) for s in self.shards.get(split, []))
+
+    def shard_state(self, split: str) -> dict[str, Any]:
+        """The state a split's shard writer resumes from (`SplitShardWriter.load_state_dict`)."""
+        return {"done": [dict(s) for s in self.shards.get(split, [])]}
+
+    def zarr_state(self) -> dict[str, Any]:
+        """The state the Zarr writer resumes from (`ZarrDatasetWriter.load_state_dict`)."""
+        return {"rows": self.row}
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -213,6 +211,7 @@ class Journal:
                 point = resume_point(lines, row_splits, block_rows, shards)
                 if point.block > 0 and not _staged_files_ok(staging, point, zarr):
                     point = ResumePoint()
+                remove_temporaries(staging)  # a kill mid-write leaves partial chunk and shard files
             if point.block == 0:
                 point = ResumePoint()  # a fresh start keeps nothing: no shard, no row, no statistics
                 _empty_folder(staging, keep={LOCK_NAME})
@@ -235,13 +234,6 @@ class Journal:
         restored = stats_from_json(self.point.stats)
         return restored if restored is not None else FieldStats.empty(n_channels)
 
-    def restore_shards(self, writer: Any) -> Any:
-        """Give a SplitShardWriter the shards its split already completed, so numbering continues after them."""
-        from dpot_data.writers.wds_shards import ShardInfo
-
-        writer.done = [ShardInfo(**s) for s in self.point.shards.get(writer.split, [])]
-        return writer
-
     def start_counts(self, row_splits: Sequence[str]) -> None:
         """Count, per split, the stored rows before the resume row (used by `needs`)."""
         self._seen = {}
@@ -257,10 +249,10 @@ class Journal:
         """Journal a finished block: rows stored so far, shards completed since the last record, statistics."""
         new = []
         for split in sorted(writers):
-            for info in writers[split].done:
-                if info.path not in self._reported:
-                    new.append(info.to_dict())
-                    self._reported.add(info.path)
+            for info in writers[split].state_dict()["done"]:
+                if info["path"] not in self._reported:
+                    new.append(info)
+                    self._reported.add(info["path"])
         _append(self.staging / JOURNAL_NAME,
                 {"block": int(block), "rows": int(rows), "shards": new, "stats": stats_to_json(stats)})
 
@@ -268,40 +260,6 @@ class Journal:
         """Release the lock (the staging folder itself is removed by publishing, or kept for a resume)."""
         _unlock(self._lock_fd)
         self._lock_fd = -1
-
-
-def zarr_writer(journal: Journal, store_path: Path, layout: Any) -> Any:
-    """A fresh ZarrDatasetWriter, or, when resuming, one that keeps the rows before the resume point (re-hashed)."""
-    from dpot_data.writers.zarr_store import ZarrDatasetWriter
-
-    if not journal.resumed:
-        return ZarrDatasetWriter(store_path, layout)
-    return _resumed_zarr_writer(store_path, layout, journal.point.row)
-
-
-def _resumed_zarr_writer(store_path: Path, layout: Any, rows: int) -> Any:
-    """Reopen the staged Zarr group without touching its data; hash rows [0, rows) as the writer would have."""
-    import zarr
-
-    from dpot_data.hashing import ArrayHasher
-    from dpot_data.writers.zarr_store import ZarrDatasetWriter
-
-    writer = ZarrDatasetWriter.__new__(ZarrDatasetWriter)
-    writer.store_path = Path(store_path)
-    writer.layout = layout
-    writer.n = len(layout.samples)
-    root = zarr.open_group(str(store_path), mode="r+")
-    writer.group = root[layout.group]
-    writer.fields = writer.group["fields"]
-    writer.mask = writer.group["mask"]
-    writer._hash = {"fields": ArrayHasher(), "mask": ArrayHasher()}
-    step = max(1, (64 << 20) // max(1, int(np.prod(writer.fields.shape[1:])) * 4))
-    for i in range(0, rows, step):
-        j = min(rows, i + step)
-        writer._hash["fields"].update(np.asarray(writer.fields[i:j], dtype=np.float32))
-        writer._hash["mask"].update(np.asarray(writer.mask[i:j], dtype=np.uint8))
-    writer.written = rows
-    return writer
 
 
 def rows_per_block(sources: Sequence[int], blocks: Sequence[tuple[int, int]]) -> list[int]:
@@ -324,6 +282,24 @@ def _staged_files_ok(staging: Path, point: ResumePoint, zarr: bool) -> bool:
             if not p.is_file() or p.stat().st_size != int(s["bytes"]):
                 return False
     return not zarr or (staging / "data.zarr" / "zarr.json").is_file()
+
+
+def is_temporary(name: str) -> bool:
+    """A file name that only exists while something is being written: zarr's `*.partial` chunk files, our
+    `.<name>.tmp` shards and `.<name>.tmp-<pid>` atomic writes."""
+    return name.endswith(".partial") or (name.startswith(".") and (".tmp" in name))
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Delete every temporary file below `folder` (never published, never kept); returns what was removed."""
+    removed = []
+    for parent, _dirs, files in os.walk(folder):
+        for name in files:
+            if is_temporary(name):
+                path = Path(parent) / name
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def _empty_folder(folder: Path, keep: set[str]) -> None:

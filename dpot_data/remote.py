@@ -42,25 +42,23 @@ class Staged:
 def prepare(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], overwrite: bool = False,
             workdir: str | os.PathLike[str] | None = None) -> Staged:
     """Localise the inputs and choose the local output folder of a job whose paths may be URLs."""
-    from dpot_data.ingest import IngestOutcome
+    from dpot_data.ingest.publish import existing_outcome
 
     out = str(out)
     work = Path(workdir) if workdir is not None else default_workdir(out)
     staged = Staged([], fs.local_path(out), None, work, [str(p) for p in paths])
+    staged.existing = existing_outcome(out, overwrite)
+    if staged.existing is not None:  # complete: read nothing
+        return staged
     if not fs.is_local(out):
         staged.remote, staged.out = out, str(work / "out")
-        manifest_url = fs.join(out, MANIFEST_NAME)
-        if fs.exists(manifest_url) and not overwrite:
-            staged.existing = IngestOutcome(fs.read_json(manifest_url), manifest_url, False, [
-                f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)"])
-            return staged
     staged.inputs = [fs.localize(p, work / "inputs") for p in paths]
     return staged
 
 
 def publish(staged: Staged, outcome: Any) -> Any:
     """After the local ingest: name remote inputs by URL, upload a remote output (manifest last), clean up."""
-    from dpot_data.ingest import IngestOutcome
+    from dataclasses import replace
 
     local_manifest = Path(staged.out) / MANIFEST_NAME
     if any(not fs.is_local(u) for u in staged.input_urls) and outcome.written:
@@ -68,7 +66,7 @@ def publish(staged: Staged, outcome: Any) -> Any:
     if staged.remote is None:
         _cleanup(staged.workdir)
         if any(not fs.is_local(u) for u in staged.input_urls) and outcome.written:
-            return IngestOutcome(json.loads(local_manifest.read_text()), outcome.path, True, outcome.notes)
+            return replace(outcome, manifest=json.loads(local_manifest.read_text()))
         return outcome
     out = staged.remote
     filesystem, base = fs.filesystem(out)
@@ -82,21 +80,7 @@ def publish(staged: Staged, outcome: Any) -> Any:
     manifest_url = fs.join(out, MANIFEST_NAME)
     manifest = fs.read_json(manifest_url)
     _cleanup(staged.workdir)
-    return IngestOutcome(manifest, manifest_url, True, list(outcome.notes) + [f"uploaded to {out}"])
-
-
-def run_ingest_anywhere(source: str, paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
-                        options: Any = None, workdir: str | os.PathLike[str] | None = None,
-                        **reader_options: Any) -> Any:
-    """`ingest.run_ingest` for local paths or URLs on either side; returns its IngestOutcome (path: the manifest)."""
-    from dpot_data.ingest import IngestOptions, run_ingest
-
-    opts = options or IngestOptions()
-    staged = prepare(paths, out, opts.overwrite, workdir)
-    if staged.existing is not None:
-        return staged.existing
-    outcome = run_ingest(source, staged.inputs, staged.out, opts, **reader_options)
-    return publish(staged, outcome)
+    return replace(outcome, manifest=manifest, path=manifest_url, notes=list(outcome.notes) + [f"uploaded to {out}"])
 
 
 def _record_input_urls(manifest_path: Path, urls: Sequence[str | os.PathLike[str]], local: Sequence[str]) -> None:

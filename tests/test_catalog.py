@@ -151,15 +151,15 @@ def test_detect_source_by_name_and_by_content(tmp_path):
 
 
 def test_catalog_driven_ingest_names_splits_and_warns(tmp_path):
-    from dpot_data.catalog import ingest_with_catalog
+    from dpot_data.ingest import run_ingest
     from dpot_data.errors import InputError
     from dpot_data.ingest import IngestOptions
     from dpot_data.synth import pdebench, pdearena
 
     raw = pdebench.write_cfd(tmp_path / "raw", m=0.1, eta=0.01, n=10, frames=3, res=8)
     opts = IngestOptions(formats=("wds",), stats=False, resolution=None, convention="canonical")
-    done = ingest_with_catalog([raw], tmp_path / "out", opts, dataset="pdebench-cfd-m0.1-eta0.01")
-    entry = done.outcome.manifest["datasets"][0]
+    done = run_ingest(None, [raw], tmp_path / "out", opts, dataset="pdebench-cfd-m0.1-eta0.01")
+    entry = done.manifest["datasets"][0]
     assert entry["name"] == "pdebench-cfd-m0p1-eta0p01"  # the manifest name of the catalog entry
     assert entry["splits"]["counts"] == {"train": 8, "valid": 1, "test": 1}  # the catalog's 80/10/10
     assert done.warnings == [
@@ -170,13 +170,13 @@ def test_catalog_driven_ingest_names_splits_and_warns(tmp_path):
     assert entry["provenance"]["catalog"] == {"entry": "pdebench-cfd-m0.1-eta0.01", "warnings": done.warnings}
     # auto-detected: the source from the files, the entry from the name the reader gives
     arena = pdearena.write_standard(tmp_path / "arena", n=1, frames=14, res=8)
-    done = ingest_with_catalog([tmp_path / "arena"], tmp_path / "out2", opts)
+    done = run_ingest(None, [tmp_path / "arena"], tmp_path / "out2", opts)
     assert done.source == "pdearena" and done.entry.name == "pdearena-ns"
-    assert done.outcome.manifest["datasets"][0]["splits"]["rule"] == "from the files: train, valid and test files"
+    assert done.manifest["datasets"][0]["splits"]["rule"] == "from the files: train, valid and test files"
     with pytest.raises(InputError, match="holds pdearena data, but pdebench-dr is a pdebench dataset"):
-        ingest_with_catalog(arena, tmp_path / "out3", opts, dataset="pdebench-dr")
+        run_ingest(None, arena, tmp_path / "out3", opts, dataset="pdebench-dr")
     with pytest.raises(InputError, match="--dataset: unknown dataset 'nope'"):
-        ingest_with_catalog([raw], tmp_path / "out4", opts, dataset="nope")
+        run_ingest(None, [raw], tmp_path / "out4", opts, dataset="nope")
 
 
 def test_cli_synth_then_ingest_by_catalog_name(tmp_path):
@@ -207,7 +207,7 @@ def test_cli_synth_then_ingest_by_catalog_name(tmp_path):
 
 
 def test_dataset_with_other_parameters_is_refused(tmp_path):
-    from dpot_data.catalog import ingest_with_catalog
+    from dpot_data.ingest import run_ingest
     from dpot_data.errors import InputError
     from dpot_data.ingest import IngestOptions
     from dpot_data.synth import pdebench
@@ -215,7 +215,7 @@ def test_dataset_with_other_parameters_is_refused(tmp_path):
     raw = pdebench.write_cfd(tmp_path / "raw", m=0.1, eta=0.01, n=2, frames=2, res=8)
     with pytest.raises(InputError, match=r"does not belong to catalog dataset pdebench-cfd-m1-eta0.1: the files have "
                                          r"M = 0.1, pdebench-cfd-m1-eta0.1 has M = 1.0; the files have eta = 0.01"):
-        ingest_with_catalog([raw], tmp_path / "out", IngestOptions(formats=("wds",)), dataset="pdebench-cfd-m1-eta0.1")
+        run_ingest(None, [raw], tmp_path / "out", IngestOptions(formats=("wds",)), dataset="pdebench-cfd-m1-eta0.1")
     assert not (tmp_path / "out").exists()
 
 
@@ -241,7 +241,7 @@ def test_corpus_sorts_a_download_folder_into_datasets_and_resumes(tmp_path):
     opts = IngestOptions(formats=("wds",), stats=False, resolution=None)
     run = ingest_corpus([raw], tmp_path / "out", opts)
     assert run.failed == [] and [d.entry.name for d in run.done] == list(plan.groups)
-    assert all(d.outcome.written for d in run.done)
+    assert all(d.written for d in run.done)
     assert (tmp_path / "out" / "pdebench-cfd-m0p1-eta0p01" / "manifest.json").is_file()
     again = ingest_corpus([raw], tmp_path / "out", opts)
-    assert not any(d.outcome.written for d in again.done)  # complete datasets are kept: a rerun resumes
+    assert not any(d.written for d in again.done)  # complete datasets are kept: a rerun resumes

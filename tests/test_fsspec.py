@@ -12,7 +12,7 @@ import pytest
 from dpot_data.ingest import IngestOptions
 from dpot_data.output import datasets, load_manifest, recompute_stats
 from dpot_data.plot import PlotOptions, render
-from dpot_data.remote import run_ingest_anywhere
+from dpot_data.ingest import run_ingest
 from dpot_data.stats import compare
 from dpot_data.verify import verify_output
 from tests.toy_output import write_fno_raw, write_toy_output
@@ -30,7 +30,7 @@ def _shards(manifest: dict) -> dict[str, str]:
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     base = tmp_path_factory.mktemp("fsspec")
     raw = write_fno_raw(base / "raw", n=10, res=32, frames=5)
-    outcome = run_ingest_anywhere("fno", [raw], base / "local", _opts(), workdir=base / "work")
+    outcome = run_ingest("fno", [raw], base / "local", _opts(), workdir=base / "work")
     return raw, outcome.manifest
 
 
@@ -40,7 +40,7 @@ def test_memory_input_and_output_match_local_paths(local_run, tmp_path: Path) ->
     tag = uuid.uuid4().hex[:8]
     mem.pipe(f"/raw-{tag}/{raw.name}", raw.read_bytes())
     url_in, url_out = f"memory://raw-{tag}/{raw.name}", f"memory://out-{tag}"
-    outcome = run_ingest_anywhere("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
+    outcome = run_ingest("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
     assert outcome.written and outcome.notes[-1] == f"uploaded to {url_out}"
     remote = load_manifest(url_out)
     assert _shards(remote) == _shards(local)
@@ -54,13 +54,13 @@ def test_memory_input_and_output_match_local_paths(local_run, tmp_path: Path) ->
     assert compare(remote["datasets"][0]["stats"], again[remote["datasets"][0]["name"]]) == []
     assert render(url_out, PlotOptions(trajectories=1))[:4] == b"\x89PNG"
     # a complete output is left alone
-    second = run_ingest_anywhere("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
+    second = run_ingest("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
     assert not second.written and "left alone" in second.notes[0]
 
 
 def test_file_urls(local_run, tmp_path: Path) -> None:
     raw, local = local_run
-    outcome = run_ingest_anywhere("fno", [f"file://{raw}"], f"file://{tmp_path}/out", _opts())
+    outcome = run_ingest("fno", [f"file://{raw}"], f"file://{tmp_path}/out", _opts())
     assert outcome.written
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert _shards(manifest) == _shards(local)

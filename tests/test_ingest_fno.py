@@ -241,7 +241,9 @@ def test_existing_output_is_left_alone_unless_overwrite(native, fno_pair, tmp_pa
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     outcome = run_ingest("fno", [fno_pair["v5"]], out, _opts(resolution=32, overwrite=True))
     assert outcome.written and mf.read(out)["datasets"][0]["grid"]["shape"] == [32, 32]
-    assert _group(out)["fields"].shape == (4, 5, 4, 32, 32)
+    # the replacement moved in beside the old output, which went once the new manifest was in place
+    assert mf.read(out)["datasets"][0]["zarr"]["path"] == "data.1.zarr" and not (out / "data.zarr").exists()
+    assert zarr.open_group(str(out / "data.1.zarr"), mode="r", path=NAME)["fields"].shape == (4, 5, 4, 32, 32)
 
 
 def _with_hook(result, hook):

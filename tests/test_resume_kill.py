@@ -127,11 +127,20 @@ def test_complete_output_is_left_alone_and_overwrite_is_deterministic(reference,
     assert f"{out}: already holds a complete manifest; left alone (use --overwrite to replace it)" in output
     assert (out / "manifest.json").read_bytes() == before
     assert _ingest(raw, out, overwrite=True)[0] == 0
-    # the same inputs and options give byte-identical shards and the same manifest, except its creation time
-    assert _shards(out) == _shards(ref)
+    # the same inputs and options give byte-identical shards and the same manifest, except its creation time and
+    # the folders the replacement moved into (the old ones stay valid until the new manifest is in place)
+    moved = {p.replace("shards.1/", "shards/", 1): h for p, h in _shards(out).items()}
+    assert moved == _shards(ref) and all(p.startswith("shards.1/") for p in _shards(out))
     first = json.loads(before)
     first.pop("created")
-    assert _manifest(out) == first
+    second = _manifest(out)
+    assert second["datasets"][0]["zarr"]["path"] == "data.1.zarr"
+    for entry in second["datasets"]:
+        entry["zarr"]["path"] = "data.zarr"
+        entry["shards"] = [{**s, "path": s["path"].replace("shards.1/", "shards/", 1)} for s in entry["shards"]]
+    assert second == first
+    assert sorted(p.name for p in out.iterdir()) == ["data.1.zarr", "manifest.json", "shards.1"]
+    assert verify_output(str(out)) == []
 
 
 # ------------------------------------------------------------------------------------------ the journal on its own

@@ -126,6 +126,16 @@ class SplitShardWriter:
             self._tar.addfile(info, io.BytesIO(data))
         self._samples += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs: the completed shards (the open one is dropped by a crash and rewritten)."""
+        return {"done": [s.to_dict() for s in self.done]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the shards a crashed run completed: numbering goes on after them."""
+        if self._tar is not None:
+            raise RuntimeError("load_state_dict on a writer with an open shard")
+        self.done = [ShardInfo(**s) for s in state.get("done", [])]
+
     def close(self) -> list[ShardInfo]:
         """Finish the open shard; returns every shard written, in order."""
         if self._tar is not None:

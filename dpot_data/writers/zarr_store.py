@@ -60,11 +60,17 @@ class ZarrDatasetWriter:
     """Creates the group's arrays up front, then takes consecutive blocks of trajectories; hashes them as it goes."""
 
     def __init__(self, store_path: str | Path, layout: ZarrLayout) -> None:
+        """A writer of `layout` into the store at `store_path`; `create()` starts it, `load_state_dict` resumes it."""
         self.store_path = Path(store_path)
         self.layout = layout
         self.n = len(layout.samples)
         self.written = 0
         self._hash = {"fields": ArrayHasher(), "mask": ArrayHasher()}
+        self.group: Any = None
+
+    def create(self) -> "ZarrDatasetWriter":
+        """Create the group, its arrays and every per-sample and coordinate array (the data arrays stay empty)."""
+        layout = self.layout
         root = zarr.open_group(str(self.store_path), mode="a", zarr_format=3)
         self.group = root.create_group(layout.group, overwrite=True, attributes=_json_safe(layout.attrs))
         space = layout.spatial_dims
@@ -84,6 +90,24 @@ class ZarrDatasetWriter:
             self._put(dim, np.asarray(values, dtype=np.float64), [dim])
         for name, values in layout.sample_params.items():
             self._put(name, np.asarray(values), ["sample"], {"long_name": f"per-trajectory parameter {name}"})
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs: how many trajectories are written (rows after them are rewritten)."""
+        return {"rows": int(self.written)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Reopen the staged group without touching its data, and hash rows [0, rows) as `write_block` would have."""
+        rows = int(state["rows"])
+        self.group = zarr.open_group(str(self.store_path), mode="r+")[self.layout.group]
+        self.fields, self.mask = self.group["fields"], self.group["mask"]
+        self._hash = {"fields": ArrayHasher(), "mask": ArrayHasher()}
+        step = max(1, (64 << 20) // max(1, int(np.prod(self.fields.shape[1:])) * 4))
+        for i in range(0, rows, step):
+            j = min(rows, i + step)
+            self._hash["fields"].update(np.asarray(self.fields[i:j], dtype=np.float32))
+            self._hash["mask"].update(np.asarray(self.mask[i:j], dtype=np.uint8))
+        self.written = rows
 
     def _array(self, name: str, shape: tuple, chunks: tuple, dtype: str, dims: list[str], fill: Any,
                extra: Mapping[str, Any] | None = None) -> zarr.Array:

@@ -1,0 +1,91 @@
+"""What an ingest is asked to do (`IngestOptions`), what it reports back (`IngestOutcome`), and their parsing."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from dpot_data.errors import InputError
+from dpot_data.writers.wds_shards import DEFAULT_SHARD_BYTES
+
+FORMATS = ("zarr", "wds")
+CONVENTIONS = ("dpot-reference", "canonical")
+MODEL_LAYOUTS = ("xy", "yx")
+NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command"})
+
+
+@dataclass
+class IngestOptions:
+    """How to turn a ReadResult into shards. `split`: train fraction, or (train, valid) fractions, rest is test."""
+
+    resolution: int | None = 128  # target size of every spatial axis; None or 0 keeps the native grid
+    channels: int | None = None  # pad to this many channels; None: 4, or the native count when larger (3D CNS: 5)
+    fill: float = 1.0
+    resample: str = "auto"  # auto | fourier | bilinear | bilinear-antialias | bicubic
+    mask_resample: str = "nearest"  # nearest | area-threshold
+    formats: tuple[str, ...] = FORMATS
+    # None: the convention's split (the reference's rule where the reader knows it), else seeded 0.9; a value given
+    # here replaces a reader's split with the seeded rule (recorded as a deviation from the convention)
+    split: tuple[float, ...] | None = None
+    convention: str = "dpot-reference"  # dpot-reference: what the released DPOT checkpoints saw; canonical: ours
+    seed: int = 0
+    name: str | None = None
+    shard_size: int = DEFAULT_SHARD_BYTES
+    segment: int | None = None  # frames per piece; defaults to the reader's when trajectories differ in length
+    block: int | None = None  # trajectories per task, passed to readers that take `block` (tasks follow dask chunks)
+    overwrite: bool = False
+    progress: bool = False
+    stats: bool = True
+    workers: int | None = None
+    scheduler: str | None = None
+    command: str | None = None  # recorded in the manifest; default: this process's command line
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that shape the output (not how or where it runs): part of the resume fingerprint."""
+        return {k: v for k, v in asdict(self).items() if k not in NOT_OUTPUT_OPTIONS}
+
+
+@dataclass
+class IngestOutcome:
+    """The manifest of OUT, where it is, and whether this call wrote it (False: an existing one was left alone)."""
+
+    manifest: dict[str, Any]
+    path: Path | str
+    written: bool
+    notes: list[str] = field(default_factory=list)
+    source: str = ""  # the reader used
+    entry: Any = None  # the catalog dataset the files were compared with (dpot_data.catalog.Entry), if any
+    warnings: list[str] = field(default_factory=list)  # where the files differ from that catalog dataset
+
+
+def parse_split(text: str | float | Sequence[float]) -> tuple[float, ...]:
+    """"0.9" → (0.9,) train/test; "0.8,0.1" → train/valid, rest test. Fractions in [0, 1] summing to at most 1."""
+    if isinstance(text, str):
+        try:
+            values = tuple(float(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise InputError("--split", f"expected a train fraction or 'train,valid' fractions, got {text!r}") from None
+    elif isinstance(text, (int, float)):
+        values = (float(text),)
+    else:
+        values = tuple(float(v) for v in text)
+    if not 1 <= len(values) <= 2 or any(v < 0 or v > 1 for v in values) or sum(values) > 1 + 1e-9:
+        raise InputError("--split", f"expected 1 or 2 fractions in [0, 1] summing to at most 1, got {values}")
+    return values
+
+
+def check_options(opts: IngestOptions) -> tuple[str, ...]:
+    """Refuse options no dataset could satisfy (one line naming the option); returns the formats, de-duplicated."""
+    from dpot_data.transform import MASK_METHODS
+
+    formats = tuple(dict.fromkeys(opts.formats))
+    if not formats or any(f not in FORMATS for f in formats):
+        raise InputError("--format", f"expected a comma list of {', '.join(FORMATS)}, got {','.join(opts.formats)}")
+    if opts.convention not in CONVENTIONS:
+        raise InputError("--convention", f"expected one of {', '.join(CONVENTIONS)}, got {opts.convention!r}")
+    if opts.mask_resample not in MASK_METHODS:
+        raise InputError("--mask-resample", f"expected one of {', '.join(MASK_METHODS)}, got {opts.mask_resample!r}")
+    if opts.shard_size < 1:
+        raise InputError("--shard-size", f"expected a positive byte count, got {opts.shard_size}")
+    return formats

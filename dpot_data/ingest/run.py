@@ -1,0 +1,134 @@
+"""The run step of an ingest: blocks of trajectories processed as tasks (a bounded window in flight), written in
+order into the staged Zarr store and WebDataset shards, each finished block recorded in the resume journal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpot_data import journal as jn
+from dpot_data.ingest.plan import IngestPlan, Piece
+from dpot_data.ingest.task import BlockResult, BlockTask, process_block
+from dpot_data.scheduler import SchedulerOptions, scheduler_context
+from dpot_data.sources.base import SPLITS
+from dpot_data.stats import FieldStats
+from dpot_data.writers.wds_shards import SplitShardWriter
+from dpot_data.writers.zarr_store import ZarrDatasetWriter, ZarrLayout
+
+
+@dataclass
+class Written:
+    """What the run leaves in staging: shard list, Zarr array digests (None without a store), train statistics."""
+
+    shards: list[dict[str, Any]]
+    arrays: dict[str, str] | None
+    stats: FieldStats | None
+
+
+class _Writers:
+    """The staged outputs of one dataset: an optional Zarr writer and one shard writer per split."""
+
+    def __init__(self, p: IngestPlan, journal: jn.Journal, layout: ZarrLayout, shard_size: int) -> None:
+        staging = journal.staging
+        self.zarr = ZarrDatasetWriter(staging / "data.zarr", layout) if "zarr" in p.formats else None
+        self.shards: dict[str, SplitShardWriter] = {}
+        if "wds" in p.formats:
+            self.shards = {s: SplitShardWriter(staging, f"shards/{p.name}", s, shard_size) for s in SPLITS}
+        if journal.resumed:
+            if self.zarr is not None:
+                self.zarr.load_state_dict(journal.point.zarr_state())
+            for split, writer in self.shards.items():
+                writer.load_state_dict(journal.point.shard_state(split))
+        elif self.zarr is not None:
+            self.zarr.create()
+
+    def abort(self) -> None:
+        """Drop the shards being written; completed ones stay in staging for a resume."""
+        for w in self.shards.values():
+            w.abort()
+
+    def close(self) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+        shards = [s.to_dict() for split in SPLITS if split in self.shards for s in self.shards[split].close()]
+        return shards, self.zarr.close() if self.zarr is not None else None
+
+
+def zarr_layout(p: IngestPlan, fill: float, attrs: dict[str, Any]) -> ZarrLayout:
+    """The Zarr group of a plan."""
+    return ZarrLayout(group=p.name, frames=p.frames, channels=p.channels, channel_valid=p.channel_valid,
+                      fill_value=float(fill), coords=p.coords, time=p.time,
+                      samples=np.array([x.id for x in p.pieces], dtype=str),
+                      splits=np.array([x.split for x in p.pieces], dtype=str), sample_params=p.sample_params,
+                      attrs=attrs)
+
+
+def _meta(p: IngestPlan, piece: Piece, index: int) -> dict[str, Any]:
+    """The meta.json of one stored trajectory."""
+    return {"id": piece.id, "dataset": p.name, "split": piece.split, "index": index, "frames": p.frames,
+            "channels": p.channels, "channel_valid": p.channel_valid.tolist(),
+            "params": {k: _scalar(v[index]) for k, v in p.sample_params.items()}}
+
+
+def _write_block(p: IngestPlan, w: _Writers, journal: jn.Journal, block: BlockResult, index: int) -> int:
+    """Write one processed block in order; returns the index of the next stored trajectory."""
+    if w.zarr is not None:
+        w.zarr.write_block(block.fields, block.mask)
+    for j, piece in enumerate(block.pieces):
+        if w.shards and journal.needs(piece.split):
+            w.shards[piece.split].add(index, block.fields[j], block.mask[j], _meta(p, piece, index))
+        index += 1
+    return index
+
+
+def run(p: IngestPlan, task: BlockTask, journal: jn.Journal, layout: ZarrLayout, opts: Any) -> Written:
+    """Process every block from the journal's resume point on and close the writers."""
+    writers = _Writers(p, journal, layout, opts.shard_size)
+    acc = journal.stats(p.native_channels) if opts.stats else None
+    first, index = journal.point.block, journal.point.row
+    try:
+        with scheduler_context(SchedulerOptions(workers=opts.workers, address=opts.scheduler)) as runner, \
+                _progress(len(p.pieces), opts.progress, p.name) as bar:
+            bar.update(index)
+            blocks = runner.imap(partial(process_block, task), p.blocks[first:])
+            for block_no, block in enumerate(blocks, start=first):
+                index = _write_block(p, writers, journal, block, index)
+                if acc is not None and block.stats is not None:
+                    acc = acc.merge(block.stats)
+                journal.record(block_no, index, acc, writers.shards)
+                bar.update(len(block.pieces))
+        shards, arrays = writers.close()
+    except BaseException:
+        writers.abort()
+        raise
+    return Written(shards, arrays, acc)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+class _progress:
+    """A tqdm bar over stored trajectories when enabled (stderr), a no-op otherwise."""
+
+    def __init__(self, total: int, enabled: bool, name: str) -> None:
+        self.total, self.enabled, self.name, self.bar = total, enabled, name, None
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return _NoBar()
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, unit="traj", desc=f"ingest {self.name}", dynamic_ncols=True)
+        return self.bar
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _scalar(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value

@@ -1,0 +1,85 @@
+"""The work of one block of trajectories, run as a task on local threads or a dask.distributed worker: read, cut
+into pieces, resample, pad, and the block's train statistics. Picklable, pure apart from reading the input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpot_data import stats as st
+from dpot_data.ingest.plan import IngestPlan, Piece
+from dpot_data.scheduler import compute_in_task
+from dpot_data.transform import pad_channels, resample_fields, resample_mask
+
+
+@dataclass
+class BlockTask:
+    """Everything a block task needs: the lazy input arrays and the plan's per-block facts."""
+
+    fields: Any  # dask array (sample, time, channel, *space)
+    mask: Any  # dask array (sample, *space)
+    pieces: list[Piece]
+    frames: int
+    shape: tuple[int, ...]
+    method: str
+    mask_method: str
+    channels: int
+    fill: float
+    stats: bool
+    model_layout: str = "xy"
+
+    @classmethod
+    def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool) -> "BlockTask":
+        """The task of a plan over a reader's dataset."""
+        return cls(data["fields"].data, data["mask"].data, p.pieces, p.frames, p.grid.target, p.grid.method,
+                   p.grid.mask_method, len(p.channels), float(fill), stats, p.model_layout)
+
+
+@dataclass
+class BlockResult:
+    """A processed block: fields (b, frames, C, *grid) float32, mask (b, *grid) uint8, train stats, its pieces."""
+
+    fields: np.ndarray
+    mask: np.ndarray
+    stats: Any
+    pieces: list[Piece]
+
+
+def _cut(task: BlockTask, raw: np.ndarray, mask: np.ndarray, pieces: list[Piece], i0: int
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces' frames and masks, stacked in stored order."""
+    if not pieces:
+        return np.empty((0, task.frames) + raw.shape[2:], np.float32), np.empty((0,) + mask.shape[1:], np.uint8)
+    f = np.stack([raw[p.source - i0, p.start:p.start + task.frames] for p in pieces])
+    return f, np.stack([mask[p.source - i0] for p in pieces])
+
+
+def _resample(task: BlockTask, f: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fields and mask on the target grid. Fields are interpolated on the grid as the model sees it (H, W), so that
+    float32 rounding matches the reference's."""
+    if task.method != "none":
+        if task.model_layout == "xy" and len(task.shape) == 2 and task.method != "fourier":
+            f = np.swapaxes(resample_fields(np.swapaxes(f, -1, -2), task.shape[::-1], task.method), -1, -2)
+        else:
+            f = resample_fields(f, task.shape, task.method)
+    if task.mask_method != "none":
+        m = resample_mask(m, task.shape, task.mask_method)
+    return f, m
+
+
+def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
+    """Read source trajectories rng[0]..rng[1]-1 and turn them into the stored pieces of the block."""
+    i0, i1 = rng
+    raw = np.asarray(compute_in_task(task.fields[i0:i1]), dtype=np.float32)
+    mask = np.asarray(compute_in_task(task.mask[i0:i1]), dtype=np.uint8)
+    pieces = [p for p in task.pieces if i0 <= p.source < i1]
+    f, m = _resample(task, *_cut(task, raw, mask, pieces, i0))
+    f, valid = pad_channels(f, task.channels, task.fill, axis=2)
+    block_stats = None
+    if task.stats:
+        train = np.array([p.split == "train" for p in pieces], dtype=bool)
+        block_stats = st.block_stats(f, m, valid, include=train)
+    return BlockResult(np.ascontiguousarray(f, dtype=np.float32), np.ascontiguousarray(m, dtype=np.uint8),
+                       block_stats, pieces)

@@ -1,0 +1,230 @@
+"""What is published, and when: one writer per output folder, an old output that stays valid until the new one is
+complete and durable (full disk, SIGKILL at each publish step), and nothing temporary ever published or left."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dpot_data.cli import app
+from dpot_data.ingest import IngestOptions, run_ingest
+from dpot_data.ingest.publish import LOCK_NAME, OutputLock
+from dpot_data.journal import is_temporary
+from dpot_data.synth.fno import synth_fno
+from dpot_data.verify import verify_output
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _opts(**kw) -> IngestOptions:
+    return IngestOptions(**{"resolution": 0, "shard_size": 60_000, "workers": 1, "command": "test", **kw})
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    files = synth_fno(tmp_path_factory.mktemp("raw"), n=6, frames=8, resolution=32, seed=3)
+    return files[0]
+
+
+@pytest.fixture()
+def done(raw: Path, tmp_path: Path) -> Path:
+    """An output folder holding a complete ingest."""
+    out = tmp_path / "out"
+    run_ingest("fno", [raw], out, _opts())
+    return out
+
+
+def _state(out: Path) -> tuple[bytes, list[str]]:
+    """The manifest's bytes and the names in the folder."""
+    return (out / "manifest.json").read_bytes(), sorted(p.name for p in out.iterdir())
+
+
+def _clean(out: Path) -> None:
+    """A complete output and nothing else: the manifest, the store and shard folder it names, no temporaries."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["datasets"][0]
+    tops = {entry["zarr"]["path"], *(s["path"].split("/", 1)[0] for s in entry["shards"])}
+    assert sorted(p.name for p in out.iterdir()) == sorted({"manifest.json", *tops})
+    assert not [p for p in out.rglob("*") if is_temporary(p.name)]
+    assert verify_output(str(out)) == []
+
+
+def test_a_second_ingest_into_a_folder_being_written_is_refused(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with OutputLock(out):
+        result = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(out), "--no-progress"])
+        assert result.exit_code == 2
+        assert result.output.strip().splitlines() == [
+            f"error: {out}: another ingest is writing into this folder; wait for it to finish (or choose another --out)"]
+    assert not (out / "manifest.json").exists() and not (out / LOCK_NAME).exists()
+    assert run_ingest("fno", [raw], out, _opts()).written  # the lock went with its holder
+    _clean(out)
+
+
+def test_two_ingests_at_once_never_delete_each_others_output(raw: Path, tmp_path: Path) -> None:
+    """Started together into one folder under different names: one writes, the other is refused or finds the
+    output complete and leaves it alone; the dataset in the folder is complete either way."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "dpot_data", "ingest", "fno", str(raw), "--out", str(out), "--resolution", "64",
+           "--no-progress", "--shard-size", "60000"]
+    procs = [subprocess.Popen([*cmd, "--name", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name in ("first", "second")]
+    results = [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+    wrote = [r for r in results if r[0] == 0 and "wrote" in r[1]]
+    assert len(wrote) == 1, results
+    for code, text in results:
+        if (code, text) != wrote[0]:
+            assert (code == 2 and "another ingest is writing into this folder" in text
+                    or code == 0 and "left alone" in text), text
+    _clean(out)
+
+
+def test_a_complete_output_appearing_during_the_run_is_not_replaced(raw: Path, done: Path, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """The check at publish time: an output completed by someone else while this ingest ran is left alone."""
+    import dpot_data.ingest as ingest_mod
+
+    out = tmp_path / "late"
+    original = ingest_mod.run_plan
+
+    def run_then_other_writer(*args, **kwargs):
+        written = original(*args, **kwargs)
+        for child in done.iterdir():
+            os.rename(child, out / child.name)
+        return written
+
+    monkeypatch.setattr(ingest_mod, "run_plan", run_then_other_writer)
+    with pytest.raises(Exception, match="now holds a complete manifest that this ingest did not write"):
+        run_ingest("fno", [raw], out, _opts(name="mine"))
+    assert json.loads((out / "manifest.json").read_text())["datasets"][0]["name"] == "fno-ns-v1e-3"
+    assert not [p for p in verify_output(str(out)) if p.fatal]
+
+
+def test_disk_full_at_the_manifest_keeps_the_old_output(raw: Path, done: Path, monkeypatch) -> None:
+    import dpot_data.ingest.publish as pub
+
+    before = _state(done)
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pub.mf, "write", full)
+    result = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(done), "--resolution", "0",
+                                      "--shard-size", "60000", "--overwrite", "--no-progress"])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if not line.startswith("warning:")]
+    assert len(errors) == 1 and "no space left on the device" in errors[0] and "Traceback" not in result.output
+    assert (done / "manifest.json").read_bytes() == before[0]
+    assert not [p for p in verify_output(str(done)) if p.fatal]
+    monkeypatch.undo()
+    assert run_ingest("fno", [raw], done, _opts(overwrite=True)).written
+    _clean(done)
+
+
+def test_disk_full_while_writing_shards_is_one_line(raw: Path, done: Path, monkeypatch) -> None:
+    from dpot_data.writers import wds_shards
+
+    before = _state(done)
+
+    def full(self, *_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(wds_shards.SplitShardWriter, "_finish", full)
+    with pytest.raises(Exception, match=r"no space left on the device \(No space left on device\); nothing was "
+                                        "published"):
+        run_ingest("fno", [raw], done, _opts(overwrite=True))
+    assert _state(done)[0] == before[0]
+    assert not [p for p in verify_output(str(done)) if p.fatal]
+
+
+_KILLER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import dpot_data.ingest.publish as pub
+    from dpot_data.ingest import IngestOptions, run_ingest
+
+    stage, raw, out = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def die(*_a, **_k):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def after(fn):
+        def wrapped(*a, **k):
+            fn(*a, **k)
+            die()
+        return wrapped
+
+    if stage == "before-move":
+        pub._move_into_place = die
+    elif stage == "after-move":
+        pub._move_into_place = after(pub._move_into_place)
+    elif stage == "manifest-temp":  # the new manifest is written under its temporary name, not yet renamed
+        real = os.replace
+        def replace(src, dst, *a, **k):
+            if str(dst).endswith("manifest.json"):
+                die()
+            return real(src, dst, *a, **k)
+        pub.os.replace = replace
+        import dpot_data.manifest as mf
+        mf.os.replace = replace
+    elif stage == "after-manifest":
+        pub.mf.write = after(pub.mf.write)
+    run_ingest("fno", [raw], out, IngestOptions(resolution=0, shard_size=60_000, workers=1, overwrite=True,
+                                                 command="test", split=(0.5,)))
+""")
+
+
+@pytest.mark.parametrize("stage", ["before-move", "after-move", "manifest-temp", "after-manifest"])
+def test_sigkill_at_each_publish_step_leaves_a_valid_output(raw: Path, done: Path, tmp_path: Path,
+                                                            stage: str) -> None:
+    """Replacing an output (--overwrite, another split) and killed at each step of its publish: the folder holds
+    the old or the new output, complete; a re-run finishes the replacement and leaves nothing behind."""
+    old = json.loads((done / "manifest.json").read_text())
+    script = tmp_path / "kill.py"
+    script.write_text(_KILLER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script), stage, str(raw), str(done)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    now = json.loads((done / "manifest.json").read_text())
+    new_split = now["datasets"][0]["splits"]["counts"] != old["datasets"][0]["splits"]["counts"]
+    assert new_split == (stage == "after-manifest")
+    assert not [p for p in verify_output(str(done)) if p.fatal]  # whichever it is, it is whole
+    assert run_ingest("fno", [raw], done, _opts(overwrite=True, split=(0.5,))).written
+    _clean(done)
+
+
+def test_temporaries_of_a_killed_run_are_never_published(raw: Path, tmp_path: Path, monkeypatch) -> None:
+    """A kill inside a Zarr chunk write leaves `*.partial` files in the staged store, a kill at the manifest write
+    a `.manifest.json.tmp-<pid>`: the resumed run publishes neither and removes both."""
+    import dpot_data.journal as jn
+
+    out = tmp_path / "out"
+    original = jn.Journal.record
+
+    def record(self, block, *args, **kwargs):
+        original(self, block, *args, **kwargs)
+        if block == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(jn.Journal, "record", record)
+    with pytest.raises(KeyboardInterrupt):
+        run_ingest("fno", [raw], out, _opts(block=1))
+    monkeypatch.undo()
+    staged = out / ".staging-fno-ns-v1e-3"
+    chunk = next((staged / "data.zarr").rglob("fields/c/0/*/*/*/*"))
+    (chunk.parent / f"{chunk.name}.1f3a.partial").write_bytes(b"half a chunk")
+    (staged / "shards" / "fno-ns-v1e-3" / ".train-000009.tar.tmp").write_bytes(b"half a shard")
+    (out / ".manifest.json.tmp-4242").write_bytes(b"{")
+    outcome = run_ingest("fno", [raw], out, _opts(block=1))
+    assert any("resumed an interrupted ingest" in n for n in outcome.notes), outcome.notes
+    _clean(out)
