@@ -75,7 +75,7 @@ def _meta(p: IngestPlan, piece: Piece, index: int) -> dict[str, Any]:
 def _write_block(p: IngestPlan, w: _Writers, journal: jn.Journal, block: BlockResult, index: int) -> int:
     """Write one processed block in order; returns the index of the next stored trajectory."""
     if w.zarr is not None:
-        w.zarr.write_block(block.fields, block.mask)
+        w.zarr.write_block(block.fields, block.mask, block.encoded)
     for j, piece in enumerate(block.pieces):
         if w.shards and journal.needs(piece.split):
             w.shards[piece.split].add(index, block.fields[j], block.mask[j], _meta(p, piece, index))

@@ -12,6 +12,7 @@ from dpot_data import stats as st
 from dpot_data.ingest.plan import IngestPlan, Piece
 from dpot_data.scheduler import compute_in_task
 from dpot_data.transform import pad_channels, resample_fields, resample_mask
+from dpot_data.writers.zarr_store import EncodedRows, encode_rows
 
 
 @dataclass
@@ -29,12 +30,13 @@ class BlockTask:
     fill: float
     stats: bool
     model_layout: str = "xy"
+    encode: bool = False  # encode the Zarr chunks in the task
 
     @classmethod
     def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool) -> "BlockTask":
         """The task of a plan over a reader's dataset."""
         return cls(data["fields"].data, data["mask"].data, p.pieces, p.frames, p.grid.target, p.grid.method,
-                   p.grid.mask_method, len(p.channels), float(fill), stats, p.model_layout)
+                   p.grid.mask_method, len(p.channels), float(fill), stats, p.model_layout, "zarr" in p.formats)
 
 
 @dataclass
@@ -45,6 +47,7 @@ class BlockResult:
     mask: np.ndarray
     stats: Any
     pieces: list[Piece]
+    encoded: EncodedRows | None = None
 
 
 def _cut(task: BlockTask, raw: np.ndarray, mask: np.ndarray, pieces: list[Piece], i0: int
@@ -81,5 +84,5 @@ def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
     if task.stats:
         train = np.array([p.split == "train" for p in pieces], dtype=bool)
         block_stats = st.block_stats(f, m, valid, include=train)
-    return BlockResult(np.ascontiguousarray(f, dtype=np.float32), np.ascontiguousarray(m, dtype=np.uint8),
-                       block_stats, pieces)
+    f, m = np.ascontiguousarray(f, dtype=np.float32), np.ascontiguousarray(m, dtype=np.uint8)
+    return BlockResult(f, m, block_stats, pieces, encode_rows(f, m) if task.encode else None)

@@ -1,5 +1,8 @@
 """WebDataset tar shards of whole trajectories, written deterministically (fixed member metadata, sorted order) and
-atomically (temporary name, fsync, rename), rolling to a new shard when the target size would be exceeded."""
+atomically (temporary name, fsync, rename), rolling to a new shard when the target size would be exceeded.
+
+The tar stream is written directly (ustar headers, then each array's memory after its .npy header, then padding):
+the same bytes as `tarfile` writes, without copying each trajectory twice on the way."""
 
 from __future__ import annotations
 
@@ -25,9 +28,31 @@ def sample_key(index: int) -> str:
 
 def npy_bytes(array: np.ndarray) -> bytes:
     """A plain .npy (format 1.0, C order, no pickle) of the array."""
+    array = np.ascontiguousarray(array)
+    return npy_header(array) + array.tobytes()
+
+
+def npy_header(array: np.ndarray) -> bytes:
+    """The .npy format 1.0 header of a C-order array (what `numpy.save` writes before the data)."""
     buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(array), allow_pickle=False)
+    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
     return buf.getvalue()
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    """The ustar header of a regular member with the fixed metadata of every shard member."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % _BLOCK)
 
 
 def _member_bytes(size: int) -> int:
@@ -73,7 +98,7 @@ class SplitShardWriter:
         self.split = split
         self.target = max(1, int(target_bytes))
         self.done: list[ShardInfo] = []
-        self._tar: tarfile.TarFile | None = None
+        self._open_shard = False
         self._fh: Any = None
         self._hf: _HashingFile | None = None
         self._tmp: Path | None = None
@@ -88,42 +113,44 @@ class SplitShardWriter:
         self._tmp = final.with_name(f".{final.name}.tmp")
         self._fh = open(self._tmp, "wb")
         self._hf = _HashingFile(self._fh)
-        self._tar = tarfile.open(fileobj=self._hf, mode="w", format=tarfile.USTAR_FORMAT)  # type: ignore[arg-type]
+        self._open_shard = True
         self._samples = 0
 
     def _finish(self) -> None:
-        assert self._tar is not None and self._hf is not None and self._tmp is not None
-        self._tar.close()
+        assert self._open_shard and self._hf is not None and self._tmp is not None
+        end = self._hf.size + 2 * _BLOCK  # two zero blocks end the archive, padded to whole records (as tarfile)
+        self._hf.write(b"\0" * (end + (-end % tarfile.RECORDSIZE) - self._hf.size))
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         name = self._name()
         os.replace(self._tmp, self.root / name)
         self.done.append(ShardInfo(name, self.split, self._hf.sha.hexdigest(), self._hf.size, self._samples))
-        self._tar = self._fh = self._hf = self._tmp = None
+        self._open_shard = False
+        self._fh = self._hf = self._tmp = None
 
     def add(self, index: int, fields: np.ndarray, mask: np.ndarray, meta: dict[str, Any]) -> None:
         """Append one trajectory as {key}.fields.npy, {key}.mask.npy, {key}.meta.json (sorted member names)."""
         key = sample_key(index)
+        fields = np.ascontiguousarray(fields, dtype=np.float32)
+        mask = np.ascontiguousarray(mask, dtype=np.uint8)
         members = [
-            (f"{key}.fields.npy", npy_bytes(np.asarray(fields, dtype=np.float32))),
-            (f"{key}.mask.npy", npy_bytes(np.asarray(mask, dtype=np.uint8))),
-            (f"{key}.meta.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")),
+            (f"{key}.fields.npy", npy_header(fields), fields),
+            (f"{key}.mask.npy", npy_header(mask), mask),
+            (f"{key}.meta.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8"), None),
         ]
-        size = sum(_member_bytes(len(data)) for _, data in members)
-        if self._tar is not None and self._samples and self._hf.size + size + 2 * _BLOCK > self.target:
+        sizes = [len(head) + (0 if data is None else data.nbytes) for _, head, data in members]
+        size = sum(_member_bytes(n) for n in sizes)
+        if self._open_shard and self._samples and self._hf.size + size + 2 * _BLOCK > self.target:
             self._finish()
-        if self._tar is None:
+        if not self._open_shard:
             self._open()
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mtime = 0
-            info.mode = 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.type = tarfile.REGTYPE
-            self._tar.addfile(info, io.BytesIO(data))
+        for (name, head, data), n in zip(members, sizes):
+            self._hf.write(_tar_header(name, n))
+            self._hf.write(head)
+            if data is not None:
+                self._hf.write(memoryview(data).cast("B"))
+            self._hf.write(_padding(n))
         self._samples += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -132,23 +159,23 @@ class SplitShardWriter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the shards a crashed run completed: numbering goes on after them."""
-        if self._tar is not None:
+        if self._open_shard:
             raise RuntimeError("load_state_dict on a writer with an open shard")
         self.done = [ShardInfo(**s) for s in state.get("done", [])]
 
     def close(self) -> list[ShardInfo]:
         """Finish the open shard; returns every shard written, in order."""
-        if self._tar is not None:
+        if self._open_shard:
             self._finish()
         return self.done
 
     def abort(self) -> None:
         """Drop the shard being written (its temporary file), leaving finished shards alone."""
-        if self._tar is not None:
+        if self._open_shard:
             try:
-                self._tar.close()
                 self._fh.close()
             finally:
                 if self._tmp is not None and self._tmp.exists():
                     self._tmp.unlink()
-            self._tar = self._fh = self._hf = self._tmp = None
+            self._open_shard = False
+            self._fh = self._hf = self._tmp = None

@@ -11,11 +11,35 @@ from typing import Any, Mapping
 
 import numpy as np
 import zarr
+from numcodecs import Zstd
 from zarr.codecs import ZstdCodec
 
 from dpot_data.hashing import ArrayHasher, sha256_array
 
 CODEC = ZstdCodec(level=3, checksum=False)
+_ENCODER = Zstd(level=3)  # the bytes zarr's CODEC stores for a chunk (after the little-endian BytesCodec)
+
+
+@dataclass
+class EncodedRows:
+    """The stored chunks of consecutive trajectories, one per trajectory; None for a chunk holding only the fill
+    value, which Zarr does not store (its absence reads as the fill value)."""
+
+    fields: list[bytes | None]
+    mask: list[bytes | None]
+
+
+def encode_rows(fields: np.ndarray, mask: np.ndarray) -> EncodedRows:
+    """Encode each trajectory's `fields` and `mask` chunk as the store's codec does. Runs in the block tasks, so that
+    compression uses every worker instead of the one thread that writes."""
+    return EncodedRows([_encode(np.ascontiguousarray(r, dtype="<f4"), np.isnan) for r in fields],
+                       [_encode(np.ascontiguousarray(r, dtype=np.uint8), np.logical_not) for r in mask])
+
+
+def _encode(chunk: np.ndarray, is_fill: Any) -> bytes | None:
+    if is_fill(chunk.flat[0]) and is_fill(chunk).all():
+        return None
+    return bytes(_ENCODER.encode(chunk))
 
 LONG_NAMES = {
     "fields": "physical fields per trajectory, frame and channel on the target grid",
@@ -124,19 +148,33 @@ class ZarrDatasetWriter:
         if values.size:
             arr[...] = values
 
-    def write_block(self, fields: np.ndarray, mask: np.ndarray) -> None:
-        """Write the next consecutive trajectories: fields (b, time, channel, *space) float32, mask (b, *space) uint8."""
+    def write_block(self, fields: np.ndarray, mask: np.ndarray, encoded: EncodedRows | None = None) -> None:
+        """Write the next consecutive trajectories: fields (b, time, channel, *space) float32, mask (b, *space) uint8,
+        given already encoded (`encode_rows`) or not. Chunk files are written straight into the local store, the
+        same bytes Zarr writes; durability comes from the one sync at `close`."""
         b = fields.shape[0]
         if self.written + b > self.n:
             raise ValueError(f"block of {b} overruns the {self.n} trajectories of {self.layout.group}")
-        rows = slice(self.written, self.written + b)
         fields = np.ascontiguousarray(fields, dtype=np.float32)
         mask = np.ascontiguousarray(mask, dtype=np.uint8)
-        self.fields[rows] = fields
-        self.mask[rows] = mask
+        encoded = encoded if encoded is not None else encode_rows(fields, mask)
+        for k in range(b):
+            self._put_chunk("fields", self.written + k, encoded.fields[k])
+            self._put_chunk("mask", self.written + k, encoded.mask[k])
         self._hash["fields"].update(fields)
         self._hash["mask"].update(mask)
         self.written += b
+
+    def _put_chunk(self, name: str, row: int, data: bytes | None) -> None:
+        """Store (or, for a fill-value chunk, remove) the chunk of trajectory `row` of array `name`."""
+        ndim = len(self.fields.shape) if name == "fields" else len(self.mask.shape)
+        path = self.store_path / self.layout.group / name / "c" / str(row) / "/".join(["0"] * (ndim - 1))
+        if data is None:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
 
     def close(self) -> dict[str, str]:
         """Check completeness, consolidate metadata, fsync every file; returns {array name: sha256} of numeric arrays."""
