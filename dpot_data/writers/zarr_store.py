@@ -172,8 +172,12 @@ class ZarrDatasetWriter:
         if data is None:
             path.unlink(missing_ok=True)
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as fh:
+        try:
+            fh = open(path, "wb")
+        except FileNotFoundError:  # the chunk's folders do not exist yet (always, but when rewriting on a resume)
+            os.makedirs(path.parent, exist_ok=True)
+            fh = open(path, "wb")
+        with fh:
             fh.write(data)
 
     def close(self) -> dict[str, str]:
