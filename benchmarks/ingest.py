@@ -22,7 +22,9 @@ Passes (`--passes`, all by default), each on a cold page cache:
             starts
   durable   write 512 MiB (--durable-mib) into the output folder and fsync: the durable write rate of that disk
 `--profile` runs the default ingest once more, in this process, under cProfile with a per-thread CPU clock in every
-thread, and prints the CPU time per stage in ns per input byte.
+thread, and prints the CPU time per stage in ns per input byte (a function's self time goes to its own stage, else
+to its callers' stages in proportion), the wall time inside fsync/syncfs and the NaN/Inf scan at open, and the
+costliest functions; `--profile-out FILE` also saves the merged profile (pstats format).
 
 Every pass except `durable` runs as a child process (`python -m dpot_data ...`, or this script for `read` and
 `baseline`) with this worktree on PYTHONPATH. Per pass: wall seconds, CPU seconds (user + sys of the child and its
@@ -43,6 +45,7 @@ file, the profile breakdown, and last one JSON object with every figure and the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -58,7 +61,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -418,14 +421,14 @@ STAGES = ("raw read (h5py)", "finiteness check", "resample/transform", "Zarr enc
           "tar/npy write", "sha256 hashing", "statistics", "fsync/sync", "other")
 READ, FINITE, TRANSFORM, ZARR, TAR, SHA, STATS, SYNC, OTHER = STAGES
 STAGE_NOTES = {
-    READ: "the reader's block read: h5py, and the copy into (sample, time, channel, y, x)",
+    READ: "the block read: h5py, the reader's copy to (y, x) order, dask's array code and its copy",
     FINITE: "the NaN/Inf scan when the file is opened, its own h5py read of the whole file included",
     TRANSFORM: "per-block work of the ingest task (piece stacking, resampling, channel padding, copies)",
     ZARR: "zarr and numcodecs (zstd) and zarr's asyncio loop",
     TAR: "tarfile, .npy encoding, the shard writer",
     SHA: "hashlib: the input file, the Zarr arrays, the shards",
     STATS: "dpot_data.stats",
-    SYNC: "fsync/syncfs calls (CPU only; see the wall time line)",
+    SYNC: "fsync/syncfs calls (CPU only; their wall time is on the line below)",
     OTHER: "dask scheduling, journal, manifest, imports, everything else",
 }
 
@@ -453,6 +456,8 @@ def owner_stage(key: tuple[str, int, str]) -> str | None:
         return SYNC
     if "/zarr/" in path or "/numcodecs/" in path:
         return ZARR
+    if "/dask/array/" in path:  # the ingest computes dask arrays only to read blocks (slicing, getter, final copy)
+        return READ
     if path.endswith("/tarfile.py") or path.endswith("dpot_data/writers/wds_shards.py") or \
             "numpy/lib/format.py" in path or "numpy/lib/_format_impl.py" in path:
         return TAR
@@ -537,6 +542,36 @@ def stage_seconds(stats: dict, shares: dict[tuple, dict[str, float]]) -> dict[st
     return out
 
 
+@contextlib.contextmanager
+def wall_probes(walls: dict[str, float]) -> Iterator[None]:
+    """While active, add the wall seconds spent inside some calls of the ingest to `walls`: its fsync/syncfs calls
+    and the NaN/Inf scan of the input when it is opened (a whole read of the file before any block is processed)."""
+    from dpot_data.sources import _blocks
+    from dpot_data.writers import zarr_store
+
+    targets = {"fsync/syncfs": [(os, "fsync"), (zarr_store, "_syncfs")], "NaN/Inf scan at open": [(_blocks, "scan")]}
+
+    def timed(name: str, fn: Callable) -> Callable:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                walls[name] += time.perf_counter() - t0
+        return wrapper
+
+    saved = [(owner, attr, getattr(owner, attr)) for spots in targets.values() for owner, attr in spots]
+    for name, spots in targets.items():
+        walls[name] = 0.0
+        for owner, attr in spots:
+            setattr(owner, attr, timed(name, getattr(owner, attr)))
+    try:
+        yield
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+
+
 class _Snapshot:
     """What a thread's profiler has recorded so far, for pstats.Stats.add. Stats would call create_stats(), whose
     disable() closes the calls still open in that thread (a pool worker waiting for work) with this thread's CPU
@@ -551,10 +586,9 @@ class _Snapshot:
 
 
 def profile_ingest(bench: Bench, top: int = 12, dump: Path | None = None) -> dict[str, Any]:
-    """Run the default ingest in this process with a cProfile (per-thread CPU clock) in every thread it starts;
-    CPU seconds per stage, the wall time spent in fsync/syncfs, and the costliest functions. `dump`: also write the
-    merged profile there (pstats format, for `python -m pstats` or snakeviz)."""
-    import contextlib
+    """Run the default ingest in this process with a cProfile (per-thread CPU clock) in every thread it starts:
+    CPU seconds per stage, wall seconds inside fsync/syncfs and the NaN/Inf scan, the costliest functions.
+    `dump`: also write the merged profile there (pstats format, for `python -m pstats` or snakeviz)."""
     import cProfile
     import io
     import pstats
@@ -562,16 +596,14 @@ def profile_ingest(bench: Bench, top: int = 12, dump: Path | None = None) -> dic
     from typer.main import get_command
 
     import dpot_data.catalog, dpot_data.ingest, dpot_data.remote, dpot_data.sources.pdebench  # noqa: F401, E401
-    from dpot_data.cli import app
-    from dpot_data.writers import zarr_store  # imports done before the clock starts
+    from dpot_data.cli import app  # imports done before the clock starts
 
     out = bench.output("profile")
     args = ingest_command(bench, out)[3:]  # after `python -m dpot_data`
     bench.commands["profile"] = "in-process under cProfile: dpot-data " + shlex.join(args)
     print(f"[profile] {bench.commands['profile']}", flush=True)
     profiles: list[cProfile.Profile] = []
-    sync_wall = [0.0]
-    thread_run, fsync, syncfs = threading.Thread.run, os.fsync, zarr_store._syncfs
+    thread_run = threading.Thread.run
 
     def profiled_run(self: threading.Thread) -> None:
         prof = cProfile.Profile(time.thread_time)
@@ -582,29 +614,21 @@ def profile_ingest(bench: Bench, top: int = 12, dump: Path | None = None) -> dic
         finally:
             prof.disable()
 
-    def timed(fn: Callable) -> Callable:
-        def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                sync_wall[0] += time.perf_counter() - t0
-        return wrapper
-
     command = get_command(app)
     evict(bench.raw)
     main = cProfile.Profile(time.thread_time)
+    walls: dict[str, float] = {}
     cpu0, start = self_cpu(), time.perf_counter()
-    threading.Thread.run, os.fsync, zarr_store._syncfs = profiled_run, timed(fsync), timed(syncfs)
+    threading.Thread.run = profiled_run
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with wall_probes(walls), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             main.enable()
             try:
                 command.main(args=args, prog_name="dpot-data", standalone_mode=False)
             finally:
                 main.disable()
     finally:
-        threading.Thread.run, os.fsync, zarr_store._syncfs = thread_run, fsync, syncfs
+        threading.Thread.run = thread_run
     wall, cpu = time.perf_counter() - start, self_cpu() - cpu0
     stats = pstats.Stats(main)
     for prof in profiles:
@@ -625,7 +649,7 @@ def profile_ingest(bench: Bench, top: int = 12, dump: Path | None = None) -> dic
         "threads_profiled": len(profiles) + 1,
         "stages_ns_per_byte": {s: round(v * 1e9 / n, 2) for s, v in seconds.items()},
         "h5py_ns_per_byte": round(h5py_s * 1e9 / n, 2),
-        "sync_wall_s": round(sync_wall[0], 3),
+        "wall_inside_s": {k: round(v, 3) for k, v in walls.items()},
         "top_functions": [{"function": pstats.func_std_string(k), "ns_per_byte": round(v[2] * 1e9 / n, 2),
                            "calls": v[1], "stage": max(shares[k].items(), key=lambda kv: kv[1])[0]}
                           for k, v in costly],
@@ -733,8 +757,9 @@ def profile_lines(prof: dict[str, Any], input_bytes: int) -> list[str]:
         share = 100 * ns / total if total else 0.0
         lines.append(f"  {stage:<36} {ns:>7.2f} ns/B {share:>5.1f} %   {STAGE_NOTES[stage]}")
     lines.append(f"  {'total':<36} {total:>7.2f} ns/B")
-    lines.append(f"  h5py calls in all stages: {prof['h5py_ns_per_byte']:.2f} ns/B; wall time inside "
-                 f"fsync/syncfs: {prof['sync_wall_s']:.2f} s ({prof['sync_wall_s'] * 1e9 / input_bytes:.2f} ns/B)")
+    lines.append(f"  h5py calls in all stages: {prof['h5py_ns_per_byte']:.2f} ns/B")
+    lines.append("  wall time inside " + ", ".join(f"{k}: {v:.2f} s ({v * 1e9 / input_bytes:.2f} ns/B)"
+                                                  for k, v in prof["wall_inside_s"].items()))
     lines.append("  costliest functions (self CPU):")
     for f in prof["top_functions"]:
         lines.append(f"    {f['ns_per_byte']:>7.2f} ns/B {f['calls']:>9} calls  {f['stage']:<20.20}  {f['function']}")
