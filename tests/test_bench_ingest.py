@@ -1,45 +1,159 @@
-"""The ingest benchmark runs end to end on a tiny file: it cleans up after itself and ends with its JSON line."""
+"""The ingest benchmark (benchmarks/ingest.py) runs end to end on a tiny file and reports every figure; its baseline
+writes what the reference preprocessing writes; its profile groups functions into stages. No timing is asserted."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import ingest as bench_ingest  # noqa: E402
 
-
-def test_trajectory_count_reaches_the_requested_size() -> None:
-    n = bench_ingest.trajectories_for(4, 128)
-    assert n == 781 and n * 4 * 21 * 128 * 128 * 4 >= 4 * 2**30 > (n - 1) * 4 * 21 * 128 * 128 * 4
+PASS_FIGURES = ("wall_s", "cpu_s", "peak_rss_bytes", "output_bytes", "input_mb_s", "cpu_ns_per_byte")
+LOCAL_PASSES = ("read", "baseline", "default", "zarr", "wds")
 
 
-def test_generated_file_has_the_pdebench_cfd_layout(tmp_path: Path) -> None:
-    path = bench_ingest.write_input(tmp_path, n=5, res=16, seed=0, block=2)
-    assert path.name == "2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_16_Train.hdf5"
+def test_trajectory_count_fills_the_requested_size() -> None:
+    per = 4 * 21 * 128 * 128 * 4
+    n = bench_ingest.trajectories_for(1, 128)
+    assert n == 181 and n * per <= 1e9 < (n + 1) * per
+    assert bench_ingest.trajectories_for(0.01, 32) == 29
+    assert bench_ingest.trajectories_for(1e-6, 128) == 1
+
+
+def test_input_is_the_synth_file(tmp_path: Path) -> None:
+    from dpot_data.synth.pdebench import write_cfd
+
+    path = bench_ingest.write_input(tmp_path / "a", n=3, res=16, seed=2)
+    same = write_cfd(tmp_path / "b", n=3, res=16, seed=2)  # `dpot-data synth pdebench-cfd --n 3 --res 16 --seed 2`
+    assert path.name == same.name == "2D_CFD_Rand_M1.0_Eta0.1_Zeta0.1_periodic_16_Train.hdf5"
+    assert path.read_bytes() == same.read_bytes()
     with h5py.File(path, "r") as f:
-        assert {k: f[k].shape for k in ("Vx", "Vy", "density", "pressure")} == {k: (5, 21, 16, 16) for k in
-                                                                             ("Vx", "Vy", "density", "pressure")}
-        assert f["t-coordinate"].shape == (22,) and f["x-coordinate"].shape == (16,)
-        assert f["density"].dtype == np.float32 and float(f["density"][()].min()) > 0
-        assert float(np.abs(np.diff(f["Vx"][0, 0], axis=0)).max()) < 1.0  # smooth fields
+        assert {k: f[k].shape for k in bench_ingest.CFD_DATASETS} == {k: (3, 21, 16, 16) for k in
+                                                                      bench_ingest.CFD_DATASETS}
+        assert f["density"].dtype == np.float32 and f["t-coordinate"].shape == (22,)
 
 
-def test_benchmark_runs_and_ends_with_json(tmp_path: Path, capsys) -> None:
-    code = bench_ingest.main(["--size-gb", "0.004", "--res", "32", "--tmp", str(tmp_path),
-                              "--ingest-args", "--workers {workers} --no-progress --resolution 32"])
-    assert code == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    result = json.loads(lines[-1])
-    assert result["trajectories"] == bench_ingest.trajectories_for(0.004, 32)
-    assert result["read_mb_s"] > 0 and result["ingest_mb_s"] > 0 and result["peak_rss_bytes"] > 50e6
-    assert abs(result["ratio"] - result["ingest_mb_s"] / result["read_mb_s"]) < 0.01  # both rounded to 0.1 MB/s
-    assert any(line.startswith("ratio ingest/read = ") for line in lines)
-    assert list(tmp_path.iterdir()) == []  # the temp folder with input and output is gone
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One run of the script as a child, every local pass and the profile, outputs kept."""
+    tmp = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ingest.py"), "--size-gb", "0.01", "--res", "32",
+                           "--no-cluster", "--profile", "--durable-mib", "64", "--keep", "--tmp", str(tmp)],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    return {"lines": lines, "result": json.loads(lines[-1])}
+
+
+def test_json_line_has_every_figure(run: dict) -> None:
+    result = run["result"]
+    n = bench_ingest.trajectories_for(0.01, 32)
+    assert result["input"]["trajectories"] == n and result["input"]["bytes"] > n * 4 * 21 * 32 * 32 * 4
+    assert set(result["passes"]) == set(LOCAL_PASSES)
+    for name, figures in result["passes"].items():
+        for key in PASS_FIGURES:
+            assert figures[key] is not None and figures[key] >= 0, (name, key, figures)
+        assert figures["wall_s"] > 0 and figures["peak_rss_bytes"] > 10e6
+    assert result["passes"]["read"]["bytes_read"] == n * 4 * 21 * 32 * 32 * 4
+    assert result["durable_write"]["bytes"] == 64 << 20 and result["durable_write"]["mb_s"] > 0
+    assert result["io_floor_s"] >= result["passes"]["read"]["wall_s"]
+    goals = result["goals"]
+    assert set(goals) == {"default / baseline speed", "wds / baseline speed", "default / I/O floor efficiency",
+                          "default CPU ns per input byte", "peak RSS of default (GB)", "peak RSS of zarr (GB)",
+                          "peak RSS of wds (GB)", "peak RSS of cluster (GB)", "cluster / local threads wall"}
+    for name, goal in goals.items():
+        measured = "cluster" not in name
+        assert (goal["value"] is not None) == measured and (goal["met"] in (True, False)) == measured, name
+    assert result["projection"]["file_bytes"] == 10_000 * 21 * 128 * 128 * 4 * 4
+    assert result["projection"]["baseline_ram_bytes"] == 2 * result["projection"]["file_bytes"]
+    profile = result["profile"]
+    assert set(profile["stages_ns_per_byte"]) == set(bench_ingest.STAGES)
+    assert profile["profiled_cpu_s"] > 0 and profile["threads_profiled"] > 1
+    assert set(profile["wall_inside_s"]) == {"fsync/syncfs", "NaN/Inf scan at open"}
+    assert profile["wall_inside_s"]["NaN/Inf scan at open"] > 0
+    assert profile["stages_ns_per_byte"]["Zarr encode+write (zarr/numcodecs)"] > 0
+    machine = result["machine"]
+    assert machine["cores"] >= 1 and machine["ram_bytes"] > 0 and machine["disk_free_bytes"] > 0
+    assert machine["cpu"] and machine["python"] and machine["packages"]["h5py"] and machine["packages"]["zarr"]
+
+
+def test_report_prints_the_table_and_goal_verdicts(run: dict) -> None:
+    lines = run["lines"]
+    assert any(line.split()[:2] == ["pass", "wall"] for line in lines)
+    goal_lines = [line for line in lines if line.startswith("goal ")]
+    assert len(goal_lines) == 9
+    assert all(line.endswith((": met", ": missed", ": not measured")) for line in goal_lines)
+    assert any(line.startswith("projection: ") for line in lines)
+    assert any(line.startswith("profile ") for line in lines)
+
+
+def test_baseline_writes_one_file_per_trajectory_split_90_10(run: dict) -> None:
+    result = run["result"]
+    work = Path(result["work"])
+    n = result["input"]["trajectories"]
+    n_train = int(0.9 * n)
+    out = work / "out-baseline"
+    train, test = sorted((out / "train").iterdir()), sorted((out / "test").iterdir())
+    assert [p.name for p in train] == sorted(f"data_{i}.hdf5" for i in range(n_train))
+    assert [p.name for p in test] == sorted(f"data_{i}.hdf5" for i in range(n - n_train))
+    assert result["passes"]["baseline"]["shape"] == [n, 32, 32, 21, 4]
+    raw = next((work / "raw").iterdir())
+    with h5py.File(raw, "r") as f:
+        fields = [f[name] for name in ("Vx", "Vy", "density", "pressure")]
+        for split, i, k in (("train", 0, 0), ("train", n_train - 1, n_train - 1), ("test", 0, n_train),
+                            ("test", n - n_train - 1, n - 1)):
+            with h5py.File(out / split / f"data_{i}.hdf5", "r") as g:
+                data = g["data"]
+                assert data.shape == (32, 32, 21, 4) and data.dtype == np.float32 and data.compression is None
+                expected = np.stack([fld[k] for fld in fields], axis=-1).transpose(1, 2, 0, 3)  # (X, Y, T, C)
+                np.testing.assert_array_equal(data[()], expected)
+
+
+def test_ingest_passes_wrote_a_manifest(run: dict) -> None:
+    result = run["result"]
+    work = Path(result["work"])
+    n = result["input"]["trajectories"]
+    expect = {"default": (True, True), "zarr": (True, False), "wds": (False, True)}
+    for name, (zarr, shards) in expect.items():
+        manifest = json.loads((work / f"out-{name}" / "manifest.json").read_text())
+        assert manifest["datasets"][0]["trajectories"] == n
+        summary = result["passes"][name]["manifest"]
+        assert summary["trajectories"] == n and summary["zarr"] is zarr and (summary["shards"] > 0) is shards
+        assert summary["splits"]["train"] == int(0.9 * n) and summary["stats"]
+        assert "--format" not in result["commands"]["default"] and f"out-{name}" in result["commands"][name]
+    assert (work / "out-default" / "data.zarr").is_dir() and (work / "out-default" / "shards").is_dir()
+
+
+def test_profile_stages_follow_the_callers() -> None:
+    """A shared function (numpy's) takes the stages of its callers, in proportion to the time each spent in it."""
+    stack = ("/site-packages/numpy/_core/shape_base.py", 1, "stack")
+    transform = ("/repo/dpot_data/ingest.py", 1, "_process_block")
+    stats = ("/repo/dpot_data/stats.py", 1, "block_stats")
+    update = ("~", 0, "<method 'update' of '_hashlib.HASH' objects>")
+    root = ("/python/threading.py", 1, "run")
+    raw = {
+        root: (1, 1, 0.5, 10.0, {}),
+        transform: (1, 1, 1.0, 4.0, {root: (1, 1, 1.0, 4.0)}),
+        stats: (1, 1, 1.0, 2.0, {root: (1, 1, 1.0, 2.0)}),
+        stack: (2, 2, 4.0, 4.0, {transform: (1, 1, 3.0, 3.0), stats: (1, 1, 1.0, 1.0)}),
+        update: (1, 1, 2.0, 2.0, {stack: (1, 1, 2.0, 2.0)}),
+    }
+    seconds = bench_ingest.stage_seconds(raw, bench_ingest.stage_shares(raw))
+    assert seconds[bench_ingest.TRANSFORM] == pytest.approx(1.0 + 3.0)
+    assert seconds[bench_ingest.STATS] == pytest.approx(1.0 + 1.0)
+    assert seconds[bench_ingest.SHA] == pytest.approx(2.0)  # owns its stage whoever calls it
+    assert seconds[bench_ingest.OTHER] == pytest.approx(0.5)
+    assert sum(seconds.values()) == pytest.approx(sum(v[2] for v in raw.values()))
 
 
 def test_ingest_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
