@@ -10,11 +10,12 @@ import fsspec
 import pytest
 
 from dpot_data.ingest import IngestOptions
-from dpot_data.output import datasets, load_manifest, recompute_stats
+from dpot_data.output import datasets, recompute_stats
 from dpot_data.plot import PlotOptions, render
 from dpot_data.remote import run_ingest_anywhere
 from dpot_data.stats import compare
-from dpot_data.verify import verify_output
+from dpot_format.manifest import read_manifest as load_manifest
+from dpot_format.validate import validate_output as verify_output
 from tests.toy_output import write_fno_raw, write_toy_output
 
 

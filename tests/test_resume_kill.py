@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from dpot_data.journal import JOURNAL_NAME, read_lines
-from dpot_data.verify import verify_output
 from dpot_data.synth.fno import write_mat_v5
+from dpot_format.validate import validate_output as verify_output
 
 N, RES, FRAMES = 80, 64, 10
 DPOT = [sys.executable, "-m", "dpot_data"]
