@@ -140,7 +140,7 @@ def open_read(path: str | os.PathLike[str]) -> IO[bytes]:
         target = local_path(text)
         try:
             st = os.stat(target)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise FormatError(text, "not found") from None
         _refuse_non_regular(text, st.st_mode)
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
@@ -167,7 +167,7 @@ def file_size(path: str | os.PathLike[str]) -> int:
     if is_local(text):
         try:
             st = os.stat(local_path(text))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise FormatError(text, "not found") from None
         _refuse_non_regular(text, st.st_mode)
         return int(st.st_size)

@@ -125,8 +125,10 @@ def _stat_problem(item: Item) -> tuple[list[Problem], int | None]:
         path = local_path(item.location)
         try:
             st = os.lstat(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return [Problem(item.what, "missing", dataset=item.dataset)], None
+        except OSError as exc:
+            return [Problem(item.what, "unreadable", "a readable file", _short(exc), dataset=item.dataset)], None
         if stat.S_ISLNK(st.st_mode):
             return [Problem(item.what, "path", "a regular file inside the output folder",
                             f"a symbolic link (to {os.readlink(path)!r})", dataset=item.dataset)], None
@@ -263,6 +265,14 @@ class _Plan:
     listed: set[str] = field(default_factory=set)
 
 
+def _exists(location: str) -> bool:
+    """Whether anything (a link included) is at a local path or URL."""
+    if is_local(location):
+        return os.path.lexists(local_path(location))
+    fsys, remote = filesystem(location)
+    return bool(fsys.exists(remote))
+
+
 def _scan_store(root: str, rel: str, dataset: str) -> list[Problem]:
     """Symbolic links and non-regular files under a local Zarr store (reading them could leave the folder or hang)."""
     if not is_local(root):
@@ -332,6 +342,7 @@ def _zarr_metadata(plan: _Plan, root: str, entry: dict[str, Any], store: str) ->
 
 def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, datasets: Collection[str] | None,
           splits: Collection[str] | None, parts: Collection[str]) -> _Plan:
+    """The items to check and the problems visible from the manifest and metadata alone (no shard is opened)."""
     plan = _Plan()
     scanned: set[str] = set()
     for entry in manifest["datasets"]:
@@ -357,9 +368,12 @@ def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, dat
             base = f"{z['path']}/{z['group']}"
             try:
                 store = resolve_member(root, z["path"], where=f"zarr.path of {name}")
-                resolve_member(root, base, where=f"zarr.group of {name}")
+                group_location = resolve_member(root, base, where=f"zarr.group of {name}")
             except FormatError as exc:
                 plan.problems.append(Problem(base, "path", actual=exc.expected, dataset=name))
+                continue
+            if not _exists(group_location):
+                plan.problems.append(Problem(base, "missing", dataset=name))
                 continue
             found = _scan_store(root, z["path"], name) if z["path"] not in scanned else []
             scanned.add(z["path"])

@@ -419,3 +419,64 @@ def test_links_inside_the_zarr_store_are_refused(toy: Path, tmp_path: Path) -> N
     rel = chunk.relative_to(toy).as_posix()
     assert [(p.what, p.kind) for p in problems if p.fatal] == [(rel, "path")]
     assert not [p for p in opened if p in (str(outside), str(chunk))]
+
+
+def test_a_missing_zarr_store_is_named_on_both_sides(toy: Path) -> None:
+    import shutil
+
+    shutil.rmtree(toy / "data.zarr")
+    assert [(p.what, p.kind) for p in validate_output(str(toy)) if p.fatal] == [("data.zarr/toy", "missing")]
+    with pytest.raises(DataError, match=re.escape(f"dataset 'toy': Zarr store missing: {toy}/data.zarr/toy")):
+        verify_shards(read_manifests([str(toy)]), "train", backend="zarr")
+
+
+# --- the building blocks ------------------------------------------------------------------------------------------
+
+def test_file_hash_is_bounded_and_refuses_non_regular_files(tmp_path: Path) -> None:
+    import threading
+
+    from dpot_format.io import atomic_write, read_bounded, sha256_file
+
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 4096)
+    assert sha256_file(big) == (hashlib.sha256(big.read_bytes()).hexdigest(), 1 << 20)
+    assert sha256_file(big, expected_bytes=100) == (hashlib.sha256(big.read_bytes()[:101]).hexdigest(), 101)
+    with pytest.raises(FormatError, match="larger than the limit of 1000 bytes"):
+        read_bounded(big, 1000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            sha256_file(fifo)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # unblock the open before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not worker.is_alive() and isinstance(outcome[0], FormatError)
+    assert str(outcome[0]) == f"{fifo}: is a FIFO (named pipe), expected a regular file"
+    for path, words in ((tmp_path, "is a directory"), (Path("/dev/null"), "is a character device")):
+        with pytest.raises(FormatError, match=words):
+            sha256_file(path)
+    (tmp_path / "target").mkdir()
+    with pytest.raises(OSError):
+        atomic_write(tmp_path / "target", b"data")  # a folder is in the way: the rename fails
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "fifo", "target"]  # no temporary file left
+
+
+def test_temporary_names_of_every_writer() -> None:
+    from dpot_format.names import is_temporary, sample_key
+
+    for name in (".train-000001.tar.tmp", ".manifest.json.tmp-4242", ".step-00000010.pt.tmp-7", "0.3fa9c2.partial",
+                 ".s0000001.tar.part", "NavierStokes.mat.part", ".staging-fno-ns-v1e-3"):
+        assert is_temporary(name), name
+    for name in ("train-000001.tar", "manifest.json", "zarr.json", "0", "c", "tmp", "staging-x", ".hidden"):
+        assert not is_temporary(name), name
+    assert sample_key(42) == "s0000042"
+    with pytest.raises(ValueError):
+        sample_key(10**7)

@@ -141,7 +141,9 @@ def problem_message(ds: DatasetInfo, problem: Problem) -> str:
     where = f"{ds.manifest}: dataset {ds.name!r}"
     url = posixpath.join(ds.root, problem.what) if problem.what.endswith(".tar") else problem.what
     if problem.kind == "missing":
-        return f"{where}: {'shard' if url.endswith('.tar') else 'Zarr array'} missing: {url}"
+        if url.endswith(".tar"):
+            return f"{where}: shard missing: {url}"
+        return f"{where}: Zarr store missing: {posixpath.join(ds.root, problem.what)}"
     if problem.kind == "bytes":
         return f"{where}: shard {url} has {problem.actual} bytes, the manifest says {problem.expected}"
     if problem.kind == "sha256":
