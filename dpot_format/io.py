@@ -39,7 +39,7 @@ def join(base: str | os.PathLike[str], *parts: str) -> str:
     for part in parts:
         part = str(part).strip("/")
         if part:
-            out = f"{out}/{part}" if not out.endswith("/") else f"{out}{part}"
+            out = part if not out else (f"{out}{part}" if out.endswith("/") else f"{out}/{part}")
     return out
 
 

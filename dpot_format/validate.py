@@ -12,7 +12,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Protocol
 import numpy as np
 
 from dpot_format.errors import FormatError
-from dpot_format.io import file_kind, filesystem, is_local, join, local_path, open_read, sha256_array, sha256_file, \
+from dpot_format.io import file_kind, filesystem, is_local, local_path, open_read, sha256_array, sha256_file, \
     zarr_store
 from dpot_format.limits import LIMITS, Limits
 from dpot_format.manifest import load_json, manifest_path, validation_errors

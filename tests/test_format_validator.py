@@ -480,3 +480,16 @@ def test_temporary_names_of_every_writer() -> None:
     assert sample_key(42) == "s0000042"
     with pytest.raises(ValueError):
         sample_key(10**7)
+
+
+def test_a_manifest_over_the_size_limit_is_refused_before_it_is_read(toy: Path) -> None:
+    from dpot_format.limits import Limits
+
+    path = toy / "manifest.json"
+    size = path.stat().st_size
+    with pytest.raises(FormatError) as refused:
+        read_manifest(str(toy), Limits(max_manifest_bytes=size - 1))
+    assert str(refused.value) == f"{path}: {size} bytes, more than the limit of {size - 1} for a manifest"
+    problems = validate_output(str(toy), limits=Limits(max_manifest_bytes=size - 1))
+    assert problems == [Problem("manifest.json", "manifest", actual=f"{size} bytes, more than the limit of "
+                                                                    f"{size - 1} for a manifest")]
