@@ -141,7 +141,8 @@ def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: in
     """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA)."""
     from dpot_train.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
-    from dpot_train.data.stream import WindowStream, make_loader
+    from dpot_train.data.loader import make_loader
+    from dpot_train.data.stream import WindowStream
 
     cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, num_workers=workers,
                      worker_kind=kind, verify_checksums=False)

@@ -445,11 +445,12 @@ def inspect_command(
 
     from dpot_data.errors import InputError
     from dpot_data.inspect import inspect_dir, render
+    from dpot_format.errors import FormatError
 
     roots = _output_roots(str(folder))
     try:
         reports = [inspect_dir(Path(root), verify=verify) for root in roots]
-    except InputError as exc:
+    except (InputError, FormatError) as exc:
         raise _fail(exc) from None
     report = reports[0] if len(reports) == 1 else {
         "ok": all(r["ok"] for r in reports), "folder": str(folder),
@@ -464,6 +465,9 @@ def inspect_command(
         console = Console(width=None if sys.stdout.isatty() else 160)
         for one in reports:
             console.print(render(one))
+            prefix = "" if len(reports) == 1 else f"{Path(one['path']).name}/"
+            for line in one["problems"] + one["warnings"]:
+                typer.echo(prefix + line)
     if plot is not None:
         from dpot_data.plot import PlotOptions, plot_output
 
@@ -480,29 +484,28 @@ def verify_command(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="dask.distributed scheduler address."),
     as_json: bool = typer.Option(False, "--json", help="Print the problems as JSON."),
 ) -> None:
-    """Re-hash every shard and Zarr array against the manifest; exit 1 naming each mismatch (files the manifest
-    does not list are reported as warnings)."""
+    """Check the output against docs/format.md (dpot_format.validate): re-hash every shard and Zarr array, check
+member names, .npy headers and meta.json, paths and the manifest; exit 1 naming each problem (files the manifest
+does not list, and temporary leftovers, are reported as warnings)."""
     import json
 
-    from dpot_data.scheduler import SchedulerOptions
-    from dpot_data.verify import as_json as problems_json
-    from dpot_data.verify import manifest_items, summarise, verify_output
-
     from dpot_data.errors import InputError
+    from dpot_data.scheduler import SchedulerOptions, scheduler_context
+    from dpot_format.validate import as_json as problems_json
+    from dpot_format.validate import summarise, validate_output
 
     roots = _output_roots(_absolute(folder))
-    problems, checked = [], 0
+    problems: list = []
+    items: list = []
     try:
-        for root in roots:
-            found = verify_output(root, SchedulerOptions(workers=workers, address=scheduler))
-            prefix = "" if len(roots) == 1 else f"{Path(root).name}/"
-            problems += [replace(p, what=prefix + p.what) for p in found]
-            if checked is not None and not any(p.kind in ("manifest", "schema") for p in found):
-                checked += manifest_items(root)
-            else:
-                checked = None
+        with scheduler_context(SchedulerOptions(workers=workers, address=scheduler)) as runner:
+            for root in roots:
+                found = validate_output(root, runner=runner, progress=lambda item, _found: items.append(item))
+                prefix = "" if len(roots) == 1 else f"{Path(root).name}/"
+                problems += [replace(p, what=prefix + p.what) for p in found]
     except InputError as exc:
         raise _fail(exc) from None
+    checked = None if any(p.kind in ("manifest", "schema") for p in problems) else len(items)
     code, lines = summarise(problems, checked)
     if as_json:
         typer.echo(json.dumps({"ok": code == 0, "problems": problems_json(problems)}, indent=2))
@@ -523,18 +526,19 @@ def stats_command(
     trajectories, print them, and compare them with the manifest's (exit 1 when they differ)."""
     import json
 
-    from dpot_data.output import OutputError, load_manifest, recompute_stats
+    from dpot_data.errors import InputError
+    from dpot_data.output import recompute_stats
     from dpot_data.scheduler import SchedulerOptions, scheduler_context
     from dpot_data.stats import compare
-
-    from dpot_data.errors import InputError
+    from dpot_format.errors import FormatError
+    from dpot_format.manifest import read_manifest
 
     folder = _absolute(folder)
     try:
-        manifest = load_manifest(folder)
+        manifest = read_manifest(folder)
         with scheduler_context(SchedulerOptions(workers=workers, address=scheduler)) as runner:
             recomputed = recompute_stats(folder, runner)
-    except (OutputError, InputError) as exc:
+    except (FormatError, InputError) as exc:
         raise _fail(exc) from None
     problems = {}
     for entry in manifest["datasets"]:

@@ -1,37 +1,17 @@
 """fsspec helpers: every path the toolkit reads or writes may be a local path or any fsspec URL (file://, memory://,
-s3://, ...). These few functions keep that distinction out of the rest of the code."""
+s3://, ...). These few functions keep that distinction out of the rest of the code; the path, hashing and Zarr store
+helpers are dpot_format.io's, re-exported here."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from typing import Any, Iterator
+from typing import Any
 
-import fsspec
-from fsspec.core import url_to_fs
-
-CHUNK = 8 << 20
-
-
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """True for "proto://..." paths, False for plain local paths."""
-    return "://" in str(path)
-
-
-def join(base: str | os.PathLike[str], *parts: str) -> str:
-    """Join path parts onto a local path or a URL with "/"; parts never start a new root."""
-    out = str(base).rstrip("/") if str(base) not in ("/", "") else str(base)
-    for part in parts:
-        part = str(part).strip("/")
-        if part:
-            out = f"{out}/{part}" if not out.endswith("/") else f"{out}{part}"
-    return out
-
-
-def filesystem(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem serving `path` and the path as that filesystem names it."""
-    return url_to_fs(str(path))
+from dpot_format.io import CHUNK, filesystem, is_local, is_url, join, local_path, read_bounded, zarr_store  # noqa: F401
+from dpot_format.io import sha256_file as sha256_of  # noqa: F401 - re-export: (hex digest, bytes) of a file
+from dpot_format.limits import LIMITS
 
 
 def exists(path: str | os.PathLike[str]) -> bool:
@@ -40,53 +20,9 @@ def exists(path: str | os.PathLike[str]) -> bool:
     return bool(fs.exists(p))
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file at a path or URL."""
-    with fsspec.open(str(path), "r", encoding="utf-8") as f:
-        return json.load(f)
-
-
-def iter_bytes(path: str | os.PathLike[str], chunk: int = CHUNK) -> Iterator[bytes]:
-    """Read a file at a path or URL in chunks of `chunk` bytes (never whole in memory)."""
-    with fsspec.open(str(path), "rb") as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                return
-            yield block
-
-
-def sha256_of(path: str | os.PathLike[str]) -> tuple[str, int]:
-    """sha256 hex digest and byte size of a file at a path or URL, streamed."""
-    digest = hashlib.sha256()
-    size = 0
-    for block in iter_bytes(path):
-        digest.update(block)
-        size += len(block)
-    return digest.hexdigest(), size
-
-
-def zarr_store(path: str | os.PathLike[str], read_only: bool = True) -> Any:
-    """A Zarr v3 store for a local folder or an fsspec URL."""
-    import zarr.storage
-
-    if is_url(path):
-        proto = str(path).split("://", 1)[0]
-        if proto == "file":
-            return zarr.storage.LocalStore(str(path).split("://", 1)[1], read_only=read_only)
-        return zarr.storage.FsspecStore.from_url(str(path), read_only=read_only)
-    return zarr.storage.LocalStore(str(path), read_only=read_only)
-
-
-def is_local(path: str | os.PathLike[str]) -> bool:
-    """Plain paths and file:// URLs are local; every other protocol is remote."""
-    return not is_url(path) or str(path).startswith("file://")
-
-
-def local_path(path: str | os.PathLike[str]) -> str:
-    """The local filesystem path of a plain path or file:// URL."""
-    text = str(path)
-    return text[len("file://"):] if text.startswith("file://") else text
+def read_json(path: str | os.PathLike[str], limit: int = LIMITS.max_manifest_bytes) -> Any:
+    """Parse a JSON file at a path or URL (at most `limit` bytes; a non-regular local file is refused)."""
+    return json.loads(read_bounded(path, limit).decode("utf-8"))
 
 
 def localize(path: str | os.PathLike[str], cache: str | os.PathLike[str]) -> str:

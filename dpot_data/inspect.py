@@ -5,27 +5,48 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpot_data import manifest as mf
-from dpot_data.hashing import check_dataset
+from dpot_data.errors import InputError
+from dpot_format.errors import FormatError
+from dpot_format.manifest import read_manifest
+from dpot_format.names import MANIFEST_NAME
+from dpot_format.validate import Problem, validate_output
 
 
 def _tree_bytes(path: Path) -> int:
-    """Total size of the files under a folder (0 when absent)."""
-    if not path.exists():
+    """Total size of the regular files under a folder, links not followed (0 when absent)."""
+    if not path.is_dir() or path.is_symlink():
         return 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def dataset_report(root: Path, entry: dict[str, Any], verify: bool = False) -> dict[str, Any]:
-    """One dataset: its manifest facts, the bytes found on disk, and the size (or sha256 when verify) checks."""
-    checks = check_dataset(root, entry, rehash=verify)
-    failed = [c.to_dict() for c in checks if not c.ok]
-    shard_bytes_disk = sum((root / s["path"]).stat().st_size for s in entry["shards"] if (root / s["path"]).is_file())
+def _file_bytes(path: Path) -> int:
+    """Size of a regular file (0 when absent, a link or anything else)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0
+    import stat
+
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def _failed(problem: Problem) -> dict[str, Any]:
+    """One fatal problem in the report's shape: kind, path (the file, member or array), expected, actual."""
+    return {"kind": problem.kind, "path": problem.what, "expected": problem.expected,
+            "actual": "missing" if problem.kind == "missing" else problem.actual, "ok": False}
+
+
+def dataset_report(root: Path, entry: dict[str, Any], problems: list[Problem], verify: bool = False
+                   ) -> dict[str, Any]:
+    """One dataset: its manifest facts, the bytes found on disk, and the validator's findings for it."""
+    checked = len(entry["shards"]) + (len(entry["zarr"]["arrays"]) if entry["zarr"] else 0)
+    failed = [_failed(p) for p in problems if p.fatal and p.dataset == entry["name"]]
+    shard_bytes_disk = sum(_file_bytes(root / s["path"]) for s in entry["shards"])
     zarr_bytes = _tree_bytes(root / entry["zarr"]["path"] / entry["zarr"]["group"]) if entry["zarr"] else 0
-    if not checks:
+    if not checked:
         status = "nothing to check"
     elif failed:
-        status = f"FAILED ({len(failed)} of {len(checks)})"
+        status = f"FAILED ({len(failed)} of {checked})"
     else:
         status = "sha256 ok" if verify else "sizes ok"
     return {
@@ -52,25 +73,34 @@ def dataset_report(root: Path, entry: dict[str, Any], verify: bool = False) -> d
         "bytes_on_disk": shard_bytes_disk + zarr_bytes,
         "inputs": len(entry["inputs"]),
         "skipped": len(entry["skipped"]),
-        "checksums": {"verified": verify, "checked": len(checks), "status": status, "ok": not failed,
+        "checksums": {"verified": verify, "checked": checked, "status": status, "ok": not failed,
                       "failed": failed},
     }
 
 
 def inspect_dir(path: str | Path, verify: bool = False) -> dict[str, Any]:
-    """Report on an ingest output folder: manifest header plus one `dataset_report` per dataset."""
+    """Report on an ingest output folder: manifest header, one `dataset_report` per dataset, and the validator's
+    findings (`dpot_format.validate.validate_output`: sha256 when `verify`, else its cheap mode). InputError when
+    the manifest cannot be read."""
     root = Path(path)
-    manifest = mf.read(root)
-    datasets = [dataset_report(root, entry, verify) for entry in manifest["datasets"]]
+    try:
+        manifest = read_manifest(str(root))
+    except FormatError as exc:
+        raise InputError(exc.where or str(root / MANIFEST_NAME), exc.expected) from None
+    problems = validate_output(str(root), rehash=verify)
+    datasets = [dataset_report(root, entry, problems, verify) for entry in manifest["datasets"]]
+    other = [p for p in problems if p.fatal and not p.dataset]
     return {
         "path": str(root),
-        "manifest": str(root / mf.MANIFEST_NAME),
+        "manifest": str(root / MANIFEST_NAME),
         "schema_version": manifest["schema_version"],
         "tool": manifest["tool"],
         "created": manifest["created"],
         "command": manifest["command"],
         "datasets": datasets,
-        "ok": all(d["checksums"]["ok"] for d in datasets),
+        "problems": [str(p) for p in problems if p.fatal],
+        "warnings": [str(p) for p in problems if not p.fatal],
+        "ok": all(d["checksums"]["ok"] for d in datasets) and not other,
     }
 
 

@@ -1,48 +1,24 @@
 """Read back an ingest output folder (manifest + Zarr store + WebDataset shards, see docs/format.md), local or URL.
 
-Used by `stats`, `inspect --plot` and `inspect --verify`: they need trajectories one at a time, never a whole array.
+Used by `stats` and `inspect --plot`: they need trajectories one at a time, never a whole array. The manifest and
+shards are read through dpot_format (its checks apply); checking an output is dpot_format.validate's job.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import tarfile
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
-from dpot_data import fs
+from dpot_format.errors import FormatError
+from dpot_format.io import zarr_store
+from dpot_format.manifest import read_manifest
+from dpot_format.names import sample_key
+from dpot_format.paths import resolve_member
+from dpot_format.tar import Sample, iter_samples
 
-MANIFEST = "manifest.json"
-
-
-class OutputError(Exception):
-    """The output folder is missing a file or holds something the format does not allow; str() names it."""
-
-
-def load_manifest(root: str) -> dict:
-    """Parse `<root>/manifest.json`; OutputError when it is missing or not a manifest."""
-    path = fs.join(root, MANIFEST)
-    if not fs.exists(path):
-        raise OutputError(f"{path}: no manifest (not an ingest output folder, or the ingest has not finished)")
-    try:
-        doc = fs.read_json(path)
-    except json.JSONDecodeError as exc:
-        raise OutputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), list):
-        raise OutputError(f"{path}: expected a manifest object with a 'datasets' list")
-    return doc
-
-
-@dataclass
-class Sample:
-    """One trajectory: fields (time, channel, *space) float32, mask (*space) uint8, and its meta."""
-
-    fields: np.ndarray
-    mask: np.ndarray
-    meta: dict[str, Any]
+__all__ = ["DatasetView", "Sample", "datasets", "recompute_stats"]
 
 
 @dataclass
@@ -67,7 +43,8 @@ class DatasetView:
             return None
         import zarr
 
-        store = fs.zarr_store(fs.join(self.root, z["path"]), read_only=True)
+        resolve_member(self.root, f"{z['path']}/{z['group']}")
+        store = zarr_store(resolve_member(self.root, z["path"]), read_only=True)
         return zarr.open_group(store, mode="r", path=z["group"])
 
     def split_labels(self) -> np.ndarray:
@@ -101,17 +78,17 @@ class DatasetView:
             for sample in self.iter_shards():
                 if int(sample.meta["index"]) == index:
                     return sample
-            raise OutputError(f"{self.name}: no trajectory with index {index} in the shards")
+            raise FormatError(f"{self.name}: no trajectory with index {index} in the shards")
         n = group["fields"].shape[0]
         if not 0 <= index < n:
-            raise OutputError(f"{self.name}: trajectory index {index} out of range (0..{n - 1})")
+            raise FormatError(f"{self.name}: trajectory index {index} out of range (0..{n - 1})")
         meta = {"index": index, "dataset": self.name, "split": split, "id": sample_id}
-        return Sample(np.asarray(group["fields"][index]), np.asarray(group["mask"][index]), meta)
+        return Sample(sample_key(index), np.asarray(group["fields"][index]), np.asarray(group["mask"][index]), meta)
 
     def iter_shards(self) -> Iterator[Sample]:
         """Every sample of every shard listed in the manifest, shard by shard (streamed, nothing whole)."""
         for shard in self.entry.get("shards", []):
-            yield from iter_tar(fs.join(self.root, shard["path"]))
+            yield from iter_samples(resolve_member(self.root, shard["path"]), where=shard["path"])
 
 
 def _as_str(values: Any) -> np.ndarray:
@@ -121,41 +98,8 @@ def _as_str(values: Any) -> np.ndarray:
 
 def datasets(root: str, manifest: dict | None = None) -> list[DatasetView]:
     """One view per dataset of the output at `root`."""
-    doc = manifest if manifest is not None else load_manifest(root)
+    doc = manifest if manifest is not None else read_manifest(root)
     return [DatasetView(root, entry) for entry in doc["datasets"]]
-
-
-def iter_tar(path: str) -> Iterator[Sample]:
-    """Samples of one WebDataset shard, streamed; members are grouped by key and never extracted to disk."""
-    import fsspec
-
-    current: str | None = None
-    parts: dict[str, bytes] = {}
-    with fsspec.open(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            key, _, ext = member.name.partition(".")
-            if "/" in key or member.name.startswith(("/", "..")):
-                raise OutputError(f"{path}: unexpected member name {member.name!r}")
-            if current is not None and key != current:
-                yield _sample(path, current, parts)
-                parts = {}
-            current = key
-            handle = tar.extractfile(member)
-            parts[ext] = handle.read() if handle is not None else b""
-        if current is not None:
-            yield _sample(path, current, parts)
-
-
-def _sample(path: str, key: str, parts: dict[str, bytes]) -> Sample:
-    """Decode the three members of one shard sample."""
-    missing = {"fields.npy", "mask.npy", "meta.json"} - set(parts)
-    if missing:
-        raise OutputError(f"{path}: sample {key} lacks {sorted(missing)}")
-    fields = np.load(io.BytesIO(parts["fields.npy"]), allow_pickle=False)
-    mask = np.load(io.BytesIO(parts["mask.npy"]), allow_pickle=False)
-    return Sample(fields, mask, json.loads(parts["meta.json"]))
 
 
 def recompute_stats(root: str, runner: Any | None = None, block: int = 8) -> dict[str, dict]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpot_data.manifest import fsync_dir
+from dpot_format.io import fsync_dir
 
 FORMAT = "dpot-train-checkpoint/1"
 _NAME = re.compile(r"^step-(\d{8})\.pt$")

@@ -12,7 +12,9 @@ from dpot_train.config import TrainConfig, apply_overrides, load_config
 
 
 def _fail(exc: Exception) -> None:
-    typer.echo(f"error: {exc}", err=True)
+    """Exit code 2 with one `error:` line per line of the message (a data check may find several problems)."""
+    for line in str(exc).splitlines() or [type(exc).__name__]:
+        typer.echo(f"error: {line}", err=True)
     raise typer.Exit(code=2) from exc
 
 

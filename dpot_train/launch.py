@@ -1,7 +1,8 @@
 """`dpot-train launch`: check the data and RUN_DIR, write RUN_DIR/config.yaml, then hand over to torchrun.
 
 The launcher replaces itself with torchrun (exec), so that a scheduler's signals reach torchrun directly; every
-data problem (missing shard, wrong checksum, unknown mixture name, mismatched channels) is reported before that.
+data problem (missing shard, wrong checksum, anything dpot_format's validator refuses, unknown mixture name,
+mismatched channels) is reported before that, one line per problem.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from pathlib import Path
 import torch
 
 from dpot_train.checkpoint import UnreadableCheckpointsError, list_checkpoints, looks_complete
-from dpot_train.config import TrainConfig, load_config, save_config
+from dpot_format.validate import validate_output
+from dpot_train.config import DataConfig, TrainConfig, load_config, save_config
+from dpot_train.data.manifest import DataError, expand_outputs, manifest_url, read_manifests
+from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.trainer import RunDirError
 
@@ -143,6 +147,28 @@ def resume_layout(run: Path, topo: Topology | None) -> Topology:
     return Topology()
 
 
+MAX_PROBLEM_LINES = 50  # lines `launch` prints before counting the rest
+
+
+def check_outputs(data: DataConfig) -> None:
+    """Run dpot_format's validator on every output the config names (the parts the backend reads, every split);
+    DataError with one line per fatal problem (prefixed by its output folder) when any is found."""
+    lines: list[str] = []
+    part = "zarr" if data.backend == "zarr" else "shards"
+    for path in [m for given in data.manifests for m in expand_outputs(given)]:
+        for problem in validate_output(path, rehash=data.verify_checksums, parts=(part,), scan=False):
+            if not problem.fatal:
+                continue
+            if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
+                lines.append(f"{manifest_url(path)}: {problem.actual}")
+            else:
+                lines.append(f"{path.rstrip('/')}/{problem}")  # the file, member or array by its full path
+    if lines:
+        more = len(lines) - MAX_PROBLEM_LINES
+        shown = lines[:MAX_PROBLEM_LINES] + ([f"... and {more} more problem(s)"] if more > 0 else [])
+        raise DataError("\n".join(shown))
+
+
 def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainConfig, Path]:
     """Check RUN_DIR and the data, write config.yaml; returns the config to run and its path."""
     validate_config(cfg)
@@ -167,7 +193,10 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainCo
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
     cfg = resolve_recipe(cfg)
-    spec, _ = prepare_stream(cfg.data, cfg.seed)  # every data check, sha256 included unless disabled
+    datasets = read_manifests(list(cfg.data.manifests))  # each manifest readable, the mixture names them: first
+    resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
+    check_outputs(cfg.data)  # docs/format.md on every output, sha256 included unless disabled
+    spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True)  # mixture, compatibility, trajectory index
     if cfg.init and not cfg.allow_convention_mismatch:
         from dpot_train.model_setup import convention_problems, is_released
 

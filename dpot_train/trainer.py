@@ -24,7 +24,8 @@ from dpot_train.checkpoint import (FORMAT, checkpoint_path, latest_checkpoint, l
                                    save_atomic, set_rng_state)
 from dpot_train.config import TrainConfig, save_config
 from dpot_train.data.prepare import prepare_stream
-from dpot_train.data.stream import WindowStream, make_loader
+from dpot_train.data.loader import make_loader
+from dpot_train.data.stream import WindowStream
 from dpot_train.data.windows import inject_noise
 from dpot_train.metrics import per_sample_loss
 from dpot_train.model_setup import data_overrides, fresh_model, init_model

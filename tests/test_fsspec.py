@@ -10,11 +10,12 @@ import fsspec
 import pytest
 
 from dpot_data.ingest import IngestOptions
-from dpot_data.output import datasets, load_manifest, recompute_stats
+from dpot_data.output import datasets, recompute_stats
 from dpot_data.plot import PlotOptions, render
 from dpot_data.ingest import run_ingest
 from dpot_data.stats import compare
-from dpot_data.verify import verify_output
+from dpot_format.manifest import read_manifest
+from dpot_format.validate import validate_output
 from tests.toy_output import write_fno_raw, write_toy_output
 
 
@@ -42,14 +43,14 @@ def test_memory_input_and_output_match_local_paths(local_run, tmp_path: Path) ->
     url_in, url_out = f"memory://raw-{tag}/{raw.name}", f"memory://out-{tag}"
     outcome = run_ingest("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
     assert outcome.written and outcome.notes[-1] == f"uploaded to {url_out}"
-    remote = load_manifest(url_out)
+    remote = read_manifest(url_out)
     assert _shards(remote) == _shards(local)
     assert remote["datasets"][0]["zarr"]["arrays"] == local["datasets"][0]["zarr"]["arrays"]
     assert remote["datasets"][0]["inputs"][0]["path"] == url_in
     assert remote["datasets"][0]["inputs"][0]["sha256"] == local["datasets"][0]["inputs"][0]["sha256"]
     assert not (tmp_path / "work").exists()  # the local working copy is gone once uploaded
     # readers of the output work on the URL too
-    assert verify_output(url_out) == []
+    assert validate_output(url_out) == []
     again = recompute_stats(url_out)
     assert compare(remote["datasets"][0]["stats"], again[remote["datasets"][0]["name"]]) == []
     assert render(url_out, PlotOptions(trajectories=1))[:4] == b"\x89PNG"
@@ -64,7 +65,7 @@ def test_file_urls(local_run, tmp_path: Path) -> None:
     assert outcome.written
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert _shards(manifest) == _shards(local)
-    assert verify_output(f"file://{tmp_path}/out") == []
+    assert validate_output(f"file://{tmp_path}/out") == []
 
 
 def test_toy_output_readers_on_memory_urls() -> None:
@@ -76,8 +77,8 @@ def test_toy_output_readers_on_memory_urls() -> None:
     sample = view.trajectory(3)
     assert (sample.fields == fields[3]).all() and (sample.mask == mask[3]).all()
     fsspec.filesystem("memory").pipe(url.replace("memory://", "/") + "/shards/toy/train-000000.tar", b"broken")
-    assert [(p.what, p.kind) for p in verify_output(url)] == [("shards/toy/train-000000.tar", "bytes"),
-                                                             ("shards/toy/train-000000.tar", "sha256")]
+    assert [(p.what, p.kind) for p in validate_output(url)] == [("shards/toy/train-000000.tar", "bytes"),
+                                                               ("shards/toy/train-000000.tar", "sha256")]
 
 
 def test_cli_ingest_memory_urls_then_verify_and_stats(local_run, tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_cli_ingest_memory_urls_then_verify_and_stats(local_run, tmp_path: Path)
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert f"uploaded to {url_out}" in result.output
-    assert _shards(load_manifest(url_out)) == _shards(local)
+    assert _shards(read_manifest(url_out)) == _shards(local)
     assert runner.invoke(app, ["verify", url_out]).exit_code == 0
     assert "manifest: matches" in runner.invoke(app, ["stats", url_out]).output
     again = runner.invoke(app, args)

@@ -34,6 +34,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     where = _run([sys.executable, "-c", "import dpot_data, dpot_train; print(dpot_data.__file__, dpot_train.__file__)"],
                  work, env).stdout
     assert where.count(str(site)) == 2, where
+    assert (site / "dpot_format" / "schema" / "manifest.schema.json").is_file()
     assert (site / "dpot_data" / "manifests" / "catalog.yaml").is_file()
     assert (site / "dpot_data" / "manifests" / "mixtures" / "dpot-pretrain-ti.yaml").is_file()
     assert (site / "dpot_train" / "configs" / "pretrain-ti.yaml").is_file()

@@ -187,7 +187,8 @@ def test_makefile_torch_choice_and_docs_stay_inside_the_repository() -> None:
 
     assert "--index-url" not in torch_line(plain.stdout)  # the default index, as documented
     assert "--index-url https://example.invalid/cpu" in torch_line(cpu.stdout)
-    docs = [*root.glob("docs/*.md"), root / "README.md", *root.glob("dpot_data/**/*.py"), *root.glob("dpot_train/**/*.py")]
+    docs = [*root.glob("docs/*.md"), root / "README.md", *root.glob("dpot_data/**/*.py"), *root.glob("dpot_train/**/*.py"),
+            *root.glob("dpot_format/**/*.py")]
     for path in docs:
         text = path.read_text(encoding="utf-8")
         for outside in ("../shared", "FORMATS.md", "REFERENCE_INPUTS.md", "project brief"):

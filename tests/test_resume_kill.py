@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from dpot_data.journal import JOURNAL_NAME, read_lines
-from dpot_data.verify import verify_output
 from dpot_data.synth.fno import write_mat_v5
+from dpot_format.validate import validate_output
 
 N, RES, FRAMES = 80, 64, 10
 DPOT = [sys.executable, "-m", "dpot_data"]
@@ -114,7 +114,7 @@ def test_sigkill_after_first_shard_then_rerun_gives_identical_output(reference, 
     # the command line recorded names the other output folder; everything else is the same
     assert _manifest(out, ("created", "command")) == _manifest(ref, ("created", "command"))
     assert not any(p.name.startswith(".staging-") for p in out.iterdir())
-    assert verify_output(str(out)) == []  # every shard and Zarr array on disk matches the manifest
+    assert validate_output(str(out)) == []  # every shard and Zarr array on disk matches the manifest
 
 
 def test_complete_output_is_left_alone_and_overwrite_is_deterministic(reference, tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def test_repeated_interruptions_at_block_boundaries_still_give_identical_output(
     for m in (done, clean):
         m.pop("created")
     assert json.dumps(done, sort_keys=True) == json.dumps(clean, sort_keys=True)
-    assert verify_output(str(out)) == []  # and the files on disk are what the manifest says
+    assert validate_output(str(out)) == []  # and the files on disk are what the manifest says
 
 
 def test_zarr_only_ingest_resumes_through_the_pipeline(reference, tmp_path, monkeypatch) -> None:
@@ -316,4 +316,4 @@ def test_zarr_only_ingest_resumes_through_the_pipeline(reference, tmp_path, monk
     done = outcome.manifest
     for m in (done, clean):
         m.pop("created")
-    assert done == clean and verify_output(str(tmp_path / "out")) == []
+    assert done == clean and validate_output(str(tmp_path / "out")) == []

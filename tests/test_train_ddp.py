@@ -14,7 +14,8 @@ import torch
 
 from dpot_train.config import DataConfig
 from dpot_train.data.prepare import prepare_stream
-from dpot_train.data.stream import WindowStream, make_loader, rank_slice
+from dpot_train.data.loader import make_loader
+from dpot_train.data.stream import WindowStream, rank_slice
 from tests import train_runs
 
 

@@ -61,12 +61,14 @@ def test_missing_shard(shards: Path) -> None:
 
 
 def test_missing_manifest_and_schema_violation(shards: Path, tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="manifest not found: .*nowhere/manifest.json"):
+    with pytest.raises(DataError, match=r"nowhere/manifest.json: expected a manifest.json written by `dpot-data "
+                                        r"ingest` \(none found\)"):
         _prepare(tmp_path / "nowhere")
     m = json.loads((shards / "manifest.json").read_text())
     del m["datasets"][0]["frames"]
     (shards / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(DataError, match=r"does not follow the manifest schema at datasets/0: 'frames' is a required"):
+    with pytest.raises(DataError, match=r"manifest.json: expected a manifest following schema version 1: "
+                                        r"datasets/0: 'frames' is a required property"):
         _prepare(shards)
 
 
@@ -102,7 +104,7 @@ def test_cli_reports_bad_input_before_training(shards: Path, tmp_path: Path) -> 
     out = tmp_path / "run"
     r = train_runs.run(train_runs.launch_args(shards, out, steps=2, nproc=1))
     assert r.returncode == 2
-    assert "error:" in r.stderr and "shard missing" in r.stderr
+    assert r.stderr.splitlines() == [f"error: {_train_shard(shards)}: missing (listed in the manifest)"]
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
     r = train_runs.run(train_runs.launch_args(shards, out, "--mixture", "nope=1", steps=2, nproc=1))
     assert r.returncode == 2 and "absent from the given manifests: ['nope']" in r.stderr

@@ -16,7 +16,8 @@ from dpot_train.config import DataConfig, TrainConfig, apply_overrides
 from dpot_train.data.manifest import DataError
 from dpot_train.data.prefetch import ThreadLoader, WorkerError
 from dpot_train.data.prepare import prepare_stream
-from dpot_train.data.stream import WindowStream, make_loader
+from dpot_train.data.loader import make_loader
+from dpot_train.data.stream import WindowStream
 
 BATCH = 4
 
@@ -212,7 +213,8 @@ def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path) -
 
     code = ("from dpot_train.config import DataConfig\n"
             "from dpot_train.data.prepare import prepare_stream\n"
-            "from dpot_train.data.stream import WindowStream, make_loader\n"
+            "from dpot_train.data.loader import make_loader\n"
+            "from dpot_train.data.stream import WindowStream\n"
             f"spec, reader = prepare_stream(DataConfig(manifests=[{str(fno_train_shards)!r}]), seed=0, verify=False)\n"
             "it = iter(make_loader(WindowStream(spec, reader, 0, 4), 3))\n"
             "print(next(it)['id'])\n")  # exits holding the iterator, its threads blocked on full queues

@@ -1,4 +1,5 @@
-"""`inspect --verify`: every shard and Zarr array re-hashed against the manifest; each mismatch named."""
+"""`dpot-data verify` / `inspect --verify` (dpot_format.validate): every shard and Zarr array re-hashed against the
+manifest; each mismatch named."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import zarr
 
-from dpot_data.scheduler import SchedulerOptions
-from dpot_data.verify import Mismatch, summarise, verify_output
+from dpot_data.scheduler import SchedulerOptions, scheduler_context
+from dpot_format.validate import Problem, summarise, validate_output
 from tests.toy_output import write_toy_output
 
 
@@ -20,7 +21,8 @@ def _flip_byte(path: Path, offset: int) -> None:
 
 def test_intact_output_verifies(tmp_path: Path) -> None:
     write_toy_output(str(tmp_path))
-    problems = verify_output(str(tmp_path), SchedulerOptions(workers=2))
+    with scheduler_context(SchedulerOptions(workers=2)) as runner:
+        problems = validate_output(str(tmp_path), runner=runner)
     assert problems == []
     assert summarise(problems, 6) == (0, ["OK: 6 item(s) match the manifest"])
 
@@ -29,7 +31,7 @@ def test_flipped_byte_in_a_shard_is_named(tmp_path: Path) -> None:
     write_toy_output(str(tmp_path))
     shard = tmp_path / "shards/toy/valid-000000.tar"
     _flip_byte(shard, 700)  # inside the first member's data
-    problems = verify_output(str(tmp_path))
+    problems = validate_output(str(tmp_path))
     assert [(p.what, p.kind) for p in problems] == [("shards/toy/valid-000000.tar", "sha256")]
     code, lines = summarise(problems)
     assert code == 1
@@ -44,7 +46,7 @@ def test_truncated_and_missing_shards_and_changed_zarr_values(tmp_path: Path) ->
     (tmp_path / "shards/toy/test-000000.tar").unlink()
     g = zarr.open_group(str(tmp_path / "data.zarr"), mode="a", path="toy")
     g["mask"][1, 0, 0] = 1 - g["mask"][1, 0, 0]
-    found = {(p.what, p.kind) for p in verify_output(str(tmp_path))}
+    found = {(p.what, p.kind) for p in validate_output(str(tmp_path))}
     assert found == {
         ("shards/toy/train-000000.tar", "bytes"),
         ("shards/toy/train-000000.tar", "sha256"),
@@ -56,19 +58,25 @@ def test_truncated_and_missing_shards_and_changed_zarr_values(tmp_path: Path) ->
 def test_leftover_temp_file_is_a_warning_only(tmp_path: Path) -> None:
     write_toy_output(str(tmp_path))
     (tmp_path / "shards/toy/.train-000001.tar.tmp").write_bytes(b"partial")
-    problems = verify_output(str(tmp_path))
-    assert problems == [Mismatch("shards/toy/.train-000001.tar.tmp", "unlisted")]
-    assert summarise(problems)[0] == 0
+    (tmp_path / "shards/toy/stray.tar").write_bytes(b"")
+    problems = validate_output(str(tmp_path))
+    assert problems == [Problem("shards/toy/.train-000001.tar.tmp", "temporary"),
+                        Problem("shards/toy/stray.tar", "unlisted")]
+    assert [p.fatal for p in problems] == [False, False]
+    assert summarise(problems) == (0, ["shards/toy/.train-000001.tar.tmp: temporary file left by an interrupted "
+                                       "write (warning)", "shards/toy/stray.tar: not listed in the manifest (warning)",
+                                       "OK"])
 
 
 def test_missing_or_invalid_manifest(tmp_path: Path) -> None:
-    problems = verify_output(str(tmp_path))
-    assert len(problems) == 1 and problems[0].kind == "manifest" and "no manifest" in str(problems[0])
+    problems = validate_output(str(tmp_path))
+    assert [str(p) for p in problems] == ["manifest.json: expected a manifest.json written by `dpot-data ingest` "
+                                          "(none found)"]
     write_toy_output(str(tmp_path))
     doc = json.loads((tmp_path / "manifest.json").read_text())
     del doc["datasets"][0]["frames"]
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
-    problems = verify_output(str(tmp_path))
+    problems = validate_output(str(tmp_path))
     assert [str(p) for p in problems] == ["manifest.json: datasets/0: 'frames' is a required property"]
 
 

@@ -14,9 +14,9 @@ import fsspec
 import numpy as np
 import zarr
 
-from dpot_data import fs
-from dpot_data.hashing import sha256_array
-from dpot_data.manifest import build
+from dpot_format import io as fs
+from dpot_format.io import sha256_array
+from dpot_format.manifest import build
 
 CHANNELS = ["u", "v", "p", "pad3"]
 VALID = [True, True, True, False]

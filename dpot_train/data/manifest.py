@@ -1,23 +1,22 @@
-"""Read and validate dpot shard manifests (docs/format.md) and check shards before any training step."""
+"""Read dpot shard manifests (docs/format.md) through dpot_format and check shards before any training step."""
 
 from __future__ import annotations
 
 import glob
-import hashlib
-import json
 import os
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
-import jsonschema
+from dpot_format.errors import FormatError
+from dpot_format.manifest import manifest_path, read_manifest as read_manifest_doc
+from dpot_format.paths import resolve_member
+from dpot_format.validate import Problem, validate_output
 
-from dpot_data.manifest import validate as validate_manifest
 
-
-class DataError(ValueError):
-    """Bad training input: names the manifest, dataset or shard and what was expected."""
+class DataError(FormatError):
+    """Bad training input: names the manifest, dataset or shard and what was expected (a FormatError, so that
+    format problems found by dpot_format and the trainer's own checks are caught alike)."""
 
 
 @dataclass(frozen=True)
@@ -69,46 +68,41 @@ class DatasetInfo:
         return [s for s in self.shards if s.split == split]
 
 
-def _join(root: str, rel: str) -> str:
-    return posixpath.join(root.rstrip("/"), rel)
-
-
 def manifest_url(path: str) -> str:
     """Accept a folder holding manifest.json or the manifest file itself."""
-    p = str(path)
-    return p if p.endswith(".json") else _join(p, "manifest.json")
+    return manifest_path(str(path))
+
+
+def _as_data_error(exc: FormatError) -> DataError:
+    return exc if isinstance(exc, DataError) else DataError(str(exc))
 
 
 def read_manifest(path: str) -> list[DatasetInfo]:
-    """Load one manifest, validate it against the packaged JSON Schema, return its datasets."""
+    """Load one manifest through dpot_format (schema, semantic rules, limits, paths inside the folder) and return
+    its datasets; DataError naming the file otherwise."""
     url = manifest_url(path)
-    fs, fpath = fsspec.core.url_to_fs(url)
-    if not fs.exists(fpath):
-        raise DataError(f"manifest not found: {url} (pass the folder written by `dpot-data ingest`)")
-    with fs.open(fpath, "rb") as f:
-        try:
-            doc = json.load(f)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{url}: not valid JSON: {e}") from e
     try:
-        validate_manifest(doc)
-    except jsonschema.ValidationError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise DataError(f"{url}: does not follow the manifest schema at {where}: {e.message}") from e
+        doc = read_manifest_doc(url)
+    except FormatError as exc:
+        raise _as_data_error(exc) from None
     root = posixpath.dirname(url)
     out = []
     for d in doc["datasets"]:
-        if len(d["channels"]) != len(d["channel_valid"]):
-            raise DataError(f"{url}: dataset {d['name']!r} has {len(d['channels'])} channels but "
-                            f"{len(d['channel_valid'])} channel_valid entries")
         z = d.get("zarr")
+        try:
+            shards = [Shard(resolve_member(root, s["path"], where=f"{url}: shard {s['path']!r}"), s["split"],
+                            s["sha256"], int(s["bytes"]), int(s["samples"])) for s in d["shards"]]
+            zarr_url = None
+            if z:
+                zarr_url = resolve_member(root, z["path"], where=f"{url}: zarr.path of {d['name']!r}")
+                resolve_member(root, f"{z['path']}/{z['group']}", where=f"{url}: zarr.group of {d['name']!r}")
+        except FormatError as exc:
+            raise _as_data_error(exc) from None
         out.append(DatasetInfo(
             name=d["name"], manifest=url, root=root, channels=list(d["channels"]),
             channel_valid=[bool(v) for v in d["channel_valid"]], shape=tuple(d["grid"]["shape"]),
-            dims=list(d["grid"]["dims"]), frames=int(d["frames"]),
-            shards=[Shard(_join(root, s["path"]), s["split"], s["sha256"], int(s["bytes"]), int(s["samples"]))
-                    for s in d["shards"]],
-            zarr_url=_join(root, z["path"]) if z else None, zarr_group=z["group"] if z else None,
+            dims=list(d["grid"]["dims"]), frames=int(d["frames"]), shards=shards,
+            zarr_url=zarr_url, zarr_group=z["group"] if z else None,
             split_counts=dict(d["splits"]["counts"]), entry=d,
         ))
     return out
@@ -139,45 +133,52 @@ def read_manifests(paths: list[str]) -> list[DatasetInfo]:
     return out
 
 
-def sha256_of(url: str, chunk: int = 1 << 22) -> str:
-    """Streaming sha256 of a file (local path or fsspec URL)."""
-    h = hashlib.sha256()
-    with fsspec.open(url, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+MAX_REPORTED = 3  # problems named in one DataError; `dpot-data verify` lists them all
+
+
+def problem_message(ds: DatasetInfo, problem: Problem) -> str:
+    """One problem of a dataset's files as the trainer words it (the shard's URL, the manifest's figure)."""
+    where = f"{ds.manifest}: dataset {ds.name!r}"
+    url = posixpath.join(ds.root, problem.what) if problem.what.endswith(".tar") else problem.what
+    if problem.kind == "missing":
+        if url.endswith(".tar"):
+            return f"{where}: shard missing: {url}"
+        return f"{where}: Zarr store missing: {posixpath.join(ds.root, problem.what)}"
+    if problem.kind == "bytes":
+        return f"{where}: shard {url} has {problem.actual} bytes, the manifest says {problem.expected}"
+    if problem.kind == "sha256":
+        what = f"shard {url}" if url.endswith(".tar") else f"Zarr array {url}"
+        return (f"{where}: checksum mismatch for {what}: sha256 {problem.actual}, the manifest says "
+                f"{problem.expected} (re-ingest, or pass --no-verify-checksums to skip this check)")
+    return f"{where}: {problem}"
 
 
 def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webdataset",
                   checksums: bool = True) -> None:
-    """Check that every shard of `split` exists with its recorded size (and sha256 unless disabled)."""
+    """Check the data of `split` with dpot_format's validator before training: for the webdataset backend every
+    shard of the split (regular file, size, members, .npy headers, meta.json, keys; sha256 unless disabled), for
+    the zarr backend the store (metadata; array digests unless disabled). DataError naming the first problems."""
+    by_root: dict[str, list[DatasetInfo]] = {}
     for ds in datasets:
         if backend == "zarr":
             if ds.zarr_url is None:
                 raise DataError(f"{ds.manifest}: dataset {ds.name!r} has no Zarr store (zarr: null); "
                                 "use the webdataset backend")
-            fs, p = fsspec.core.url_to_fs(ds.zarr_url)
-            if not fs.exists(p):
-                raise DataError(f"{ds.manifest}: dataset {ds.name!r}: Zarr store missing: {ds.zarr_url}")
-            continue
-        shards = ds.shards_of(split)
-        if not shards:
+        elif not ds.shards_of(split):
             raise DataError(f"{ds.manifest}: dataset {ds.name!r} has no {split!r} shards "
                             f"(splits: {ds.split_counts})")
-        for s in shards:
-            fs, p = fsspec.core.url_to_fs(s.url)
-            if not fs.exists(p):
-                raise DataError(f"{ds.manifest}: dataset {ds.name!r}: shard missing: {s.url}")
-            size = fs.size(p)
-            if size != s.bytes:
-                raise DataError(f"{ds.manifest}: dataset {ds.name!r}: shard {s.url} has {size} bytes, "
-                                f"the manifest says {s.bytes}")
-            if checksums:
-                got = sha256_of(s.url)
-                if got != s.sha256:
-                    raise DataError(f"{ds.manifest}: dataset {ds.name!r}: checksum mismatch for shard {s.url}: "
-                                    f"sha256 {got}, the manifest says {s.sha256} (re-ingest, or pass "
-                                    "--no-verify-checksums to skip this check)")
+        by_root.setdefault(ds.manifest, []).append(ds)
+    part = "zarr" if backend == "zarr" else "shards"
+    for root, group in by_root.items():
+        named = {ds.name: ds for ds in group}
+        problems = [p for p in validate_output(root, rehash=checksums, datasets=set(named), splits={split},
+                                               parts=(part,), scan=False) if p.fatal]
+        if problems:
+            lines = [problem_message(named[p.dataset], p) if p.dataset in named else f"{group[0].manifest}: {p}"
+                     for p in problems[:MAX_REPORTED]]
+            more = (f" (and {len(problems) - MAX_REPORTED} more problem(s); `dpot-data verify {group[0].root}` lists them)"
+                    if len(problems) > MAX_REPORTED else "")
+            raise DataError("; ".join(lines) + more)
 
 
 def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str) -> None:

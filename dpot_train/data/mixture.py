@@ -53,10 +53,16 @@ def packaged_mixture(name: str) -> Path | None:
     """A mixture shipped with the package by name (`dpot-pretrain-ti`), so installed copies find them too."""
     if not re.fullmatch(r"[a-z0-9_-]+", name):
         return None
-    from importlib import resources
+    from importlib.util import find_spec
 
-    path = Path(str(resources.files("dpot_data") / "manifests" / "mixtures" / f"{name}.yaml"))
-    return path if path.is_file() else None
+    # located, not imported: the mixtures are data files shipped in the dpot_data distribution
+    spec = find_spec("dpot_data")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / "manifests" / "mixtures" / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
 
 
 def _read(path: str | Path) -> object:

@@ -21,13 +21,16 @@ def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None) -> li
     return datasets
 
 
-def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None) -> tuple[StreamSpec, TrajectoryReader]:
-    """Weighted datasets of the training split, indexed and checked, ready for WindowStream."""
+def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, validated: bool = False
+                   ) -> tuple[StreamSpec, TrajectoryReader]:
+    """Weighted datasets of the training split, indexed and checked, ready for WindowStream. `validated`: the
+    outputs were just checked by `dpot_format.validate` (`dpot-train launch` does), so `verify_shards` is skipped."""
     datasets = read_manifests(list(cfg.manifests))
     weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.mixture), cfg.mixture_partial)
     datasets = [d for d in datasets if weights[d.name] > 0]
     check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split)
-    verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify)
+    if not validated:
+        verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify)
     reader = make_reader(cfg.backend)
     refs = [reader.refs(d, cfg.split) for d in datasets]
     for d, r in zip(datasets, refs):

@@ -8,21 +8,19 @@ buffer over a sequential stream.
 
 from __future__ import annotations
 
-import io
 import os
-import re
-import tarfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import fsspec
 import numpy as np
 
+from dpot_format.errors import FormatError
+from dpot_format.io import open_read
+from dpot_format.npy import load_npy, read_npy_header
+from dpot_format.tar import index_shard
 from dpot_train.data.manifest import DataError, DatasetInfo
-
-_KEY = re.compile(r"^(s\d+)\.(fields\.npy|mask\.npy|meta\.json)$")
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class _Handles:
         st = self._state()
         f = st.files.pop(url, None)
         if f is None:
-            f = fsspec.open(url, "rb").open()
+            f = open_read(url)
         st.files[url] = f
         while len(st.files) > self.size:
             _, old = st.files.popitem(last=False)
@@ -118,28 +116,15 @@ class WebDatasetReader:
         """Index every trajectory of `split` (sorted by index)."""
         out: list[TrajRef] = []
         for shard in ds.shards_of(split):
-            members: dict[str, dict[str, tarfile.TarInfo]] = {}
-            with fsspec.open(shard.url, "rb") as f:
-                try:
-                    with tarfile.open(fileobj=f, mode="r:") as tar:
-                        for m in tar:
-                            if not m.isfile():
-                                continue
-                            match = _KEY.match(m.name)
-                            if match is None:
-                                raise DataError(f"shard {shard.url}: unexpected member {m.name!r} "
-                                                "(expected s<index>.fields.npy / .mask.npy / .meta.json)")
-                            members.setdefault(match.group(1), {})[match.group(2)] = m
-                except tarfile.TarError as e:
-                    raise DataError(f"shard {shard.url}: not a readable tar file: {e}") from e
-            if len(members) != shard.samples:
-                raise DataError(f"shard {shard.url}: holds {len(members)} trajectories, "
+            try:
+                samples = index_shard(shard.url)  # dpot_format's member rules: links, odd names, duplicates refused
+            except FormatError as e:
+                raise DataError(f"shard {e}") from None
+            if len(samples) != shard.samples:
+                raise DataError(f"shard {shard.url}: holds {len(samples)} trajectories, "
                                 f"the manifest says {shard.samples}")
-            for key, parts in members.items():
-                if "fields.npy" not in parts or "mask.npy" not in parts:
-                    raise DataError(f"shard {shard.url}: trajectory {key} lacks fields.npy or mask.npy")
-                out.append(TrajRef(ds.name, int(key[1:]), shard.url, parts["fields.npy"].offset_data,
-                                   parts["mask.npy"].offset_data, parts["mask.npy"].size, -1))
+            for s in samples:
+                out.append(TrajRef(ds.name, s.index, shard.url, s.fields.offset, s.mask.offset, s.mask.size, -1))
         out.sort(key=lambda r: r.index)
         return out
 
@@ -147,27 +132,27 @@ class WebDatasetReader:
         """Seek to frame t0 of fields.npy and read `length` frames; read the mask whole."""
         f = self._handles.get(ref.url)
         f.seek(ref.fields_offset)
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise DataError(f"{ref.url}: {ref.id} fields.npy has unsupported .npy version {version}")
+        try:
+            shape, fortran, dtype, offset = read_npy_header(f, f"{ref.url}: {ref.id} fields.npy")
+        except FormatError as e:
+            raise DataError(str(e)) from None
         if fortran or dtype != np.float32 or len(shape) != 4:
             raise DataError(f"{ref.url}: {ref.id} fields.npy must be float32 C-order (T, C, Y, X), "
                             f"got {dtype} shape {shape} fortran={fortran}")
         if t0 < 0 or t0 + length > shape[0]:
             raise DataError(f"{ref.url}: {ref.id} has {shape[0]} frames, asked for [{t0}, {t0 + length})")
         frame = int(np.prod(shape[1:]))
-        f.seek(f.tell() + t0 * frame * 4)
+        f.seek(ref.fields_offset + offset + t0 * frame * 4)
         fields = np.empty((length, *shape[1:]), dtype=np.float32)
         got = f.readinto(memoryview(fields).cast("B"))  # straight into the output array, no intermediate copy
         if got != fields.nbytes:
             raise DataError(f"{ref.url}: {ref.id} fields.npy ends early: read {got} of {fields.nbytes} bytes "
                             f"for frames [{t0}, {t0 + length})")
         f.seek(ref.mask_offset)
-        mask = np.load(io.BytesIO(f.read(ref.mask_size)), allow_pickle=False)
+        try:
+            mask = load_npy(f.read(ref.mask_size), f"{ref.url}: {ref.id} mask.npy")
+        except FormatError as e:
+            raise DataError(str(e)) from None
         return fields, mask.astype(np.uint8, copy=False)
 
 

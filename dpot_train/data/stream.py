@@ -8,7 +8,8 @@ The rule (documented in docs/training.md and checked by tests/test_train_ddp.py)
 * The epochs are concatenated into one global stream; the loader state is the global position p (samples consumed),
   so epoch = p // M and the position inside it = p % M.
 * Step s consumes positions [p, p + B) of the stream (B = global batch), and rank r of W takes the slice
-  [p + r * B / W, p + (r + 1) * B / W). Loader worker w of K (a thread or a DataLoader process, see make_loader)
+  [p + r * B / W, p + (r + 1) * B / W). Loader worker w of K (a thread or a DataLoader process, see
+  dpot_train.data.loader.make_loader)
   produces the steps s with s % K == w, and the batches are delivered in step order. Every visit
   of an epoch is thus consumed by exactly one rank: nothing is dropped or duplicated, and batches run across epoch
   boundaries instead of truncating them.
@@ -170,26 +171,3 @@ class WindowStream(IterableDataset):
             k, ref, _ = plans.lookup(p)
             samples.append(make_sample(self.spec, self.reader, k, ref, p))
         return collate(samples, self.spec.t_in)
-
-
-WORKER_KINDS = ("thread", "process")
-
-
-def make_loader(stream: WindowStream, num_workers: int, pin_memory: bool = False, kind: str = "thread") -> Any:
-    """Iterable of the stream's batches in step order; worker w of K builds the steps s with s % K == w.
-
-    num_workers=0: built in this thread (a DataLoader without workers). kind="thread": K threads of this process
-    (dpot_train.data.prefetch; the default: the reads and copies release the GIL and no batch crosses a process
-    boundary). kind="process": a DataLoader with K worker processes (batch_size=None keeps the stream's order).
-    All three give the same batches. pin_memory: page-locked batches (CUDA only; ignored without CUDA).
-    """
-    if kind not in WORKER_KINDS:
-        raise ValueError(f"unknown loader worker kind {kind!r}; expected one of {list(WORKER_KINDS)}")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
-    if num_workers and kind == "thread":
-        from dpot_train.data.prefetch import ThreadLoader
-
-        return ThreadLoader(stream, num_workers, pin_memory=pin_memory and torch.cuda.is_available())
-    return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                                       persistent_workers=False, prefetch_factor=2 if num_workers else None)

@@ -1,0 +1,84 @@
+"""Who may import whom, read from the source (ast, no import side effects): dpot_train and dpot_data share the shard
+contract through dpot_format only; dpot_format depends on neither; the loader modules form no cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module_name(path: Path) -> str:
+    rel = (path.relative_to(ROOT) if path.is_relative_to(ROOT) else Path(path.name)).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an import statement of the file names (function-level imports included, relative ones resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _package_imports(package: str) -> dict[str, set[str]]:
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files, f"no modules found under {package}/"
+    return {_module_name(f): _imports(f) for f in files}
+
+
+def _offenders(package: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    out = {}
+    for module, names in _package_imports(package).items():
+        bad = sorted(n for n in names if any(n == f or n.startswith(f + ".") for f in forbidden))
+        if bad:
+            out[module] = bad
+    return out
+
+
+def test_the_import_walker_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
+    probe = ROOT / "dpot_train" / "data" / "manifest.py"
+    names = _imports(probe)
+    assert "dpot_format.validate" in names and "dpot_format.manifest.read_manifest" in names
+    fake = tmp_path / "x.py"
+    fake.write_text("def f():\n    from dpot_data.manifest import fsync_dir\n    import dpot_data.fs as fs\n")
+    assert {"dpot_data.manifest", "dpot_data.fs"} <= _imports(fake)
+
+
+def test_dpot_train_imports_nothing_from_dpot_data() -> None:
+    assert _offenders("dpot_train", ("dpot_data",)) == {}
+
+
+@pytest.mark.parametrize("forbidden", ["dpot_data", "dpot_train"])
+def test_dpot_format_imports_neither_side(forbidden: str) -> None:
+    assert _offenders("dpot_format", (forbidden,)) == {}
+
+
+def test_stream_and_prefetch_do_not_import_each_other_both_ways() -> None:
+    graph = _package_imports("dpot_train")
+
+    def uses(a: str, b: str) -> bool:
+        return any(n == b or n.startswith(b + ".") for n in graph[a])
+
+    assert uses("dpot_train.data.prefetch", "dpot_train.data.stream")
+    assert not uses("dpot_train.data.stream", "dpot_train.data.prefetch")
+    assert not uses("dpot_train.data.stream", "dpot_train.data.loader")
+    assert uses("dpot_train.data.loader", "dpot_train.data.prefetch")
