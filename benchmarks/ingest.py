@@ -445,7 +445,7 @@ def owner_stage(key: tuple[str, int, str]) -> str | None:
         if "numcodecs" in func or "zstd" in func:
             return ZARR
         return None
-    if path.endswith("dpot_data/hashing.py"):
+    if path.endswith("dpot_format/io.py"):
         return SHA
     if path.endswith("dpot_data/stats.py"):
         return STATS

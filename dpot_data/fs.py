@@ -1,6 +1,6 @@
 """fsspec helpers: every path the toolkit reads or writes may be a local path or any fsspec URL (file://, memory://,
-s3://, ...). These few functions keep that distinction out of the rest of the code; the path, hashing and Zarr store
-helpers are dpot_format.io's, re-exported here."""
+s3://, ...). These few functions (copying inputs in, uploading an output) keep that distinction out of the rest of the
+code; the path and Zarr store helpers are dpot_format.io's, re-exported here for the ingest side."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import json
 import os
 from typing import Any
 
-from dpot_format.io import CHUNK, filesystem, is_local, is_url, join, local_path, read_bounded, zarr_store  # noqa: F401
-from dpot_format.io import sha256_file as sha256_of  # noqa: F401 - re-export: (hex digest, bytes) of a file
+from dpot_format.io import CHUNK, filesystem, is_local, join, local_path, read_bounded, zarr_store  # noqa: F401
 from dpot_format.limits import LIMITS
 
 

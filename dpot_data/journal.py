@@ -30,6 +30,7 @@ import numpy as np
 
 import dpot_data
 from dpot_data.stats import FieldStats, Moments
+from dpot_format.names import is_temporary
 
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = "lock"
@@ -282,12 +283,6 @@ def _staged_files_ok(staging: Path, point: ResumePoint, zarr: bool) -> bool:
             if not p.is_file() or p.stat().st_size != int(s["bytes"]):
                 return False
     return not zarr or (staging / "data.zarr" / "zarr.json").is_file()
-
-
-def is_temporary(name: str) -> bool:
-    """A file name that only exists while something is being written: zarr's `*.partial` chunk files, our
-    `.<name>.tmp` shards and `.<name>.tmp-<pid>` atomic writes."""
-    return name.endswith(".partial") or (name.startswith(".") and (".tmp" in name))
 
 
 def remove_temporaries(folder: Path) -> list[Path]:

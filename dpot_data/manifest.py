@@ -10,10 +10,9 @@ import dpot_data
 from dpot_data.errors import InputError
 from dpot_format import manifest as _fmt
 from dpot_format.errors import FormatError
-from dpot_format.io import atomic_write as write_atomic  # noqa: F401 - re-export
 from dpot_format.io import fsync_dir  # noqa: F401 - re-export
-from dpot_format.manifest import command_line, find_dataset, schema, validate, validation_errors  # noqa: F401
-from dpot_format.names import MANIFEST_NAME, SCHEMA_VERSION  # noqa: F401 - re-export
+from dpot_format.manifest import command_line  # noqa: F401 - re-export
+from dpot_format.names import MANIFEST_NAME  # noqa: F401 - re-export
 
 
 def build(datasets: list[dict[str, Any]], command: str | None = None, created: str | None = None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from dpot_data.cli import app
 from dpot_data.ingest import IngestOptions, assign_splits, ingest, ingest_files, run_ingest
 from dpot_data.sources import fno
 from dpot_format.io import sha256_array, sha256_file
+from dpot_format.manifest import validation_errors
 from dpot_format.validate import validate_output
 
 FIXTURE_SHA = "c42052445b817221041697bb77b1bcedc0a037efbd79b03cc287b4ee6c40eb34"
@@ -136,7 +137,7 @@ def test_fourier_upsampling_truncates_back_to_the_raw_field(fourier, fno_pair):
 def test_manifest_validates_and_hashes_match_the_files(fourier):
     out = fourier["v5"]
     manifest = mf.read(out)  # validated against the packaged schema
-    assert not mf.validation_errors(manifest)
+    assert not validation_errors(manifest)
     entry = manifest["datasets"][0]
     assert entry["channels"] == ["vorticity", "pad1", "pad2", "pad3"]
     assert entry["channel_valid"] == [True, False, False, False] and entry["fill_value"] == 1.0

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from dpot_data.cli import app
 from dpot_data.ingest import IngestOptions, run_ingest
 from dpot_data.ingest.publish import LOCK_NAME, OutputLock
-from dpot_data.journal import is_temporary
+from dpot_format.names import is_temporary
 from dpot_data.synth.fno import synth_fno
-from dpot_data.verify import verify_output
+from dpot_format.validate import validate_output as verify_output
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,9 +173,7 @@ _KILLER = textwrap.dedent("""
             if str(dst).endswith("manifest.json"):
                 die()
             return real(src, dst, *a, **k)
-        pub.os.replace = replace
-        import dpot_data.manifest as mf
-        mf.os.replace = replace
+        pub.os.replace = replace  # the os module itself: the manifest's atomic write renames through it too
     elif stage == "after-manifest":
         pub.mf.write = after(pub.mf.write)
     run_ingest("fno", [raw], out, IngestOptions(resolution=0, shard_size=60_000, workers=1, overwrite=True,

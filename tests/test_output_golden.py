@@ -26,7 +26,7 @@ def _cases(raw: Path) -> dict[str, tuple[str, list[Path], IngestOptions]]:
     cns = write_cfd(raw / "cns", n=4, frames=9, res=32, seed=2)
     dr = write_diff_react(raw / "dr", n=3, frames=7, res=16, seed=3)
     arena = write_standard(raw / "arena", n=3, frames=10, res=16, seed=4)
-    cfd = write_cfdbench(raw / "cfd", problems=("cavity", "cylinder"), cases=3, frames=(21, 30), res=16, seed=5)
+    write_cfdbench(raw / "cfd", problems=("cavity", "cylinder"), cases=3, frames=(21, 30), res=16, seed=5)
     small = 40_000
     return {
         "fno-reference": ("fno", [fno[0]], IngestOptions(resolution=64, shard_size=small)),

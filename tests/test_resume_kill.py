@@ -140,7 +140,7 @@ def test_complete_output_is_left_alone_and_overwrite_is_deterministic(reference,
         entry["shards"] = [{**s, "path": s["path"].replace("shards.1/", "shards/", 1)} for s in entry["shards"]]
     assert second == first
     assert sorted(p.name for p in out.iterdir()) == ["data.1.zarr", "manifest.json", "shards.1"]
-    assert verify_output(str(out)) == []
+    assert validate_output(str(out)) == []
 
 
 # ------------------------------------------------------------------------------------------ the journal on its own

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import inspect
-import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +24,7 @@ from dpot_data import journal as jn
 from dpot_data import manifest as mf
 from dpot_data import stats as st
 from dpot_data.errors import InputError
-from dpot_data.hashing import sha256_file
+from dpot_format.io import sha256_file
 from dpot_data.ingest.options import CONVENTIONS, FORMATS, IngestOptions, IngestOutcome, parse_split
 from dpot_data.ingest.plan import IngestPlan, assign_splits, resampled_coord, zarr_attrs
 from dpot_data.ingest.plan import plan as make_plan
@@ -100,7 +99,7 @@ def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]
 
 
 def _hash_inputs(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    return [{"path": str(Path(p).resolve()), "sha256": sha256_file(p), "bytes": os.path.getsize(p)} for p in paths]
+    return [dict(zip(("path", "sha256", "bytes"), (str(Path(p).resolve()), *sha256_file(p)))) for p in paths]
 
 
 def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions | None = None,

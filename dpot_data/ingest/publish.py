@@ -20,7 +20,8 @@ from typing import Any
 
 from dpot_data import manifest as mf
 from dpot_data.errors import InputError
-from dpot_data.journal import STAGING_PREFIX, is_temporary
+from dpot_data.journal import STAGING_PREFIX
+from dpot_format.names import is_temporary
 
 LOCK_NAME = ".dpot-ingest.lock"
 _DATA = re.compile(r"^(data(\.\d+)?\.zarr|shards(\.\d+)?)$")  # the store and shard folders, of any generation

@@ -17,13 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from dpot_format.names import sample_key
+
 DEFAULT_SHARD_BYTES = 256 << 20
 _BLOCK = tarfile.BLOCKSIZE
-
-
-def sample_key(index: int) -> str:
-    """WebDataset key of a trajectory: "s" + its index in the dataset, zero-padded to 7 digits (no dots)."""
-    return f"s{index:07d}"
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -14,7 +14,7 @@ import zarr
 from numcodecs import Zstd
 from zarr.codecs import ZstdCodec
 
-from dpot_data.hashing import ArrayHasher, sha256_array
+from dpot_format.io import ArrayHasher, sha256_array
 
 CODEC = ZstdCodec(level=3, checksum=False)
 _ENCODER = Zstd(level=3)  # the bytes zarr's CODEC stores for a chunk (after the little-endian BytesCodec)
