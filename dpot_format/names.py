@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Zarr chunks blosc-lz4 with byte shuffle (was zstd level 3), `zarr.codec` recorded
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "valid", "test")
 SHARDS_FOLDER = "shards"

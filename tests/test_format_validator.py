@@ -309,7 +309,7 @@ def test_a_huge_grid_is_refused_in_one_line_everywhere(toy: Path, tmp_path: Path
     line = "datasets/0/grid/shape: cells along an axis 65536 is more than the limit of 8192"
     with pytest.raises(FormatError) as refused:
         read_manifest(str(toy))
-    assert str(refused.value) == (f"{toy / 'manifest.json'}: expected a manifest following schema version 1: "
+    assert str(refused.value) == (f"{toy / 'manifest.json'}: expected a manifest following schema version 2: "
                                   f"{line}")
     result = _verify(toy)
     assert result.exit_code == 1

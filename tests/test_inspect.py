@@ -31,7 +31,7 @@ def test_json_report_matches_what_is_on_disk(ingested):
     result = CliRunner().invoke(app, ["inspect", str(ingested), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["ok"] and report["schema_version"] == 1
+    assert report["ok"] and report["schema_version"] == 2
     (d,) = report["datasets"]
     assert d["name"] == "fno-ns-v1e-3" and d["source"] == "fno"
     assert d["trajectories"] == 4 and d["splits"] == {"train": 2, "valid": 0, "test": 2}

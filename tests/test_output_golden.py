@@ -4,6 +4,7 @@ digests (tests/golden/ingest_outputs.json). A change of the stored bytes must be
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -43,14 +44,26 @@ def _cases(raw: Path) -> dict[str, tuple[str, list[Path], IngestOptions]]:
     }
 
 
-def _digests(manifest: dict) -> dict:
-    """What must not change: every shard's path, size, sha256 and sample count, every Zarr array digest, and the
-    manifest entry's facts (without the time, command line and input paths, which depend on the run)."""
-    out = {}
+def _digests(manifest: dict, out: Path) -> dict:
+    """What must not change: every shard's path, size, sha256 and sample count, every Zarr array digest, the stored
+    (encoded) chunk files of `fields` and `mask`, and the manifest entry's facts (without the time, command line and
+    input paths, which depend on the run)."""
+    found = {}
     for entry in manifest["datasets"]:
         facts = {k: v for k, v in entry.items() if k not in ("inputs", "provenance")}
-        out[entry["name"]] = facts
-    return out
+        if entry["zarr"]:
+            group = out / entry["zarr"]["path"] / entry["zarr"]["group"]
+            facts["chunk_files"] = {name: _tree_digest(group / name / "c") for name in ("fields", "mask")}
+        found[entry["name"]] = facts
+    return found
+
+
+def _tree_digest(folder: Path) -> str:
+    """sha256 over the relative paths and bytes of every file below `folder`, in sorted order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +72,7 @@ def produced(tmp_path_factory) -> dict:
     result = {}
     for name, (source, files, opts) in _cases(base / "raw").items():
         opts.command = "golden"
-        result[name] = _digests(ingest_files(source, files, base / "out" / name, opts))
+        result[name] = _digests(ingest_files(source, files, base / "out" / name, opts), base / "out" / name)
     return result
 
 
@@ -70,3 +83,32 @@ def test_ingest_outputs_match_recorded_digests(produced: dict) -> None:
     assert sorted(produced) == sorted(recorded)
     for name in recorded:
         assert produced[name] == recorded[name], f"{name}: the stored output changed"
+
+
+def test_version_1_outputs_read_as_before(tmp_path, monkeypatch) -> None:
+    """A store written with the version 1 codec (zstd level 3, no `zarr.codec`, schema_version 1) still validates
+    and reads the same trajectories as a version 2 one."""
+    import numpy as np
+
+    from dpot_data.writers import zarr_store
+    from dpot_format.io import atomic_write
+    from dpot_format.validate import validate_output
+    from dpot_train.data.manifest import read_manifests
+    from dpot_train.data.readers import make_reader
+
+    raw = synth_fno(tmp_path / "raw", n=3, frames=5, resolution=16, seed=4)[0]
+    new = ingest_files("fno", [raw], tmp_path / "v2", IngestOptions(resolution=0, command="t"))
+    monkeypatch.setattr(zarr_store, "CODEC_NAME", "zstd-3")
+    old = ingest_files("fno", [raw], tmp_path / "v1", IngestOptions(resolution=0, command="t"))
+    assert new["datasets"][0]["zarr"]["codec"] == "blosc-lz4-shuffle" and old["datasets"][0]["zarr"]["codec"] == "zstd-3"
+    old["schema_version"] = 1
+    del old["datasets"][0]["zarr"]["codec"]
+    atomic_write(tmp_path / "v1" / "manifest.json", json.dumps(old).encode())
+    assert validate_output(str(tmp_path / "v1")) == []
+    reader = make_reader("zarr")
+    (a,), (b,) = read_manifests([str(tmp_path / "v1")]), read_manifests([str(tmp_path / "v2")])
+    refs_a, refs_b = reader.refs(a, "train"), reader.refs(b, "train")
+    assert len(refs_a) == len(refs_b) == 3
+    for ra, rb in zip(refs_a, refs_b):
+        for x, y in zip(reader.read(ra, 0, 5), reader.read(rb, 0, 5)):
+            np.testing.assert_array_equal(x, y)

@@ -67,7 +67,7 @@ def test_missing_manifest_and_schema_violation(shards: Path, tmp_path: Path) -> 
     m = json.loads((shards / "manifest.json").read_text())
     del m["datasets"][0]["frames"]
     (shards / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(DataError, match=r"manifest.json: expected a manifest following schema version 1: "
+    with pytest.raises(DataError, match=r"manifest.json: expected a manifest following schema version 2: "
                                         r"datasets/0: 'frames' is a required property"):
         _prepare(shards)
 

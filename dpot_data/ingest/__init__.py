@@ -80,21 +80,22 @@ def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan) ->
     with ThreadPoolExecutor(max_workers=1) as hasher:
         inputs = hasher.submit(_hash_inputs, list(result.inputs))
         try:
-            task = BlockTask.of(p, result.data, opts.fill, opts.stats)
             layout = zarr_layout(p, opts.fill, zarr_attrs(p, result, opts, command))
+            task = BlockTask.of(p, result.data, opts.fill, opts.stats, layout.codec)
             written = run_plan(p, task, journal, layout, opts)
-            entry = _complete_entry(p, written, inputs.result())
+            entry = _complete_entry(p, written, inputs.result(), layout.codec)
             manifest = publish_output(out, journal.staging, entry, command, opts.overwrite)
         finally:
             journal.close()
     return IngestOutcome(manifest, out / mf.MANIFEST_NAME, True, notes)
 
 
-def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]], codec: str) -> dict[str, Any]:
     """The plan's manifest entry with what the run produced."""
     acc = written.stats
     stats = st.to_manifest(acc, p.channels, p.channel_valid.tolist()) if acc is not None and acc.trajectories else None
-    zarr = None if written.arrays is None else {"path": "data.zarr", "group": p.name, "arrays": written.arrays}
+    zarr = None if written.arrays is None else {"path": "data.zarr", "group": p.name, "arrays": written.arrays,
+                                                "codec": codec}
     return {**p.entry, "shards": written.shards, "zarr": zarr, "inputs": inputs, "stats": stats}
 
 

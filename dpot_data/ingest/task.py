@@ -30,13 +30,14 @@ class BlockTask:
     fill: float
     stats: bool
     model_layout: str = "xy"
-    encode: bool = False  # encode the Zarr chunks in the task
+    codec: str | None = None  # encode the Zarr chunks in the task with this codec (dpot_data.writers.zarr_store)
 
     @classmethod
-    def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool) -> "BlockTask":
-        """The task of a plan over a reader's dataset."""
+    def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool, codec: str) -> "BlockTask":
+        """The task of a plan over a reader's dataset (chunks encoded with `codec` when the plan writes Zarr)."""
         return cls(data["fields"].data, data["mask"].data, p.pieces, p.frames, p.grid.target, p.grid.method,
-                   p.grid.mask_method, len(p.channels), float(fill), stats, p.model_layout, "zarr" in p.formats)
+                   p.grid.mask_method, len(p.channels), float(fill), stats, p.model_layout,
+                   codec if "zarr" in p.formats else None)
 
 
 @dataclass
@@ -85,4 +86,4 @@ def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
         train = np.array([p.split == "train" for p in pieces], dtype=bool)
         block_stats = st.block_stats(f, m, valid, include=train)
     f, m = np.ascontiguousarray(f, dtype=np.float32), np.ascontiguousarray(m, dtype=np.uint8)
-    return BlockResult(f, m, block_stats, pieces, encode_rows(f, m) if task.encode else None)
+    return BlockResult(f, m, block_stats, pieces, encode_rows(f, m, task.codec) if task.codec else None)
