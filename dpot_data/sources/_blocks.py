@@ -32,6 +32,7 @@ import dask.array as da
 import h5py
 import numpy as np
 from dask.base import tokenize
+from h5py import h5s
 
 from dpot_data.errors import InputError
 from dpot_data.sources.base import (INFLATION_SLACK_BYTES, MAX_FRAMES, MAX_GRID_SIDE, MAX_INFLATION,
@@ -119,16 +120,22 @@ def _row_dtype(dset: h5py.Dataset) -> np.dtype:
 
 def h5_rows(dset: h5py.Dataset, n0: int, n1: int, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """Rows (axis 0) n0..n1-1 of an HDF5 dataset, `rows` at a time (default: 1 when contiguous, else all of them,
-    so that no compressed chunk is inflated twice), read straight into one reused buffer (`_row_dtype`, h5py
-    `read_direct`): yields (first row, buffer); the buffer is overwritten by the next read."""
+    so that no compressed chunk is inflated twice), read straight into one reused buffer (`_row_dtype`; HDF5's own
+    read, as h5py `read_direct` does, without rebuilding selections each time): yields (first row, buffer); the
+    buffer is overwritten by the next read."""
     if n1 <= n0:
         return
     step = rows or (1 if dset.chunks is None else n1 - n0)
-    buf = np.empty((min(step, n1 - n0),) + tuple(dset.shape[1:]), dtype=_row_dtype(dset))
+    rest = tuple(dset.shape[1:])
+    buf = np.empty((min(step, n1 - n0),) + rest, dtype=_row_dtype(dset))
+    fspace = dset.id.get_space()
+    mspaces: dict[int, h5s.SpaceID] = {}
     for s0 in range(n0, n1, step):
-        s1 = min(n1, s0 + step)
-        view = buf[: s1 - s0]
-        dset.read_direct(view, np.s_[s0:s1])
+        count = min(n1, s0 + step) - s0
+        view = buf[:count]
+        mspace = mspaces.get(count) or mspaces.setdefault(count, h5s.create_simple(view.shape))
+        fspace.select_hyperslab((s0,) + (0,) * len(rest), (count,) + rest)
+        dset.id.read(mspace, fspace, view)
         yield s0, view
 
 
