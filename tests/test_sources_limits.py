@@ -225,6 +225,7 @@ def test_file_name_that_is_not_utf8_is_refused_with_one_line(tmp_path):
     os.rename(good, bad)
     needles = ("ns_\\xff.h5", "valid UTF-8")
     _refused(lambda: pdebench.read([bad]), *needles)
+    _refused(lambda: pdebench.read([os.fsencode(bad)]), *needles)  # the name as bytes
     _refused(lambda: ingest_files("pdebench", [bad], tmp_path / "lib", IngestOptions(**OPTS)), *needles)
     _refused(lambda: ingest_files("pdebench", [bad.parent], tmp_path / "dir", IngestOptions(**OPTS)), *needles)
     _one_error_line(_cli("pdebench", bad, "--out", tmp_path / "cli"), *needles)
@@ -236,15 +237,18 @@ def test_other_sources_refuse_names_that_are_not_utf8(tmp_path):
     arena = synth_arena.write_ns(tmp_path / "arena", n=2, frames=3, res=8)
     os.rename(arena, arena.with_name(NOT_UTF8))
     _refused(lambda: pdearena.read([arena.with_name(NOT_UTF8)]), "ns_\\xff.h5", "valid UTF-8")
+    _refused(lambda: pdearena.read([os.fsencode(arena.parent)]), "ns_\\xff.h5", "valid UTF-8")
     mat = tmp_path / os.fsdecode(b"NavierStokes_V1e-3_\xfe.mat")
     write_mat_v5(mat, np.zeros((2, 8, 8), np.float32), np.zeros((2, 8, 8, 3), np.float32),
                  np.arange(1, 4, dtype=np.float32)[None])
     _refused(lambda: fno.read([mat]), "NavierStokes_V1e-3_\\xfe.mat", "valid UTF-8")
+    _refused(lambda: fno.read([os.fsencode(mat)]), "NavierStokes_V1e-3_\\xfe.mat", "valid UTF-8")
     _one_error_line(_cli("fno", mat, "--out", tmp_path / "cli"), "\\xfe", "valid UTF-8")
     tree = tmp_path / "cfd"
     write_cfdbench(tree, problems=("cavity",), cases=1, frames=(21, 22), res=8)
     os.rename(tree / "cavity" / "bc", tree / "cavity" / os.fsdecode(b"b\xe9"))
     _refused(lambda: cfdbench.read([tree]), "cavity/b\\xe9/case0000", "valid UTF-8")
+    _refused(lambda: cfdbench.read([os.fsencode(tree)]), "cavity/b\\xe9/case0000", "valid UTF-8")
 
 
 # ------------------------------------------------------------------------------------------------- part 2: twice
@@ -257,8 +261,8 @@ def cns(tmp_path) -> Path:
 def test_same_file_given_twice_is_read_once_with_a_warning(tmp_path, cns):
     (tmp_path / "other").mkdir()
     os.symlink(cns, tmp_path / "other" / cns.name)  # a link under the same name
-    for twice in ([cns, cns], [cns, cns.parent / ".." / cns.parent.name / cns.name], [cns, tmp_path / "other" / cns.name],
-                  [cns.parent, cns]):
+    dotted = cns.parent / ".." / cns.parent.name / cns.name
+    for twice in ([cns, cns], [cns, dotted], [cns, tmp_path / "other" / cns.name], [cns.parent, cns]):
         with pytest.warns(UserWarning, match="read once"):
             result = pdebench.read(twice)
         assert result.n_samples == 3 and len(result.inputs) == 1

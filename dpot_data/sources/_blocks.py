@@ -251,16 +251,16 @@ def check_file_total(path: Path, declared: int, what: str) -> None:
 
 # ------------------------------------------------------------------------------------------------- input paths
 
-def shown(path: str | Path) -> str:
+def shown(path: str | bytes | Path) -> str:
     """A path as text for messages: bytes that are not UTF-8 written as \\xNN escapes."""
-    return os.fsencode(os.fspath(path)).decode("utf-8", "backslashreplace")
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def text_path(path: str | Path) -> None:
+def text_path(path: str | bytes | Path) -> None:
     """Refuse a path that is not valid UTF-8: trajectory ids and provenance are made from file and folder names and
     must be text (JSON, Zarr)."""
     try:
-        os.fspath(path).encode("utf-8")
+        os.fsdecode(path).encode("utf-8")
     except UnicodeEncodeError:
         raise InputError(shown(path), "expected a file name that is valid UTF-8 (trajectory ids are made from it "
                                       "and stored as text); rename the file or its folder") from None
@@ -470,7 +470,7 @@ def unique_names(paths: Sequence[Path]) -> None:
                                 "inputs need distinct names")
 
 
-def input_files(paths: Sequence[str | Path], suffixes: tuple[str, ...]) -> list[Path]:
+def input_files(paths: Sequence[str | bytes | Path], suffixes: tuple[str, ...]) -> list[Path]:
     """`files_in`, then each path checked to be UTF-8 text and each file kept once (`distinct_files`), and distinct
     names (`unique_names`) among the files found."""
     found = files_in(paths, suffixes)
@@ -481,10 +481,15 @@ def input_files(paths: Sequence[str | Path], suffixes: tuple[str, ...]) -> list[
     return found
 
 
-def files_in(paths: Sequence[str | Path], suffixes: tuple[str, ...]) -> list[Path]:
+def as_path(path: str | bytes | os.PathLike) -> Path:
+    """A path given as str, bytes (any bytes, kept as surrogate escapes) or path object, as a Path."""
+    return Path(os.fsdecode(path))
+
+
+def files_in(paths: Sequence[str | bytes | Path], suffixes: tuple[str, ...]) -> list[Path]:
     """Paths as given, with folders replaced by the files with one of `suffixes` inside them (sorted)."""
     out: list[Path] = []
-    for p in map(Path, paths):
+    for p in map(as_path, paths):
         out.extend(sorted(q for q in p.rglob("*") if q.is_file() and q.suffix.lower() in suffixes)
                    if p.is_dir() else [p])
     return out

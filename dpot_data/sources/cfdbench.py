@@ -36,8 +36,8 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import (SampleBlocks, all_finite, auto_block, check_sizes, check_stored, checked,
-                                        distinct_files, file_token, nonfinite_error, npy_info, on_disk_bytes,
+from dpot_data.sources._blocks import (SampleBlocks, all_finite, as_path, auto_block, check_sizes, check_stored,
+                                        checked, distinct_files, file_token, nonfinite_error, npy_info, on_disk_bytes,
                                         text_path, to_dask)
 from dpot_data.sources.base import MAX_JSON_BYTES, ReadResult
 
@@ -404,7 +404,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     (unreadable ones included), so it equals the reference's only when whole problem folders are given. Under
     "canonical": variable-length trajectories (u, v) that ingest cuts into pieces after a seeded split.
     """
-    paths = [Path(p) for p in paths]
+    paths = [as_path(p) for p in paths]
     if not paths:
         raise InputError("<no files>", "expected a CFDBench folder or case folders")
     if problems is not None and not set(problems) <= set(KEYS):

@@ -27,10 +27,10 @@ import numpy as np
 import xarray as xr
 
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, allowed_bytes, check_file_total,
-                                        check_sizes, check_stored, checked, distinct_files, file_token, frames_ok,
-                                        nonfinite_error, on_disk_bytes, read_error, text_path, to_dask,
-                                        unique_names)
+from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, allowed_bytes, as_path,
+                                        check_file_total, check_sizes, check_stored, checked, distinct_files,
+                                        file_token, frames_ok, nonfinite_error, on_disk_bytes, read_error, text_path,
+                                        to_dask, unique_names)
 from dpot_data.sources.base import INFLATION_SLACK_BYTES, MAX_INFLATION, ReadResult
 
 READER_VERSION = "1"
@@ -232,7 +232,7 @@ def _open_v73(path: Path) -> _MatFile:
 
 def open_mat(path: str | Path) -> _MatFile:
     """Recognise a .mat file by its header (v5 or v7.3) and index its numeric variables; InputError otherwise."""
-    path = Path(path)
+    path = as_path(path)
     expected = "expected a MATLAB .mat file (v5, or v7.3/HDF5) with variables a (N,x,y), u (N,x,y,T), t (1,T)"
     if path.suffix.lower() != ".mat":
         raise InputError(path, f"{expected}; the name does not end in .mat")
@@ -362,7 +362,7 @@ def read(
         raise InputError("<no files>", "expected at least one FNO .mat file")
     for p in paths:
         text_path(p)
-    paths = distinct_files([Path(p) for p in paths])
+    paths = distinct_files([as_path(p) for p in paths])
     unique_names([p for p in paths if p.exists()])
     mats = [open_mat(p) for p in paths]
     shapes = [_check(m) for m in mats]

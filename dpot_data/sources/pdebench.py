@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-import re
 import math
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -27,9 +27,8 @@ import yaml
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, auto_block, check_file_total,
-                                        check_h5_dataset, check_sizes, checked, file_token, frames_ok, h5_rows,
-                                        checked_rows, hdf5_problem, input_files, nonfinite_error, read_error,
-                                        to_dask)
+                                        check_h5_dataset, check_sizes, checked, checked_rows, file_token, frames_ok,
+                                        h5_rows, hdf5_problem, input_files, nonfinite_error, read_error, to_dask)
 from dpot_data.sources.base import MAX_FRAMES, ReadResult
 
 READER_VERSION = "1"
