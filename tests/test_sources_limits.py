@@ -89,6 +89,27 @@ def test_hdf5_unwritten_chunks_are_refused_by_stored_bytes(tmp_path):
     _one_error_line(_cli("pdebench", path, "--out", tmp_path / "cli"), *needles)
 
 
+def test_virtual_and_external_datasets_are_refused(tmp_path):
+    """Data that lives outside the file given (another HDF5 file, /dev/zero) is not read."""
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = np.zeros((3, 4, 8, 8), np.float32)
+    path = tmp_path / CNS_NAME
+    with h5py.File(path, "w") as f:
+        for k in ("Vx", "Vy", "pressure"):
+            f[k] = np.zeros((3, 4, 8, 8), np.float32)
+        layout = h5py.VirtualLayout(shape=(3, 4, 8, 8), dtype=np.float32)
+        layout[:] = h5py.VirtualSource(str(other), "x", shape=(3, 4, 8, 8))
+        f.create_virtual_dataset("density", layout)
+    _refused(lambda: pdebench.read([path]), path.name, "density: a virtual dataset")
+    with h5py.File(path, "a") as f:
+        del f["density"]
+        f.create_dataset("density", shape=(3, 4, 8, 8), dtype=np.float32,
+                         external=[("/dev/zero", 0, 3 * 4 * 8 * 8 * 4)])
+    _one_error_line(_cli("pdebench", path, "--out", tmp_path / "cli"), path.name,
+                    "density: stored in external raw files ['/dev/zero']")
+
+
 def test_grouped_file_declaring_more_than_its_size_is_refused(tmp_path):
     path = tmp_path / "2D_diff-react_NA_NA.h5"
     with h5py.File(path, "w") as f:  # 200 groups of 13 MB each declared, nothing written
