@@ -5,45 +5,67 @@ opens the raw file, reads trajectories n0..n1-1 and closes it). Wrapped by `to_d
 chunked along `sample` only. Nothing holds an open file handle between tasks, so the graph pickles and runs on a
 dask.distributed cluster as well as on local threads.
 
-Before that, `checked` can scan the trajectories once (NaN/Inf, read errors of files corrupt past their header);
-the bad ones are left out of the SampleBlocks itself (`Subset`), so no later read ever touches them again.
+Values are checked where they are read: a block read tests every raw trajectory it reads for NaN/Inf while it is in
+cache (`all_finite`) and raises InputError naming the file, the key and the trajectory (`nonfinite_error`) when
+`SampleBlocks.checks` is set. Skipping bad trajectories instead (the readers' default, `check_finite=True`) needs
+them known before ingest fixes the sample ids, the split and its journal, so `checked` then scans the trajectories
+once when the file is opened (NaN/Inf, read errors of files corrupt past their header); the bad ones are left out of
+the SampleBlocks itself (`Subset`), so no later read ever touches them again. `check_finite="raise"` reads every
+value once, in the block reads, with no scan when opened.
+
+Also here: the size checks every reader applies before reading (`check_sizes`, `check_stored`, `check_h5_dataset`,
+limits in `dpot_data.sources.base`), and the input-path checks (`text_path`, `distinct_files`).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import dask.array as da
 import h5py
 import numpy as np
 from dask.base import tokenize
+from h5py import h5s
+
+from dpot_data.errors import InputError
+from dpot_data.sources.base import (INFLATION_SLACK_BYTES, MAX_FRAMES, MAX_GRID_SIDE, MAX_INFLATION,
+                                    MAX_TRAJECTORIES, MAX_TRAJECTORY_BYTES)
 
 TARGET_BLOCK_BYTES = 64 << 20
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FINITE_MODES = ("skip", "raise", "off")
 
 
 class SampleBlocks(ABC):
-    """An array-like of float32 trajectories, readable only in blocks of whole samples (axis 0)."""
+    """An array-like of float32 trajectories, readable only in blocks of whole samples (axis 0).
+
+    `checks`: `block` raises InputError (file, key, trajectory) when a value it reads is NaN or Inf (or, stored wider,
+    beyond the float32 range) in a valid frame; the readers set it unless `check_finite=False`."""
 
     shape: tuple[int, ...]
     dtype = np.dtype(np.float32)
+    checks: bool = False
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
     @abstractmethod
-    def block(self, n0: int, n1: int) -> np.ndarray:
-        """Trajectories n0..n1-1 as a float32 array of shape (n1 - n0,) + shape[1:]."""
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        """Trajectories n0..n1-1 as a float32 array of shape (n1 - n0,) + shape[1:]; `check` (default `checks`):
+        raise InputError on NaN/Inf in what is read (`nonfinite_error`)."""
 
     def finite_frames(self, n0: int, n1: int) -> np.ndarray:
         """(n1 - n0, time) bool, True where a frame holds no NaN/Inf; readers override it to check the raw
         arrays as stored, without reordering them."""
-        data = self.block(n0, n1)
+        data = self.block(n0, n1, check=False)
         return np.isfinite(data).all(axis=tuple(range(2, data.ndim)))
 
     def __getitem__(self, key) -> np.ndarray:
@@ -61,9 +83,78 @@ class SampleBlocks(ABC):
 def frames_ok(raw: np.ndarray, time_axis: int = 1) -> np.ndarray:
     """(samples, time) bool of a raw block in any storage order whose axis 0 is the sample: True where a frame holds
     no NaN/Inf, and, for wider floats, no value beyond the float32 range (it would become Inf when stored)."""
-    ok = np.isfinite(raw) if raw.dtype.itemsize <= 4 else np.abs(raw) <= np.finfo(np.float32).max
+    ok = np.isfinite(raw) if raw.dtype.itemsize <= 4 else np.abs(raw) <= FLOAT32_MAX
     ok = np.moveaxis(ok, time_axis, 1)
     return ok.reshape(ok.shape[0], ok.shape[1], -1).all(axis=2)
+
+
+def all_finite(raw: np.ndarray) -> bool:
+    """Whether a raw array holds no NaN/Inf and, stored wider than float32, no value beyond the float32 range (the
+    fast test of a block read; `frames_ok` says where when it fails)."""
+    if raw.size == 0:
+        return True
+    if raw.dtype.itemsize <= 4:
+        return bool(np.isfinite(raw).all())
+    return bool(raw.max() <= FLOAT32_MAX and raw.min() >= -FLOAT32_MAX)  # NaN fails both comparisons
+
+
+def nonfinite_error(where: str | Path, key: str, index: object, raw: np.ndarray, time_axis: int = 0) -> InputError:
+    """The InputError of a trajectory holding NaN/Inf: `raw` is its array as stored, time on `time_axis`."""
+    ok = frames_ok(raw[None], time_axis + 1)[0]
+    bad = np.flatnonzero(~ok)
+    first = f", first: frame {int(bad[0])}" if bad.size else ""
+    return InputError(where, f"{key}: trajectory {index} holds NaN or Inf ({bad.size} of {ok.size} frames{first}); "
+                             "expected finite values (check_finite=True leaves such trajectories out)")
+
+
+def read_error(where: str | Path, key: str, index: object, exc: BaseException) -> InputError:
+    """The InputError of raw data that cannot be read (a file corrupt past its header)."""
+    return InputError(where, f"{key}: trajectory {index} cannot be read (corrupt data): {type(exc).__name__}: {exc}")
+
+
+def _row_dtype(dset: h5py.Dataset) -> np.dtype:
+    """The buffer dtype a dataset is read into: float32 when stored as float32 or narrower (HDF5 converts exactly),
+    else the stored dtype in native byte order (numpy then casts, as float32 storage always did)."""
+    return np.dtype(np.float32) if dset.dtype.itemsize <= 4 else dset.dtype.newbyteorder("=")
+
+
+def h5_rows(dset: h5py.Dataset, n0: int, n1: int, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """Rows (axis 0) n0..n1-1 of an HDF5 dataset, `rows` at a time (default: 1 when contiguous, else all of them,
+    so that no compressed chunk is inflated twice), read straight into one reused buffer (`_row_dtype`; HDF5's own
+    read, as h5py `read_direct` does, without rebuilding selections each time): yields (first row, buffer); the
+    buffer is overwritten by the next read."""
+    if n1 <= n0:
+        return
+    step = rows or (1 if dset.chunks is None else n1 - n0)
+    rest = tuple(dset.shape[1:])
+    buf = np.empty((min(step, n1 - n0),) + rest, dtype=_row_dtype(dset))
+    fspace = dset.id.get_space()
+    mspaces: dict[int, h5s.SpaceID] = {}
+    for s0 in range(n0, n1, step):
+        count = min(n1, s0 + step) - s0
+        view = buf[:count]
+        mspace = mspaces.get(count) or mspaces.setdefault(count, h5s.create_simple(view.shape))
+        fspace.select_hyperslab((s0,) + (0,) * len(rest), (count,) + rest)
+        dset.id.read(mspace, fspace, view)
+        yield s0, view
+
+
+def checked_rows(dset: h5py.Dataset, n0: int, n1: int, where: str | Path, key: str,
+                 check: bool) -> Iterator[tuple[int, np.ndarray]]:
+    """`h5_rows`, each row tested for NaN/Inf (`all_finite`) while still in cache when `check` is set
+    (`nonfinite_error`); a read error raises `read_error`. The caller copies each buffer once into its output."""
+    rows = h5_rows(dset, n0, n1)
+    while True:
+        try:
+            s0, raw = next(rows)
+        except StopIteration:
+            return
+        except READ_ERRORS as exc:
+            raise read_error(where, key, f"{n0}..{n1 - 1}" if n1 - n0 > 1 else n0, exc) from None
+        for j in range(len(raw)) if check else ():
+            if not all_finite(raw[j]):
+                raise nonfinite_error(where, key, s0 + j, raw[j])
+        yield s0, raw
 
 
 def file_token(path: Path) -> tuple[str, int, int]:
@@ -83,6 +174,125 @@ def to_dask(blocks: SampleBlocks, block: int, prefix: str, *token: object) -> da
     """Wrap a SampleBlocks object as a dask array chunked by `block` samples, with a content-derived name."""
     return da.from_array(blocks, chunks=(block,) + (-1,) * (blocks.ndim - 1), asarray=False, fancy=False,
                          name=f"{prefix}-" + tokenize(*token, block))
+
+
+# ------------------------------------------------------------------------------------------------- sizes, never trusted
+
+def on_disk_bytes(path: str | Path) -> int:
+    """Bytes a file really occupies: its size, or less for a sparse file (allocated blocks, where reported)."""
+    st = os.stat(path)
+    blocks = getattr(st, "st_blocks", None)
+    return int(st.st_size) if blocks is None else int(min(st.st_size, blocks * 512))
+
+
+def allowed_bytes(stored: int) -> int:
+    """The most uncompressed bytes accepted for `stored` bytes on disk (base.MAX_INFLATION, INFLATION_SLACK_BYTES)."""
+    return MAX_INFLATION * int(stored) + INFLATION_SLACK_BYTES
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(v)) for v in shape) + ")"
+
+
+def check_stored(where: str | Path, key: str, shape: Sequence[int], itemsize: int, stored: int,
+                 what: str = "stored for it in the file") -> None:
+    """Refuse an array whose declared size exceeds what is on disk for it by more than base.MAX_INFLATION (plus
+    base.INFLATION_SLACK_BYTES): unwritten HDF5 chunks, a sparse or truncated file, a decompression bomb."""
+    declared = math.prod(int(v) for v in shape) * int(itemsize)
+    if declared > allowed_bytes(stored):
+        raise InputError(where, f"{key}: declares shape {_shape_text(shape)} = {declared} bytes, but only {stored} "
+                                f"bytes are {what}; at most {allowed_bytes(stored)} bytes allowed ({MAX_INFLATION}x "
+                                f"the stored bytes + {INFLATION_SLACK_BYTES}, dpot_data.sources.base.MAX_INFLATION): "
+                                "the file is truncated, sparse or not what it declares")
+
+
+def check_sizes(where: str | Path, key: str, *, trajectories: int | None = None, frames: int | None = None,
+                space: Sequence[int] = (), channels: int = 1) -> None:
+    """Refuse declared counts beyond the limits of dpot_data.sources.base (trajectories in a file, frames, grid
+    side, bytes of one float32 trajectory), before anything is allocated for them."""
+    for label, value, limit, const in (("trajectories", trajectories, MAX_TRAJECTORIES, "MAX_TRAJECTORIES"),
+                                       ("frames", frames, MAX_FRAMES, "MAX_FRAMES")):
+        if value is not None and not 0 <= int(value) <= limit:
+            raise InputError(where, f"{key}: declares {int(value)} {label}; at most {limit} allowed "
+                                    f"(dpot_data.sources.base.{const})")
+    for side in space:
+        if not 0 <= int(side) <= MAX_GRID_SIDE:
+            raise InputError(where, f"{key}: declares a grid side of {int(side)} points (grid "
+                                    f"{_shape_text(space)}); at most {MAX_GRID_SIDE} allowed "
+                                    "(dpot_data.sources.base.MAX_GRID_SIDE)")
+    per = (frames or 1) * max(1, int(channels)) * math.prod(int(v) for v in space) * 4
+    if per > MAX_TRAJECTORY_BYTES:
+        raise InputError(where, f"{key}: one trajectory ({frames} frames, {channels} channels, grid "
+                                f"{_shape_text(space)}) holds {per} bytes as float32; at most {MAX_TRAJECTORY_BYTES} "
+                                "allowed (dpot_data.sources.base.MAX_TRAJECTORY_BYTES)")
+
+
+def check_h5_dataset(where: str | Path, key: str, dset: h5py.Dataset) -> None:
+    """A dataset whose data will be read: stored in this file (not virtual, no external raw files) and not declaring
+    more than base.MAX_INFLATION times the bytes it has in the file (`get_storage_size`: written chunks, compressed)."""
+    if dset.is_virtual:
+        raise InputError(where, f"{key}: a virtual dataset (its data lives in other files); expected the data "
+                                "stored in this file")
+    if dset.external:
+        raise InputError(where, f"{key}: stored in external raw files {[e[0] for e in dset.external][:3]}; expected "
+                                "the data stored in this file")
+    check_stored(where, key, dset.shape, dset.dtype.itemsize, dset.id.get_storage_size())
+
+
+def check_file_total(path: Path, declared: int, what: str) -> None:
+    """The data a file declares in all (bytes) against the bytes the file occupies on disk (sparse files too)."""
+    disk = on_disk_bytes(path)
+    if declared > allowed_bytes(disk):
+        raise InputError(path, f"{what} declare {declared} bytes in all, but the file occupies {disk} bytes on disk; "
+                               f"at most {allowed_bytes(disk)} bytes allowed ({MAX_INFLATION}x + "
+                               f"{INFLATION_SLACK_BYTES}, dpot_data.sources.base.MAX_INFLATION): the file is "
+                               "truncated, sparse or not what it declares")
+
+
+# ------------------------------------------------------------------------------------------------- input paths
+
+def shown(path: str | bytes | Path) -> str:
+    """A path as text for messages: bytes that are not UTF-8 written as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def text_path(path: str | bytes | Path) -> None:
+    """Refuse a path that is not valid UTF-8: trajectory ids and provenance are made from file and folder names and
+    must be text (JSON, Zarr)."""
+    try:
+        os.fsdecode(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(shown(path), "expected a file name that is valid UTF-8 (trajectory ids are made from it "
+                                      "and stored as text); rename the file or its folder") from None
+
+
+def distinct_files(paths: Sequence[Path], name_of: Callable[[Path], str] = lambda p: p.name,
+                   what: str = "file") -> list[Path]:
+    """The paths with every file kept once. The same file reached again (the same path twice, a folder and a file in
+    it, `a/../a/f`, a link of the same name) is dropped, with one warning for all of them; the same file under another
+    name (`name_of`: what trajectory ids are made from) is refused, since its ids would depend on the name that came
+    first."""
+    seen: dict[tuple[int, int], Path] = {}
+    out: list[Path] = []
+    again: list[str] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            out.append(p)  # the reader says what is wrong with it
+            continue
+        first = seen.setdefault((st.st_dev, st.st_ino), p)
+        if first is p:
+            out.append(p)
+        elif name_of(first) != name_of(p):
+            raise InputError(p, f"is the same {what} as {first} under another name (a link); trajectory ids are made "
+                                f"from the name, so give each {what} once, under one name")
+        else:
+            again.append(f"{p}" if os.fspath(p) == os.fspath(first) else f"{p} (the same {what} as {first})")
+    if again:
+        more = f" and {len(again) - 1} more" if len(again) > 1 else ""
+        warnings.warn(f"{again[0]}{more}: given more than once; read once", stacklevel=3)
+    return out
 
 
 def hdf5_problem(path: Path) -> str | None:
@@ -106,10 +316,21 @@ def hdf5_problem(path: Path) -> str | None:
         return f"cannot open as HDF5 (truncated or corrupt): {exc}"
 
 
-def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of a .npy file from its header (memory-mapped, no data read); ValueError/OSError if broken."""
-    arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    return tuple(arr.shape), arr.dtype
+def npy_info(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of a .npy file from its header alone (nothing mapped or read beyond it);
+    ValueError/OSError if the header is broken."""
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            shape, _fortran, dtype = np.lib.format._read_array_header(fh, version)  # 3.0: utf-8 header
+        offset = fh.tell()
+    if dtype.hasobject:
+        raise ValueError("holds Python objects (a pickle), not numbers")
+    return tuple(int(v) for v in shape), dtype, offset
 
 
 READ_ERRORS = (OSError, ValueError, EOFError, KeyError, RuntimeError)
@@ -122,6 +343,19 @@ class BadSample:
     index: int
     reason: str
     unreadable: bool
+
+
+def finite_mode(check: bool | str) -> str:
+    """The readers' `check_finite` as "skip" (True: trajectories with NaN/Inf left out, found by a scan when
+    opened), "raise" (no scan; a block read meeting NaN/Inf raises InputError) or "off" (False: values kept)."""
+    if check is True or check == "skip":
+        return "skip"
+    if check is False or check == "off":
+        return "off"
+    if check == "raise":
+        return "raise"
+    raise InputError("check_finite", f"expected True, False or one of {', '.join(map(repr, FINITE_MODES))}, "
+                                     f"got {check!r}")
 
 
 def _finite_frames(blocks: SampleBlocks, n0: int, n1: int) -> np.ndarray:
@@ -178,11 +412,14 @@ class Subset(SampleBlocks):
         idx = self.keep[n0:n1]
         return np.split(idx, np.flatnonzero(np.diff(idx) != 1) + 1) if idx.size else []
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
         runs = self._runs(n0, n1)
+        check = self.checks if check is None else check
         if not runs:
             return np.empty((0,) + self.shape[1:], np.float32)
-        return np.concatenate([self.base.block(int(r[0]), int(r[-1]) + 1) for r in runs], axis=0)
+        if len(runs) == 1:
+            return self.base.block(int(runs[0][0]), int(runs[0][-1]) + 1, check=check)
+        return np.concatenate([self.base.block(int(r[0]), int(r[-1]) + 1, check=check) for r in runs], axis=0)
 
     def finite_frames(self, n0: int, n1: int) -> np.ndarray:
         runs = self._runs(n0, n1)
@@ -206,33 +443,53 @@ def skipped_entries(bad: Sequence[BadSample], ids: Sequence[str], n: int, label:
     return [(ids[b.index], b.reason) for b in bad]
 
 
-def checked(blocks: SampleBlocks, block: int, ids: Sequence[str], label: str, check: bool,
+def checked(blocks: SampleBlocks, block: int, ids: Sequence[str], label: str, check: bool | str,
             lengths: Sequence[int] | None = None) -> tuple[SampleBlocks, np.ndarray, list[tuple[str, str]]]:
-    """Scan `blocks` when `check` is set: (the blocks without bad trajectories, kept indices, `skipped` entries)."""
+    """Apply a reader's `check_finite` (`finite_mode`) to `blocks`: (the blocks to read, kept indices, `skipped`
+    entries). "skip" scans them now and leaves the bad trajectories out; "skip" and "raise" make every later block
+    read check what it reads (under "skip" a guard against a file changed since it was opened)."""
+    mode = finite_mode(check)
     n = blocks.shape[0]
-    if not check or n == 0:
+    blocks.checks = mode != "off"
+    if mode != "skip" or n == 0:
         return blocks, np.arange(n, dtype=np.int64), []
     bad = scan(blocks, block, lengths)
     kept, keep = without_bad(blocks, bad)
+    kept.checks = True
     return kept, keep, skipped_entries(bad, ids, n, label)
 
 
 def unique_names(paths: Sequence[Path]) -> None:
-    """Trajectory ids start with the file name: two different inputs with one name would collide (InputError)."""
+    """Trajectory ids start with the file name: two different inputs with one name would collide (InputError).
+    Run after `distinct_files`, which has dropped repeats of one file."""
     seen: dict[str, Path] = {}
     for p in paths:
         other = seen.setdefault(p.name, p)
         if other != p:
-            from dpot_data.errors import InputError
-
             raise InputError(p, f"has the same file name as {other}; trajectory ids are '<file name>#<index>', so "
                                 "inputs need distinct names")
 
 
-def files_in(paths: Sequence[str | Path], suffixes: tuple[str, ...]) -> list[Path]:
+def input_files(paths: Sequence[str | bytes | Path], suffixes: tuple[str, ...]) -> list[Path]:
+    """`files_in`, then each path checked to be UTF-8 text and each file kept once (`distinct_files`), and distinct
+    names (`unique_names`) among the files found."""
+    found = files_in(paths, suffixes)
+    for p in found:
+        text_path(p)
+    found = distinct_files(found)
+    unique_names([p for p in found if p.exists()])
+    return found
+
+
+def as_path(path: str | bytes | os.PathLike) -> Path:
+    """A path given as str, bytes (any bytes, kept as surrogate escapes) or path object, as a Path."""
+    return Path(os.fsdecode(path))
+
+
+def files_in(paths: Sequence[str | bytes | Path], suffixes: tuple[str, ...]) -> list[Path]:
     """Paths as given, with folders replaced by the files with one of `suffixes` inside them (sorted)."""
     out: list[Path] = []
-    for p in map(Path, paths):
+    for p in map(as_path, paths):
         out.extend(sorted(q for q in p.rglob("*") if q.is_file() and q.suffix.lower() in suffixes)
                    if p.is_dir() else [p])
     return out

@@ -29,6 +29,11 @@ It opens the raw files lazily (dask-backed, nothing loaded whole) and returns a 
 
 Bad input raises `dpot_data.errors.InputError(path, "what was expected")`, nothing else; the CLI prints it as one
 line "<file>: <what was expected>" and exits with code 2 before anything is written.
+
+Sizes a raw file declares (array shapes in HDF5/MAT/npy headers) are never trusted: before any data is read, every
+reader checks the shapes it will read against the limits below and against the bytes actually stored
+(`dpot_data.sources._blocks.check_stored`, `check_sizes`), and refuses a file beyond them with one InputError line
+naming the file, the key and the declared and allowed sizes (docs/sources.md, "Bad input").
 """
 
 from __future__ import annotations
@@ -46,6 +51,23 @@ import xarray as xr
 SPLITS = ("train", "valid", "test")
 BOUNDARIES = ("periodic", "non-periodic")
 DATASET_NAME = re.compile(r"^[a-z0-9_-]+$")
+
+# ------------------------------------------------------------------------------------------------------------------
+# Limits on what a raw file may declare. The published sets stay far below them (the largest: 10 000 trajectories in
+# a file, 101 frames, a 512² grid, 0.9 GB per trajectory for 3D compressible NS at 128³); a file beyond them is
+# refused before anything is read, so a few-KB file that declares petabytes cannot make ingest allocate or run
+# without bound.
+MAX_TRAJECTORIES = 1_000_000  # trajectories (samples, groups, cases) in one input file
+MAX_FRAMES = 100_000  # frames of one trajectory
+MAX_GRID_SIDE = 16_384  # points along any spatial axis
+MAX_TRAJECTORY_BYTES = 4 << 30  # one trajectory, all channels, as float32: a block holds at least one
+# Declared (uncompressed) bytes of an array against the bytes actually stored for it on disk: refused beyond
+# MAX_INFLATION times the stored bytes plus INFLATION_SLACK_BYTES. Compression of real float32/float64 PDE fields is
+# well under 10x (1.0-1.2x for the published lzf files); unwritten HDF5 chunks, a sparse file or a zlib bomb give
+# ratios of 10^3 to 10^12. The slack lets small, very compressible files (constant test fields) through.
+MAX_INFLATION = 100
+INFLATION_SLACK_BYTES = 64 << 20
+MAX_JSON_BYTES = 1 << 20  # a CFDBench case.json (published ones hold ~200 bytes)
 
 
 @dataclass

@@ -36,8 +36,10 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, auto_block, checked, file_token, npy_header, to_dask
-from dpot_data.sources.base import ReadResult
+from dpot_data.sources._blocks import (SampleBlocks, all_finite, as_path, auto_block, check_sizes, check_stored,
+                                        checked, distinct_files, file_token, nonfinite_error, npy_info, on_disk_bytes,
+                                        text_path, to_dask)
+from dpot_data.sources.base import MAX_JSON_BYTES, ReadResult
 
 READER_VERSION = "1"
 CHANNELS = ("u", "v")
@@ -96,24 +98,35 @@ def geometry_mask(problem: str, params: dict[str, object], shape: tuple[int, int
     return (~solid).astype(np.uint8)
 
 
+def _case_id(folder: Path) -> str:
+    """"<problem>/<subset>/caseNNNN": what a case's trajectory ids are made from."""
+    return f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}"
+
+
 def _case_folders(paths: Sequence[Path]) -> list[Path]:
-    """Case folders named by or below the given paths (files name their folder), without duplicates."""
-    found: dict[Path, None] = {}
+    """Case folders named by or below the given paths (files name their folder), each path UTF-8 text and each case
+    folder kept once: the same folder reached twice (a path given twice, a tree and a case inside it, a link under
+    the same <problem>/<subset>/caseNNNN) is read once, with a warning when given through different paths; the same
+    folder under another <problem>/<subset>/caseNNNN is refused (`distinct_files`)."""
+    found: list[Path] = []
     for p in paths:
+        text_path(p)
         if p.is_file():
             p = p.parent
         if not p.exists():
             raise InputError(p, "not found")
         if _CASE.match(p.name):
-            found[p] = None
+            found.append(p)
             continue
         folders = sorted({q.parent for pattern in ("case.json", "u.npy") for q in p.rglob(pattern)
                           if _CASE.match(q.parent.name)})
         if not folders:
             raise InputError(p, "expected CFDBench case folders <problem>/<subset>/caseNNNN/ with u.npy, v.npy, "
                                 "case.json below it; found none")
-        found.update(dict.fromkeys(folders))
-    return list(found)
+        found.extend(folders)
+    for folder in found:
+        text_path(folder)
+    return distinct_files(found, name_of=_case_id, what="case folder")
 
 
 def _check_case(folder: Path) -> Case | str:
@@ -127,6 +140,10 @@ def _check_case(folder: Path) -> Case | str:
         if not needed.is_file():
             return f"{needed.name} is missing"
     try:
+        size = case_json.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise InputError(case_json, f"holds {size} bytes; expected a small JSON object of case parameters "
+                                        f"(at most {MAX_JSON_BYTES} bytes, dpot_data.sources.base.MAX_JSON_BYTES)")
         params = json.loads(case_json.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return f"case.json is unreadable: {exc}"
@@ -141,13 +158,21 @@ def _check_case(folder: Path) -> Case | str:
     headers = []
     for name in ("u.npy", "v.npy"):
         try:
-            headers.append(npy_header(folder / name))
+            shape, dtype, offset = npy_info(folder / name)
         except (OSError, ValueError, EOFError) as exc:
             return f"{name} is unreadable (truncated or corrupt): {exc}"
-    (shape_u, dt_u), (shape_v, dt_v) = headers
-    for name, shape, dtype in (("u.npy", shape_u, dt_u), ("v.npy", shape_v, dt_v)):
         if len(shape) != 3 or shape[0] < 1 or dtype.kind != "f":
             raise InputError(folder / name, f"expected a float array (T, y, x), found {dtype} {shape}")
+        check_sizes(folder / name, name[0], frames=shape[0], space=shape[1:], channels=len(CHANNELS))
+        data = math.prod(shape) * dtype.itemsize
+        size = (folder / name).stat().st_size
+        if size < offset + data:
+            return (f"{name} is unreadable (truncated or corrupt): its header declares {data} data bytes, the file "
+                    f"ends {offset + data - size} bytes short")
+        check_stored(folder / name, name[0], shape, dtype.itemsize, on_disk_bytes(folder / name),
+                     "on disk (the file is sparse)")
+        headers.append((shape, dtype))
+    (shape_u, dt_u), (shape_v, dt_v) = headers
     if shape_u != shape_v:
         raise InputError(folder / "v.npy", f"expected the shape of u.npy {shape_u}, found {shape_v}")
     number = int(_CASE.match(folder.name).group(1))
@@ -235,10 +260,19 @@ def _inlet_and_walls(frames: np.ndarray, inlet: float) -> np.ndarray:
     return out[:, 0].numpy()
 
 
-def reference_case_fields(case: Case) -> np.ndarray:
-    """(T, 3, y, x) float32 of one case as the reference hands it on: u, v and its geometry channel."""
-    u = np.load(case.folder / "u.npy", allow_pickle=False)
-    v = np.load(case.folder / "v.npy", allow_pickle=False)
+def _load(case: Case, name: str, check: bool) -> np.ndarray:
+    """u or v of a case, (T, y, x) as stored; `check`: NaN/Inf raise InputError naming the file and the case."""
+    arr = np.load(case.folder / f"{name}.npy", allow_pickle=False)
+    if check and not all_finite(arr):
+        raise nonfinite_error(case.folder / f"{name}.npy", name, f"{case.id}#0", arr)
+    return arr
+
+
+def reference_case_fields(case: Case, check: bool = False) -> np.ndarray:
+    """(T, 3, y, x) float32 of one case as the reference hands it on: u, v and its geometry channel; `check`: NaN/Inf
+    in u or v raise InputError."""
+    u = _load(case, "u", check)
+    v = _load(case, "v", check)
     mask = np.broadcast_to(reference_mask_channel(case, case.grid), u.shape)
     if case.problem in ("tube", "cylinder"):
         inlet = float(case.params[VELOCITY_KEY[case.problem]])
@@ -254,12 +288,13 @@ class _ReferencePieces(SampleBlocks):
         ny, nx = pieces[0][0].grid
         self.shape = (len(pieces), segment, len(REFERENCE_CHANNELS), ny, nx)
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        check = self.checks if check is None else check
         out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
         cache: dict[Path, np.ndarray] = {}
         for i, (case, k) in enumerate(self.pieces[n0:n1]):
             if case.folder not in cache:
-                cache = {case.folder: reference_case_fields(case)}
+                cache = {case.folder: reference_case_fields(case, check)}
             frames = cache[case.folder]
             idx = np.minimum(np.arange(k * self.segment, (k + 1) * self.segment), len(frames) - 1)
             out[i] = frames[idx]
@@ -267,7 +302,7 @@ class _ReferencePieces(SampleBlocks):
 
 
 def _read_reference(cases: list[Case], listed: list[str], skipped: list[tuple[str, str]], name: str | None,
-                    segment: int, block: int | None) -> ReadResult:
+                    segment: int, block: int | None, checks: bool = True) -> ReadResult:
     """The dpot-reference convention: the reference's pieces, channels, split and orientation. `listed`: the ids of
     every case folder given (readable or not), over which the reference's shuffle runs, so that a case left out for
     unreadable or non-finite data does not move the others between splits."""
@@ -294,7 +329,9 @@ def _read_reference(cases: list[Case], listed: list[str], skipped: list[tuple[st
     grid = kept[0].grid
     blk = auto_block(segment * len(REFERENCE_CHANNELS) * grid[0] * grid[1] * 4, block)
     token = [file_token(c.folder / n) for c in kept for n in ("u.npy", "v.npy", "case.json")]
-    fields = to_dask(_ReferencePieces(pieces, segment), blk, "cfdbench-reference", token, segment)
+    pieces_blocks = _ReferencePieces(pieces, segment)
+    pieces_blocks.checks = checks
+    fields = to_dask(pieces_blocks, blk, "cfdbench-reference", token, segment)
     masks = np.stack([geometry_mask(c.problem, c.params, grid) for c, _ in pieces])
     mask = da.from_array(masks, chunks=(fields.chunks[0], *grid))
     ny, nx = grid
@@ -337,23 +374,28 @@ class _Blocks(SampleBlocks):
         ny, nx = cases[0].grid
         self.shape = (len(cases), frames, len(CHANNELS), ny, nx)
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        check = self.checks if check is None else check
         out = np.full((n1 - n0,) + self.shape[1:], np.nan, dtype=np.float32)
-        for i, case in enumerate(self.cases[n0:n1]):
-            for c, name in enumerate(CHANNELS):
-                out[i, : case.frames, c] = np.load(case.folder / f"{name}.npy", allow_pickle=False)
+        with np.errstate(over="ignore"):  # float64 beyond float32: Inf, as always
+            for i, case in enumerate(self.cases[n0:n1]):
+                for c, name in enumerate(CHANNELS):
+                    out[i, : case.frames, c] = _load(case, name, check)
         return out
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int = DEFAULT_SEGMENT,
-         problems: Sequence[str] | None = None, block: int | None = None, check_finite: bool = True,
+         problems: Sequence[str] | None = None, block: int | None = None, check_finite: bool | str = True,
          convention: str = "dpot-reference") -> ReadResult:
     """Open CFDBench cases lazily as one dataset of variable-length trajectories with per-case geometry masks.
 
     `problems` keeps only the named problems (default: all found). A case whose u/v/case.json cannot be read is
     skipped and reported; wrong shapes or missing case.json keys raise InputError naming the file and the key.
-    With `check_finite` (one streamed pass over the data before anything is written), cases holding NaN or Inf in
-    their frames, or whose data cannot be read, are left out and listed in `skipped` with their id.
+    With `check_finite=True` (one streamed pass over the data when opened, before anything is written), cases
+    holding NaN or Inf in their frames, or whose data cannot be read, are left out and listed in `skipped` with their
+    id; with "raise" nothing is scanned when opened and a block read meeting NaN or Inf raises InputError naming the
+    file and the case; False keeps them. Headers declaring sizes beyond the limits of dpot_data.sources.base, or data
+    not on disk (a sparse file), are refused; a case folder reached twice is read once (`_case_folders`).
 
     Under the "dpot-reference" convention (the default) the samples are the reference's pieces: channels u, v and
     its geometry channel, tube and cylinder fields prepared as the reference prepares them, `segment`-frame pieces
@@ -362,7 +404,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     (unreadable ones included), so it equals the reference's only when whole problem folders are given. Under
     "canonical": variable-length trajectories (u, v) that ingest cuts into pieces after a seeded split.
     """
-    paths = [Path(p) for p in paths]
+    paths = [as_path(p) for p in paths]
     if not paths:
         raise InputError("<no files>", "expected a CFDBench folder or case folders")
     if problems is not None and not set(problems) <= set(KEYS):
@@ -375,10 +417,10 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     for folder in _case_folders(paths):
         if problems is not None and folder.parent.parent.name not in problems:
             continue
-        listed.append(f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}")
+        listed.append(_case_id(folder))
         case = _check_case(folder)
         if isinstance(case, str):
-            skipped.append((f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}", case))
+            skipped.append((_case_id(folder), case))
         else:
             cases.append(case)
     if not cases:
@@ -395,16 +437,17 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     t_max = int(lengths.max())
     blk = auto_block(t_max * len(CHANNELS) * grid[0] * grid[1] * 4, block)
     all_ids = [f"{c.id}#0" for c in cases]
-    _, keep, bad = checked(_Blocks(cases, t_max), blk, all_ids, "all cases", check_finite, lengths)
+    scanned, keep, bad = checked(_Blocks(cases, t_max), blk, all_ids, "all cases", check_finite, lengths)
     skipped.extend(bad)
     if keep.size == 0:
         raise InputError(paths[0], "no usable CFDBench case: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     cases = [cases[i] for i in keep]
     lengths = lengths[keep]
     if convention == "dpot-reference":
-        return _read_reference(cases, listed, skipped, name, int(segment), block)
+        return _read_reference(cases, listed, skipped, name, int(segment), block, scanned.checks)
     t_max = int(lengths.max())
     blocks = _Blocks(cases, t_max)
+    blocks.checks = scanned.checks
     token = [file_token(c.folder / n) for c in cases for n in ("u.npy", "v.npy", "case.json")]
     fields = to_dask(blocks, blk, "cfdbench", token, t_max)
     masks = np.stack([geometry_mask(c.problem, c.params, grid) for c in cases])

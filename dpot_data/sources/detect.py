@@ -6,6 +6,7 @@ files, CFDBench case trees. A folder is expanded to the raw files inside it (a C
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ def _is_cfdbench_tree(folder: Path) -> bool:
 def expand(paths: Sequence[str | Path]) -> list[Path]:
     """Files as given; folders replaced by the raw files inside (sorted), except CFDBench trees, kept whole."""
     out: list[Path] = []
-    for p in map(Path, paths):
+    for p in (Path(os.fsdecode(q)) for q in paths):
         if not p.exists():
             raise InputError(p, "not found")
         if p.is_dir() and not _is_cfdbench_tree(p):

@@ -11,6 +11,7 @@ are `a[n].T`, `u[n, ..., k].T` (the reader never swaps physics axes by accident)
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import re
 import struct
@@ -26,8 +27,11 @@ import numpy as np
 import xarray as xr
 
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, checked, file_token, to_dask
-from dpot_data.sources.base import ReadResult
+from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, allowed_bytes, as_path,
+                                        check_file_total, check_sizes, check_stored, checked, distinct_files,
+                                        file_token, frames_ok, nonfinite_error, on_disk_bytes, read_error, text_path,
+                                        to_dask, unique_names)
+from dpot_data.sources.base import INFLATION_SLACK_BYTES, MAX_INFLATION, ReadResult
 
 READER_VERSION = "1"
 DEFAULT_BLOCK = 8  # trajectories per dask chunk: ~7 MB raw, ~110 MB once resampled to 128x128x4 (T=50)
@@ -68,6 +72,8 @@ class _Var:
     dtype: str
     offset: int | None = None  # v5: byte offset of the raw data in `file`
     h5name: str | None = None  # v7.3: dataset name
+    stored: int | None = None  # bytes of it stored on disk (v7.3: in the file, compressed; v5: all of it)
+    elsewhere: str | None = None  # v7.3: why its data is not in the file (a virtual or external dataset)
 
     def read(self, index: tuple = (...,)) -> np.ndarray:
         """Read `index` of the variable with all axes reversed (MATLAB column-major seen from C), then close."""
@@ -109,6 +115,8 @@ def _parse_matrix(path: Path, file: str, head: bytes, base: int, endian: str, si
     pos = off + _pad8(n)
     mtype, n, off = _tag(head, pos, endian)
     dims = struct.unpack_from(endian + f"{n // 4}i", head, off)
+    if any(d < 0 for d in dims):
+        raise InputError(path, f"a variable declares negative dimensions {tuple(dims)}")
     pos = off + (4 if off == pos + 4 else _pad8(n))
     mtype, n, off = _tag(head, pos, endian)
     name = head[off:off + n].decode("ascii", "replace")
@@ -119,7 +127,7 @@ def _parse_matrix(path: Path, file: str, head: bytes, base: int, endian: str, si
     if mtype not in _MI_DTYPES:
         return name, None
     dtype = np.dtype(_MI_DTYPES[mtype]).newbyteorder("<" if endian == "<" else ">")
-    need = int(np.prod(dims)) * dtype.itemsize
+    need = math.prod(dims) * dtype.itemsize
     if n != need:
         raise InputError(path, f"variable {name!r}: data holds {n} bytes, expected {need} for dims {dims}")
     if off == pos + 4:  # small element: data inside the tag
@@ -127,34 +135,51 @@ def _parse_matrix(path: Path, file: str, head: bytes, base: int, endian: str, si
     if base + off + need > size:
         raise InputError(path, f"file is truncated: variable {name!r} needs {need} bytes at offset {base + off}, "
                                f"the file ends at byte {size}")
-    return name, _Var(file=file, dims=tuple(dims), dtype=dtype.str, offset=base + off)
+    return name, _Var(file=file, dims=tuple(dims), dtype=dtype.str, offset=base + off, stored=need)
 
 
-def _inflate(path: Path, fh, start: int, length: int) -> str:
-    """Inflate a zlib-compressed element into a temporary file (streamed, bounded memory); returns its path."""
+def _inflate(path: Path, fh, start: int, length: int, budget: int) -> tuple[str, int]:
+    """Inflate a zlib-compressed element into a temporary file (streamed, bounded memory and disk: at most
+    base.MAX_INFLATION times its compressed bytes plus base.INFLATION_SLACK_BYTES, and at most `budget`, what is left
+    of the file's allowance); returns its path and size."""
     fd, tmp = tempfile.mkstemp(prefix="dpot-mat5-", suffix=".bin")
     _TEMP_FILES.append(tmp)
     inflater = zlib.decompressobj()
     fh.seek(start)
     left = length
+    limit, written = min(allowed_bytes(length), budget), 0
     try:
         with os.fdopen(fd, "wb") as out:
-            while left > 0:
-                chunk = fh.read(min(left, 1 << 22))
-                if not chunk:
+            while left > 0 or inflater.unconsumed_tail:
+                if inflater.unconsumed_tail:
+                    chunk = inflater.unconsumed_tail
+                else:
+                    chunk = fh.read(min(left, 1 << 22))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+                piece = inflater.decompress(chunk, 1 << 24)
+                written += len(piece)
+                if written > limit:
+                    raise InputError(path, f"the compressed variable at offset {start} ({length} bytes) inflates to "
+                                           f"more than {limit} bytes (at most {MAX_INFLATION}x its bytes + "
+                                           f"{INFLATION_SLACK_BYTES}, and {MAX_INFLATION}x + {INFLATION_SLACK_BYTES}"
+                                           " for the whole file, dpot_data.sources.base.MAX_INFLATION): not what a "
+                                           ".mat file holds")
+                out.write(piece)
+                if inflater.eof:
                     break
-                left -= len(chunk)
-                out.write(inflater.decompress(chunk))
             out.write(inflater.flush())
     except zlib.error as exc:
         raise InputError(path, f"corrupt compressed variable at offset {start}: {exc}") from None
-    return tmp
+    return tmp, written
 
 
 def _open_v5(path: Path, header: bytes) -> _MatFile:
     """Index the numeric variables of a MAT v5 file (offsets and dims only, no data read)."""
     endian = "<" if header[126:128] == b"IM" else ">"
     size = path.stat().st_size
+    budget = allowed_bytes(on_disk_bytes(path))  # all compressed elements together inflate to at most this
     mat = _MatFile(path=path, container="mat-v5")
     with open(path, "rb") as fh:
         pos = 128
@@ -168,7 +193,8 @@ def _open_v5(path: Path, header: bytes) -> _MatFile:
                 name, var = _parse_matrix(path, str(path), fh.read(min(nbytes, 4096)), pos + 8, endian, size)
             elif mdtype == _MI_COMPRESSED:
                 mat.compressed = True
-                tmp = _inflate(path, fh, pos + 8, nbytes)
+                tmp, inflated = _inflate(path, fh, pos + 8, nbytes, budget)
+                budget -= inflated
                 with open(tmp, "rb") as inner:
                     head = inner.read(4096 + 8)
                 inner_type, inner_n, _ = _tag(head, 0, endian)
@@ -195,15 +221,18 @@ def _open_v73(path: Path) -> _MatFile:
     with h5:
         for name, obj in h5.items():
             if isinstance(obj, h5py.Dataset) and obj.dtype.kind in "fiu":
+                elsewhere = ("a virtual dataset (its data lives in other files)" if obj.is_virtual else
+                             "stored in external raw files" if obj.external else None)
                 mat.variables[name] = _Var(file=str(path), dims=tuple(reversed(obj.shape)), dtype=obj.dtype.str,
-                                           h5name=name)
+                                           h5name=name, stored=0 if elsewhere else obj.id.get_storage_size(),
+                                           elsewhere=elsewhere)
                 mat.compressed |= obj.compression is not None
     return mat
 
 
 def open_mat(path: str | Path) -> _MatFile:
     """Recognise a .mat file by its header (v5 or v7.3) and index its numeric variables; InputError otherwise."""
-    path = Path(path)
+    path = as_path(path)
     expected = "expected a MATLAB .mat file (v5, or v7.3/HDF5) with variables a (N,x,y), u (N,x,y,T), t (1,T)"
     if path.suffix.lower() != ".mat":
         raise InputError(path, f"{expected}; the name does not end in .mat")
@@ -239,31 +268,58 @@ def _check(mat: _MatFile) -> tuple[int, int, int, int]:
     if v["a"].dims != (n, nx, ny):
         raise InputError(mat.path, f"expected 'a' of shape (N, x, y) = {(n, nx, ny)} to match 'u' {v['u'].dims}, "
                                    f"found {v['a'].dims}")
+    check_sizes(mat.path, "u", trajectories=n, frames=nt + 1, space=(ny, nx))
+    for key in ("u", "a"):
+        var = v[key]
+        if var.elsewhere:
+            raise InputError(mat.path, f"{key}: {var.elsewhere}; expected the data stored in this file")
+        check_stored(mat.path, key, var.dims, np.dtype(var.dtype).itemsize, var.stored or 0)
+    check_file_total(mat.path, sum(math.prod(v[k].dims) * np.dtype(v[k].dtype).itemsize for k in ("u", "a")),
+                     "the variables u and a")
     return n, nx, ny, nt
 
 
 class _Trajectories(SampleBlocks):
-    """Lazy (N, T+1, 1, y, x) float32 view of one file: frame 0 = a, frames 1..T = u; read in sample blocks."""
+    """Lazy (N, T+1, 1, y, x) float32 view of one file: frame 0 = a, frames 1..T = u; read in sample blocks, each
+    read checked for NaN/Inf (`checks`) before it is copied, trajectory axis first, into the output block."""
 
-    def __init__(self, a: _Var, u: _Var) -> None:
-        self.a, self.u = a, u
+    def __init__(self, path: Path, a: _Var, u: _Var) -> None:
+        self.path, self.a, self.u = path, a, u
         n, nx, ny, nt = u.dims
         self.shape = (n, nt + 1, 1, ny, nx)
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
+    def _raw(self, key: str, n0: int, n1: int) -> np.ndarray:
+        """`a` (y, x, b) or `u` (T, y, x, b) of trajectories n0..n1-1, as stored (sample axis last)."""
+        try:
+            return getattr(self, key).read((Ellipsis, slice(n0, n1)))
+        except READ_ERRORS as exc:
+            raise read_error(self.path, key, f"{n0}..{n1 - 1}" if n1 - n0 > 1 else n0, exc) from None
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
         """Trajectories n0..n1-1 as float32 (b, T+1, 1, y, x)."""
-        u = self.u.read((Ellipsis, slice(n0, n1)))  # (T, y, x, b)
-        a = self.a.read((Ellipsis, slice(n0, n1)))  # (y, x, b)
+        check = self.checks if check is None else check
         out = np.empty((n1 - n0, self.shape[1], 1, self.shape[3], self.shape[4]), dtype=np.float32)
-        out[:, 0, 0] = np.moveaxis(a, -1, 0)
-        out[:, 1:, 0] = np.moveaxis(u, -1, 0)
+        for key, frames in (("a", 0), ("u", slice(1, None))):
+            raw = self._raw(key, n0, n1)
+            if check and not all_finite(raw):
+                j = next(j for j in range(n1 - n0) if not all_finite(raw[..., j]))
+                one = raw[..., j] if key == "u" else raw[None, ..., j]
+                raise nonfinite_error(self.path, key, n0 + j, one)
+            with np.errstate(over="ignore"):
+                out[:, frames, 0] = np.moveaxis(raw, -1, 0)
         return out
+
+    def finite_frames(self, n0: int, n1: int) -> np.ndarray:
+        ok = np.empty((n1 - n0, self.shape[1]), dtype=bool)
+        ok[:, 0] = frames_ok(np.moveaxis(self._raw("a", n0, n1), -1, 0)[:, None])[:, 0]
+        ok[:, 1:] = frames_ok(np.moveaxis(self._raw("u", n0, n1), -1, 0))
+        return ok
 
 
 def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
     """Physical times of frames 1..T from `t` when present and of the right length."""
     t = mat.variables.get("t")
-    if t is None or int(np.prod(t.dims)) != nt:
+    if t is None or math.prod(t.dims) != nt:
         return None
     return t.read().astype(np.float64).reshape(-1)
 
@@ -287,12 +343,15 @@ def reference_split(ids: Sequence[str], nu: float) -> tuple[np.ndarray | None, s
 
 def read(
     paths: Sequence[str | Path], *, viscosity: float | None = None, block: int = DEFAULT_BLOCK, name: str | None = None,
-    check_finite: bool = True, convention: str = "dpot-reference",
+    check_finite: bool | str = True, convention: str = "dpot-reference",
 ) -> ReadResult:
     """Open FNO Navier–Stokes .mat files lazily as one canonical dataset (all files must share viscosity, grid, T).
 
-    With `check_finite` (one streamed pass before anything is written), trajectories holding NaN or Inf are left
-    out and listed in `skipped` by id, as the other readers do.
+    With `check_finite=True` (one streamed pass when opened, before anything is written), trajectories holding NaN
+    or Inf are left out and listed in `skipped` by id, as the other readers do; with "raise" nothing is scanned when
+    opened and a block read meeting NaN or Inf raises InputError naming the file, the variable and the trajectory;
+    False keeps them. Declared shapes beyond the limits of dpot_data.sources.base, or beyond the bytes on disk
+    (v7.3 unwritten chunks, v5 compressed elements inflating past base.MAX_INFLATION), are refused.
 
     Stored axes: y = the MATLAB array's second spatial axis (d2), x = the first (d1), so a stored frame is
     `u[n, :, :, t].T`. Under the "dpot-reference" convention the trajectory is `u` alone (t = 1..T: the reference
@@ -301,6 +360,10 @@ def read(
     """
     if not paths:
         raise InputError("<no files>", "expected at least one FNO .mat file")
+    for p in paths:
+        text_path(p)
+    paths = distinct_files([as_path(p) for p in paths])
+    unique_names([p for p in paths if p.exists()])
     mats = [open_mat(p) for p in paths]
     shapes = [_check(m) for m in mats]
     nus = []
@@ -322,8 +385,8 @@ def read(
     parts, ids, skipped = [], [], []
     for m, (n, *_rest) in zip(mats, shapes):
         file_ids = [f"{m.path.name}#{i}" for i in range(n)]
-        traj, keep, bad = checked(_Trajectories(m.variables["a"], m.variables["u"]), block, file_ids, m.path.name,
-                                  check_finite)
+        traj, keep, bad = checked(_Trajectories(m.path, m.variables["a"], m.variables["u"]), block, file_ids,
+                                  m.path.name, check_finite)
         skipped.extend(bad)
         if keep.size:
             parts.append(to_dask(traj, block, "fno", file_token(m.path), keep.tolist()))

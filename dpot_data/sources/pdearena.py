@@ -21,37 +21,45 @@ import xarray as xr
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, files_in, frames_ok,
-                                        hdf5_problem, to_dask, unique_names)
+from dpot_data.sources._blocks import (SampleBlocks, all_finite, auto_block, check_file_total, check_h5_dataset,
+                                        check_sizes, checked, checked_rows, file_token, frames_ok, h5_rows,
+                                        hdf5_problem, input_files, to_dask)
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
 CHANNELS = ("u", "vx", "vy")
+OTHER_KEYS = ("t", "x", "y", "dt", "dx", "dy", "buo_y")  # what else a generator file holds beside the fields
 _NAME = re.compile(r"NavierStokes2D_(?P<split>train|valid|test)_(?P<seed>\d+)_(?P<buo>[0-9.]+?)(?:_(?P<n>\d+))?\.h5$")
 _COND_FOLDER = re.compile(r"condit?i?oned", re.IGNORECASE)  # the public folder is spelled "conditoned"
 
 
 class _Blocks(SampleBlocks):
-    """(N, T, 3, y, x) float32 view of one PDEArena file."""
+    """(N, T, 3, y, x) float32 view of one PDEArena file. A block is read field by field, one trajectory at a time,
+    straight into one reused float64 buffer (h5py `read_direct`), checked for NaN/Inf (and values beyond float32)
+    while in cache, and cast and transposed once into the preallocated output block."""
 
     def __init__(self, path: Path, group: str, shape: tuple[int, int, int, int]) -> None:
         self.path, self.group = path, group
         n, t, nx, ny = shape
         self.shape = (n, t, len(CHANNELS), ny, nx)
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        check = self.checks if check is None else check
         out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
-        with h5py.File(self.path, "r") as f:
+        with h5py.File(self.path, "r") as f, np.errstate(over="ignore"):  # beyond float32: Inf, as always
             g = f[self.group]
             for c, k in enumerate(CHANNELS):
-                out[:, :, c] = g[k][n0:n1].transpose(0, 1, 3, 2)  # (x, y) -> (y, x), float64 -> float32
+                for s0, raw in checked_rows(g[k], n0, n1, self.path, f"{self.group}/{k}", check):
+                    out[s0 - n0: s0 - n0 + len(raw), :, c] = raw.transpose(0, 1, 3, 2)  # (x, y) -> (y, x)
         return out
 
     def finite_frames(self, n0: int, n1: int) -> np.ndarray:
         ok = np.ones((n1 - n0, self.shape[1]), dtype=bool)
         with h5py.File(self.path, "r") as f:
             for k in CHANNELS:
-                ok &= frames_ok(f[self.group][k][n0:n1])
+                for s0, raw in h5_rows(f[self.group][k], n0, n1):
+                    if not all_finite(raw):
+                        ok[s0 - n0: s0 - n0 + len(raw)] &= frames_ok(raw)
         return ok
 
 
@@ -96,6 +104,18 @@ def _inspect(path: Path) -> dict[str, object]:
         for k in CHANNELS:
             if g[k].dtype.kind != "f":
                 raise InputError(path, f"{split}/{k}: expected floats, found {g[k].dtype}")
+        extra = [k for k in g.keys() if k not in CHANNELS and k not in OTHER_KEYS and isinstance(g[k], h5py.Dataset)
+                 and tuple(g[k].shape[:2]) == (n, nt) and len(g[k].shape) >= 3]
+        if extra:
+            raise InputError(path, f"{split}/{extra[0]}: expected the {len(CHANNELS)} fields {', '.join(CHANNELS)} "
+                                   f"of 2D Navier-Stokes (N, T, nx, ny), found {len(CHANNELS) + len(extra)}: "
+                                   f"{', '.join([*CHANNELS, *extra])}")
+        check_sizes(path, f"{split}/u", trajectories=n, frames=nt, space=(nx, ny), channels=len(CHANNELS))
+        for k in (*CHANNELS, "t", "x", "y", "buo_y"):
+            check_h5_dataset(path, f"{split}/{k}", g[k])
+        check_file_total(path, sum(g[k].nbytes for k in CHANNELS), f"{split}/u, vx, vy")
+        if "dt" in g and g["dt"].shape == (n,):
+            check_h5_dataset(path, f"{split}/dt", g["dt"])
         info = {
             "split": split, "shape": shape, "dtype": g["u"].dtype.name,
             "buo_y": np.asarray(g["buo_y"], dtype=np.float64),
@@ -108,24 +128,25 @@ def _inspect(path: Path) -> dict[str, object]:
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: bool | None = None,
-         block: int | None = None, check_finite: bool = True, convention: str = "dpot-reference") -> ReadResult:
+         block: int | None = None, check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
     """Open PDEArena NS files lazily as one dataset; the split and buo_y of every trajectory come from its file.
 
     Under the "dpot-reference" convention the `valid` files are training data (the reference trains on train and
     valid together, and tests on the test files); under "canonical" they stay "valid". The model sees the stored
     (x, y) either way (`model_layout` "xy": the reference's H, W are the raw axes 2, 3).
 
-    With `check_finite` (one streamed pass over the data before anything is written), trajectories holding NaN or
-    Inf, or whose data cannot be read (a file corrupt past its header), are left out and listed in `skipped` with
-    their id (a file none of whose trajectories can be read, by its name).
+    With `check_finite=True` (one streamed pass over the data when opened, before anything is written),
+    trajectories holding NaN or Inf, or whose data cannot be read (a file corrupt past its header), are left out and
+    listed in `skipped` with their id (a file none of whose trajectories can be read, by its name). With "raise"
+    nothing is scanned when opened: the block reads check the values they read and a trajectory holding NaN or Inf
+    raises InputError naming the file, the key and the trajectory. False keeps such values.
 
     `conditioned` picks the dataset name (pdearena-ns-cond or pdearena-ns); by default it is true when a folder
     name says "conditoned"/"conditioned", buo_y differs between trajectories, or trajectories have 56 frames.
     """
-    paths = sorted(set(files_in(paths, (".h5", ".hdf5"))), key=_order)
+    paths = sorted(input_files(paths, (".h5", ".hdf5")), key=_order)
     if not paths:
         raise InputError("<no files>", "expected PDEArena NavierStokes2D_*.h5 files")
-    unique_names(paths)
     skipped: list[tuple[str, str]] = []
     good: list[tuple[Path, dict[str, object]]] = []
     for p in paths:

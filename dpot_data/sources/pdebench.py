@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Sequence
@@ -25,9 +26,10 @@ import yaml
 
 from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import (SampleBlocks, auto_block, checked, file_token, files_in, frames_ok,
-                                        hdf5_problem, to_dask, unique_names)
-from dpot_data.sources.base import ReadResult
+from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, auto_block, check_file_total,
+                                        check_h5_dataset, check_sizes, checked, checked_rows, file_token, frames_ok,
+                                        h5_rows, hdf5_problem, input_files, nonfinite_error, read_error, to_dask)
+from dpot_data.sources.base import MAX_FRAMES, ReadResult
 
 READER_VERSION = "1"
 CFD_VARS = {2: ("Vx", "Vy", "density", "pressure"), 3: ("Vx", "Vy", "Vz", "density", "pressure")}
@@ -117,55 +119,82 @@ def _open(path: Path) -> h5py.File:
 # ------------------------------------------------------------------------------------------------- compressible NS
 
 class _CfdBlocks(SampleBlocks):
-    """(N, T, C, [Z,] Y, X) float32 view of a flat compressible-NS file."""
+    """(N, T, C, [Z,] Y, X) float32 view of a flat compressible-NS file.
+
+    A block is read field by field, one trajectory at a time for contiguous storage (the whole block for chunked
+    storage), straight into one reused buffer (h5py `read_direct`); each trajectory is checked for NaN/Inf while in
+    cache and copied once, spatial axes reversed, into the preallocated output block."""
 
     def __init__(self, path: Path, names: tuple[str, ...], shape: tuple[int, ...]) -> None:
         self.path, self.names = path, names
         n, t, *space = shape  # storage order (N, T, X, Y[, Z])
         self.shape = (n, t, len(names), *reversed(space))
+        self._reverse = (0, 1, *range(len(shape) - 1, 1, -1))  # (b, T, X, Y[, Z]) -> (b, T, [Z,] Y, X)
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        check = self.checks if check is None else check
         out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
-        with h5py.File(self.path, "r") as f:
+        with h5py.File(self.path, "r") as f, np.errstate(over="ignore"):  # float64 beyond float32: Inf, as always
             for c, name in enumerate(self.names):
-                raw = f[name][n0:n1]  # (b, T, X, Y[, Z])
-                out[:, :, c] = np.transpose(raw, (0, 1, *range(raw.ndim - 1, 1, -1)))  # one copy, to (y, x)
+                for s0, raw in checked_rows(f[name], n0, n1, self.path, name, check):
+                    out[s0 - n0: s0 - n0 + len(raw), :, c] = raw.transpose(self._reverse)
         return out
 
     def finite_frames(self, n0: int, n1: int) -> np.ndarray:
         ok = np.ones((n1 - n0, self.shape[1]), dtype=bool)
         with h5py.File(self.path, "r") as f:
             for name in self.names:
-                ok &= frames_ok(f[name][n0:n1])
+                for s0, raw in h5_rows(f[name], n0, n1):
+                    if not all_finite(raw):
+                        ok[s0 - n0: s0 - n0 + len(raw)] &= frames_ok(raw)
         return ok
 
 
 def _cfd_file(path: Path) -> dict[str, object]:
-    """Validate one compressible-NS file and collect its layout (no field data read)."""
+    """Validate one compressible-NS file and collect its layout (no field data read): the field set of its
+    dimension (density (N, T, X, Y) is 2D: Vx, Vy, density, pressure; (N, T, X, Y, Z) is 3D: Vz too), shapes within
+    the limits of dpot_data.sources.base and declared sizes backed by stored bytes."""
     with _open(path) as f:
-        dims = 3 if "Vz" in f else 2
+        rank = len(f["density"].shape) if isinstance(f.get("density"), h5py.Dataset) else None
+        dims = 3 if rank == 5 or (rank is None and "Vz" in f) else 2
         names = CFD_VARS[dims]
-        missing = [k for k in names if k not in f]
+        axes = f"(N, T, X, Y{', Z' if dims == 3 else ''})"
+        missing = [k for k in names if not isinstance(f.get(k), h5py.Dataset)]
         if missing:
-            raise InputError(path, f"expected datasets {list(names)} (N, T, X, Y{', Z' if dims == 3 else ''}); "
-                                   f"missing {missing}")
+            raise InputError(path, f"expected datasets {list(names)} {axes}, the {len(names)} fields of {dims}D "
+                                   f"compressible NS; missing {missing}")
         shape = tuple(f["density"].shape)
         if len(shape) != 2 + dims:
-            raise InputError(path, f"expected 'density' of rank {2 + dims} (N, T, X, Y{', Z' if dims == 3 else ''}), "
+            raise InputError(path, f"expected 'density' of rank 4 (N, T, X, Y) or 5 (N, T, X, Y, Z), "
                                    f"found shape {shape}")
+        if dims == 2 and "Vz" in f:
+            raise InputError(path, f"'Vz': expected the 4 fields {list(names)} of 2D compressible NS (density "
+                                   f"{shape} is 2D), found a fifth, Vz")
         for k in names:
             if tuple(f[k].shape) != shape:
                 raise InputError(path, f"expected {k!r} of shape {shape} like 'density', found {tuple(f[k].shape)}")
             if f[k].dtype.kind != "f":
                 raise InputError(path, f"expected {k!r} to hold floats, found {f[k].dtype}")
+        check_sizes(path, "density", trajectories=shape[0], frames=shape[1], space=shape[2:], channels=len(names))
+        for k in names:
+            check_h5_dataset(path, k, f[k])
+        check_file_total(path, sum(f[k].nbytes for k in names), f"the fields {list(names)}")
         coords = {}
         for axis, size in zip("xyz", shape[2:]):
             key = f"{axis}-coordinate"
             if key in f and f[key].shape == (size,):
+                check_h5_dataset(path, key, f[key])
                 coords[axis] = np.asarray(f[key], dtype=np.float64)
             else:
                 coords[axis] = (np.arange(size) + 0.5) / size
-        t_raw = np.asarray(f["t-coordinate"], dtype=np.float64).reshape(-1) if "t-coordinate" in f else None
+        t_raw = None
+        if "t-coordinate" in f:
+            t = f["t-coordinate"]
+            if not isinstance(t, h5py.Dataset) or t.size > MAX_FRAMES + 1:
+                raise InputError(path, f"'t-coordinate': expected the {shape[1] + 1} frame times (at most "
+                                       f"{MAX_FRAMES + 1}), found {getattr(t, 'shape', 'a group')}")
+            check_h5_dataset(path, "t-coordinate", t)
+            t_raw = np.asarray(t, dtype=np.float64).reshape(-1)
         attrs = {k: float(np.asarray(f.attrs[k]).reshape(-1)[0]) for k in ("M", "eta", "zeta") if k in f.attrs}
         dtype = f["density"].dtype.name
     return {"dims": dims, "names": names, "shape": shape, "coords": coords, "t": t_raw, "attrs": attrs,
@@ -266,37 +295,67 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
 # ------------------------------------------------------------------------------------------------- one group per sample
 
 class _GroupedBlocks(SampleBlocks):
-    """(N, T, C, Y, X) float32 view of a one-group-per-sample file; `data` is (T, y, x, C) in each group."""
+    """(N, T, C, Y, X) float32 view of a one-group-per-sample file; `data` is (T, y, x, C) in each group. A block is
+    read with one copy per value, each group's `data` straight into its place in a preallocated (b, T, y, x, C)
+    block (h5py `read_direct`) and checked there for NaN/Inf; the block is returned as its (b, T, C, y, x) view."""
 
     def __init__(self, path: Path, groups: list[str], shape: tuple[int, ...]) -> None:
         self.path, self.groups = path, groups
         t, y, x, c = shape
         self.shape = (len(groups), t, c, y, x)
+        self._raw = shape
 
-    def block(self, n0: int, n1: int) -> np.ndarray:
-        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
+    def _read(self, dset: h5py.Dataset, dest: np.ndarray, scratch: dict) -> np.ndarray:
+        """`data` of one group into `dest` (float32); returns the array as stored, to be judged."""
+        if dset.dtype.itemsize <= 4:
+            dset.read_direct(dest)
+            return dest
+        raw = scratch.setdefault(dset.dtype, np.empty(self._raw, dtype=dset.dtype.newbyteorder("=")))
+        dset.read_direct(raw)
+        with np.errstate(over="ignore"):
+            dest[...] = raw
+        return raw
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        check = self.checks if check is None else check
+        store = np.empty((n1 - n0, *self._raw), dtype=np.float32)
+        scratch: dict = {}
         with h5py.File(self.path, "r") as f:
             for i, g in enumerate(self.groups[n0:n1]):
-                out[i] = np.moveaxis(f[g]["data"][()], -1, 1)  # (T, y, x, C) -> (T, C, y, x)
-        return out
+                try:
+                    raw = self._read(f[g]["data"], store[i], scratch)
+                except READ_ERRORS as exc:
+                    raise read_error(self.path, f"{g}/data", g, exc) from None
+                if check and not all_finite(raw):
+                    raise nonfinite_error(self.path, f"{g}/data", g, raw)
+        return store.transpose(0, 1, 4, 2, 3)  # (b, T, y, x, C) -> (b, T, C, y, x), a view
 
     def finite_frames(self, n0: int, n1: int) -> np.ndarray:
+        ok = np.ones((n1 - n0, self.shape[1]), dtype=bool)
+        dest = np.empty(self._raw, dtype=np.float32)
+        scratch: dict = {}
         with h5py.File(self.path, "r") as f:
-            return np.stack([frames_ok(f[g]["data"][()][None])[0] for g in self.groups[n0:n1]]) if n1 > n0 else \
-                np.empty((0, self.shape[1]), bool)
+            for i, g in enumerate(self.groups[n0:n1]):
+                raw = self._read(f[g]["data"], dest, scratch)
+                if not all_finite(raw):
+                    ok[i] = frames_ok(raw[None])[0]
+        return ok
 
 
 def _grouped_kind(path: Path, channels: int) -> str:
-    """"dr" or "swe", from the file name when it tells, else from the channel count; they must agree."""
+    """"dr" or "swe", from the file name when it tells, else from the channel count; the channel count must be the
+    kind's (diffusion-reaction: 2, u and v; shallow water: 1, h)."""
     by_channels = {2: "dr", 1: "swe"}.get(channels)
     by_name = next((k for k, v in GROUPED.items() if v["marker"] in path.name), None)
-    if by_name and by_channels and by_name != by_channels:
-        raise InputError(path, f"the name says {GROUPED[by_name]['pde']} ({len(GROUPED[by_name]['channels'])} "
-                               f"channels) but 'data' has {channels}")
     kind = by_name or by_channels
     if kind is None:
-        raise InputError(path, f"expected 'data' with 2 channels (diffusion-reaction) or 1 (shallow water), "
-                               f"found {channels}")
+        raise InputError(path, f"'data': expected 2 channels (diffusion-reaction: u, v) or 1 (shallow water: h) on "
+                               f"its last axis (T, y, x, C), found {channels}")
+    spec = GROUPED[kind]
+    if channels != len(spec["channels"]):
+        raise InputError(path, f"'data': expected {len(spec['channels'])} channel{'s' * (len(spec['channels']) > 1)}"
+                               f" ({', '.join(spec['channels'])}) on its last axis (T, y, x, C), as the name says "
+                               f"{spec['pde']}; found {channels}")
     return kind
 
 
@@ -324,6 +383,7 @@ def _grouped_file(path: Path) -> dict[str, object]:
                         key=lambda k: (0, int(k)) if k.isdigit() else (1, k))
         if not groups:
             raise InputError(path, "expected groups '0000', '0001', ... each holding 'data' (T, y, x, C)")
+        check_sizes(path, "groups", trajectories=len(groups))
         shape = None
         for g in groups:
             if "data" not in f[g]:
@@ -334,9 +394,11 @@ def _grouped_file(path: Path) -> dict[str, object]:
                 raise InputError(path, f"group {g!r}: expected 'data' float (T, y, x, C), found {d.dtype} {d.shape}")
             if shape is None:
                 shape = tuple(d.shape)
+                check_sizes(path, f"{g}/data", frames=shape[0], space=shape[1:3], channels=shape[3])
             elif tuple(d.shape) != shape:
                 raise InputError(path, f"group {g!r}: expected 'data' of shape {shape} like group {groups[0]!r}, "
                                        f"found {tuple(d.shape)}")
+            check_h5_dataset(path, f"{g}/data", d)
         g0 = f[groups[0]]
         grid = {}
         for axis, size in zip("tyx", shape[:3]):
@@ -347,6 +409,8 @@ def _grouped_file(path: Path) -> dict[str, object]:
         seeds = [_seed_of(f[g].attrs.get("config"), g) for g in groups]
         compression = g0["data"].compression
         dtype = g0["data"].dtype.name
+    check_file_total(path, len(groups) * math.prod(shape) * np.dtype(dtype).itemsize,
+                     f"the 'data' of the {len(groups)} groups")
     return {"groups": groups, "shape": shape, "grid": grid, "config": config, "seeds": seeds,
             "compression": compression, "dtype": dtype}
 
@@ -426,22 +490,24 @@ def layout(path: Path) -> str:
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | None = None,
-         check_finite: bool = True, convention: str = "dpot-reference") -> ReadResult:
+         check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
     """Open PDEBench files lazily as one canonical dataset (all files of one kind and parameter set).
 
     Among several files, one that cannot be opened (truncated, corrupt) is skipped and reported; a single bad
-    file, or files of different kinds, raise InputError naming the file. With `check_finite` (one streamed pass over
-    the data before anything is written), trajectories holding NaN or Inf, or whose data cannot be read (a file
-    corrupt past its header), are left out and listed in `skipped` with their id (a file none of whose
-    trajectories can be read, by its name).
+    file, files of different kinds, a wrong field or channel count, or declared sizes beyond the limits of
+    dpot_data.sources.base raise InputError naming the file. With `check_finite=True` (one streamed pass over the
+    data when opened, before anything is written), trajectories holding NaN or Inf, or whose data cannot be read (a
+    file corrupt past its header), are left out and listed in `skipped` with their id (a file none of whose
+    trajectories can be read, by its name). With "raise" nothing is scanned when opened: the block reads check the
+    values they read and a trajectory holding NaN or Inf raises InputError naming the file, the key and the
+    trajectory. False keeps such values.
     """
-    paths = files_in(paths, (".h5", ".hdf5"))
+    paths = input_files(paths, (".h5", ".hdf5"))
     if not paths:
         raise InputError("<no files>", "expected at least one PDEBench HDF5 file")
     for p in paths:
         if not p.is_file():
             raise InputError(p, "file not found")
-    unique_names(paths)
     skipped: list[tuple[str, str]] = []
     good: list[Path] = []
     for p in paths:
