@@ -235,13 +235,17 @@ def _ingest_command(source: str, help_text: str) -> None:
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="dask.distributed scheduler address."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a complete earlier ingest in --out."),
         stats: bool = typer.Option(True, "--stats/--no-stats", help="Normalisation statistics of the train split."),
+        nonfinite: str = typer.Option("skip", "--nonfinite", help="Trajectories holding NaN/Inf: skip (found by one "
+                                      "scan of the files when opened, left out and listed in the manifest) or raise "
+                                      "(no scan, values checked as they are read: faster; the ingest stops naming "
+                                      "the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
         options = dict(resolution=resolution or None, channels=channels, fill=fill, resample=resample,
                        mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
                        split=split, convention=convention, seed=seed, name=name, shard_size=shard_size,
                        segment=segment, block=block, overwrite=overwrite, progress=progress, stats=stats,
-                       workers=workers, scheduler=scheduler)
+                       workers=workers, scheduler=scheduler, nonfinite=nonfinite)
         runs, failed = _run_ingest(source, files, out, options, dataset)
         _report_ingest(runs, failed)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import dask
+import dask.local
 
 from dpot_data.errors import InputError
 
@@ -143,5 +144,12 @@ def scheduler_context(options: SchedulerOptions) -> Iterator[Runner]:
 
 
 def compute_in_task(obj: Any) -> Any:
-    """Compute a dask collection from inside a running task without starting another thread pool."""
+    """Compute a dask collection from inside a running task without starting another thread pool. A dask array of
+    one chunk (what a block task reads) is computed as that chunk's key alone: the reader's block itself, without
+    the copy dask's array finalize makes."""
+    if getattr(obj, "numblocks", None) is not None and all(n == 1 for n in obj.numblocks):
+        key = obj.__dask_keys__()
+        while isinstance(key, list):
+            key = key[0]
+        return dask.local.get_sync(obj.__dask_graph__(), key)
     return dask.compute(obj, scheduler="synchronous")[0]

@@ -469,3 +469,27 @@ def test_compressed_v5_elements_within_the_limit_still_inflate(tmp_path):
     values = fno.read([path], convention="canonical").data["fields"].values
     np.testing.assert_array_equal(values[:, 1:, 0], np.transpose(u, (0, 3, 2, 1)))
     assert zlib  # the MAT v5 compressed elements are zlib streams
+
+
+def test_nonfinite_option_chooses_skip_or_raise_through_ingest_and_cli(tmp_path, cns, monkeypatch):
+    """`--nonfinite raise` (IngestOptions.nonfinite) reads without the scan and stops at the bad trajectory with one
+    line; the default `skip` scans and leaves it out; anything else is refused naming the option."""
+    _with_nan(cns, "pressure", (2, 1, 0, 0))
+    from dpot_data.sources import _blocks
+
+    skipped = ingest_files("pdebench", [cns], tmp_path / "skip", IngestOptions(**OPTS))
+    assert [s["what"] for s in skipped["datasets"][0]["skipped"]] == [f"{cns.name}#2"]
+    monkeypatch.setattr(_blocks, "scan", lambda *a, **k: pytest.fail("scanned when opened"))
+    _refused(lambda: ingest_files("pdebench", [cns], tmp_path / "lib", IngestOptions(**OPTS, nonfinite="raise")),
+             cns.name, "pressure: trajectory 2 holds NaN or Inf")
+    _no_manifest(tmp_path / "lib")
+    _one_error_line(_cli("pdebench", cns, "--out", tmp_path / "cli", "--resolution", "0", "--nonfinite", "raise"),
+                    cns.name, "trajectory 2 holds NaN or Inf")
+    _no_manifest(tmp_path / "cli")
+    _one_error_line(_cli("pdebench", cns, "--out", tmp_path / "bad", "--nonfinite", "sometimes"), "--nonfinite",
+                    "expected one of skip, raise")
+
+
+def test_paths_given_as_bytes_reach_the_reader(tmp_path, cns):
+    manifest = ingest_files("pdebench", [os.fsencode(cns)], tmp_path / "out", IngestOptions(**OPTS))
+    assert manifest["datasets"][0]["trajectories"] == 3

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +26,7 @@ from dpot_data import manifest as mf
 from dpot_data import stats as st
 from dpot_data.errors import InputError
 from dpot_format.io import sha256_file
-from dpot_data.ingest.options import CONVENTIONS, FORMATS, IngestOptions, IngestOutcome, parse_split
+from dpot_data.ingest.options import CONVENTIONS, FORMATS, IngestOptions, IngestOutcome, check_options, parse_split
 from dpot_data.ingest.plan import IngestPlan, assign_splits, resampled_coord, zarr_attrs
 from dpot_data.ingest.plan import plan as make_plan
 from dpot_data.ingest.publish import OutputLock, existing_manifest, left_alone_note
@@ -111,14 +112,16 @@ def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions
         reader_options.setdefault("block", options.block)
     if options is not None:
         reader_options.setdefault("convention", options.convention)
+        reader_options.setdefault("check_finite", True if options.nonfinite == "skip" else options.nonfinite)
     try:
         module = load_source(source)
     except ValueError as exc:
         raise InputError(source, str(exc)) from None
     params = inspect.signature(module.read).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        reader_options = {k: v for k, v in reader_options.items() if k not in ("block", "convention") or k in params}
-    return module.read([Path(p) for p in paths], **reader_options)
+        reader_options = {k: v for k, v in reader_options.items()
+                          if k not in ("block", "convention", "check_finite") or k in params}
+    return module.read([Path(os.fsdecode(p)) for p in paths], **reader_options)
 
 
 def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
@@ -133,6 +136,8 @@ def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
     from dpot_data import remote
 
     opts = options or IngestOptions()
+    check_options(opts)  # before anything is read
+    paths = [os.fsdecode(p) for p in paths]  # str, Path or bytes (a name that is not UTF-8 arrives as bytes)
     staged = remote.prepare(paths, out, opts.overwrite, workdir)
     if staged.existing is not None:
         return staged.existing

@@ -12,6 +12,7 @@ from dpot_data.writers.wds_shards import DEFAULT_SHARD_BYTES
 FORMATS = ("zarr", "wds")
 CONVENTIONS = ("dpot-reference", "canonical")
 MODEL_LAYOUTS = ("xy", "yx")
+NONFINITE = ("skip", "raise")  # IngestOptions.nonfinite -> the readers' check_finite: True (scan) or "raise"
 NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command"})
 
 
@@ -34,6 +35,9 @@ class IngestOptions:
     shard_size: int = DEFAULT_SHARD_BYTES
     segment: int | None = None  # frames per piece; defaults to the reader's when trajectories differ in length
     block: int | None = None  # trajectories per task, passed to readers that take `block` (tasks follow dask chunks)
+    # trajectories holding NaN/Inf: "skip" (found by a scan when the files are opened, left out and listed) or
+    # "raise" (no scan: checked in the block read, the ingest stops naming the trajectory)
+    nonfinite: str = "skip"
     overwrite: bool = False
     progress: bool = False
     stats: bool = True
@@ -86,6 +90,8 @@ def check_options(opts: IngestOptions) -> tuple[str, ...]:
         raise InputError("--convention", f"expected one of {', '.join(CONVENTIONS)}, got {opts.convention!r}")
     if opts.mask_resample not in MASK_METHODS:
         raise InputError("--mask-resample", f"expected one of {', '.join(MASK_METHODS)}, got {opts.mask_resample!r}")
+    if opts.nonfinite not in NONFINITE:
+        raise InputError("--nonfinite", f"expected one of {', '.join(NONFINITE)}, got {opts.nonfinite!r}")
     if opts.shard_size < 1:
         raise InputError("--shard-size", f"expected a positive byte count, got {opts.shard_size}")
     return formats

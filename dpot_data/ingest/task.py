@@ -56,6 +56,9 @@ def _cut(task: BlockTask, raw: np.ndarray, mask: np.ndarray, pieces: list[Piece]
     """The pieces' frames and masks, stacked in stored order."""
     if not pieces:
         return np.empty((0, task.frames) + raw.shape[2:], np.float32), np.empty((0,) + mask.shape[1:], np.uint8)
+    whole = [p.source - i0 for p in pieces] == list(range(len(raw))) and task.frames == raw.shape[1]
+    if whole and all(p.start == 0 for p in pieces):  # every trajectory of the block, whole: nothing to cut
+        return raw, mask
     f = np.stack([raw[p.source - i0, p.start:p.start + task.frames] for p in pieces])
     return f, np.stack([mask[p.source - i0] for p in pieces])
 
