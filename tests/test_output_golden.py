@@ -53,7 +53,7 @@ def _digests(manifest: dict, out: Path) -> dict:
         facts = {k: v for k, v in entry.items() if k not in ("inputs", "provenance")}
         if entry["zarr"]:
             group = out / entry["zarr"]["path"] / entry["zarr"]["group"]
-            facts["chunk_files"] = {name: _tree_digest(group / name / "c") for name in ("fields", "mask")}
+            facts["chunk_files"] = {name: _tree_digest(group / name) for name in ("fields", "mask")}
         found[entry["name"]] = facts
     return found
 
@@ -61,7 +61,7 @@ def _digests(manifest: dict, out: Path) -> dict:
 def _tree_digest(folder: Path) -> str:
     """sha256 over the relative paths and bytes of every file below `folder`, in sorted order."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "zarr.json"):
         digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

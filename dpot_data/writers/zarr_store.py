@@ -26,6 +26,8 @@ CODECS: dict[str, tuple[Any, Any]] = {
     "zstd-3": (ZstdCodec(level=3, checksum=False), Zstd(level=3)),  # schema version 1
 }
 CODEC_NAME = "blosc-lz4-shuffle"
+# chunk files named "c.<row>.0.0..." beside the array's zarr.json: one file per trajectory and no folder per chunk
+CHUNK_KEYS = {"name": "default", "separator": "."}
 
 
 @dataclass
@@ -146,7 +148,8 @@ class ZarrDatasetWriter:
     def _array(self, name: str, shape: tuple, chunks: tuple, dtype: str, dims: list[str], fill: Any,
                extra: Mapping[str, Any] | None = None) -> zarr.Array:
         attrs = {"long_name": LONG_NAMES.get(name, name), **(extra or {})}
-        return self.group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, compressors=CODECS[self.layout.codec][0],
+        return self.group.create_array(name, shape=shape, chunks=chunks, dtype=dtype,
+                                       compressors=CODECS[self.layout.codec][0], chunk_key_encoding=CHUNK_KEYS,
                                        fill_value=fill, dimension_names=dims, attributes=_json_safe(attrs))
 
     def _put(self, name: str, values: np.ndarray, dims: list[str], extra: Mapping[str, Any] | None = None) -> None:
@@ -178,16 +181,11 @@ class ZarrDatasetWriter:
     def _put_chunk(self, name: str, row: int, data: bytes | None) -> None:
         """Store (or, for a fill-value chunk, remove) the chunk of trajectory `row` of array `name`."""
         ndim = len(self.fields.shape) if name == "fields" else len(self.mask.shape)
-        path = self.store_path / self.layout.group / name / "c" / str(row) / "/".join(["0"] * (ndim - 1))
+        path = self.store_path / self.layout.group / name / ".".join(["c", str(row)] + ["0"] * (ndim - 1))
         if data is None:
             path.unlink(missing_ok=True)
             return
-        try:
-            fh = open(path, "wb")
-        except FileNotFoundError:  # the chunk's folders do not exist yet (always, but when rewriting on a resume)
-            os.makedirs(path.parent, exist_ok=True)
-            fh = open(path, "wb")
-        with fh:
+        with open(path, "wb") as fh:
             fh.write(data)
 
     def close(self) -> dict[str, str]:
