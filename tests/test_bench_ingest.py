@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import ingest as bench_ingest  # noqa: E402
 
 PASS_FIGURES = ("wall_s", "cpu_s", "peak_rss_bytes", "output_bytes", "input_mb_s", "cpu_ns_per_byte")
-LOCAL_PASSES = ("read", "baseline", "default", "zarr", "wds")
+LOCAL_PASSES = ("read", "baseline", "default", "zarr", "wds", "raise")
 
 
 def test_trajectory_count_fills_the_requested_size() -> None:
@@ -70,7 +70,8 @@ def test_json_line_has_every_figure(run: dict) -> None:
     goals = result["goals"]
     assert set(goals) == {"default / baseline speed", "wds / baseline speed", "default / I/O floor efficiency",
                           "default CPU ns per input byte", "peak RSS of default (GB)", "peak RSS of zarr (GB)",
-                          "peak RSS of wds (GB)", "peak RSS of cluster (GB)", "cluster / local threads wall"}
+                          "peak RSS of wds (GB)", "peak RSS of cluster (GB)", "cluster / local threads wall",
+                          "raise / baseline speed", "peak RSS of raise (GB)"}
     for name, goal in goals.items():
         measured = "cluster" not in name
         assert (goal["value"] is not None) == measured and (goal["met"] in (True, False)) == measured, name
@@ -91,7 +92,7 @@ def test_report_prints_the_table_and_goal_verdicts(run: dict) -> None:
     lines = run["lines"]
     assert any(line.split()[:2] == ["pass", "wall"] for line in lines)
     goal_lines = [line for line in lines if line.startswith("goal ")]
-    assert len(goal_lines) == 9
+    assert len(goal_lines) == 11
     assert all(line.endswith((": met", ": missed", ": not measured")) for line in goal_lines)
     assert any(line.startswith("projection: ") for line in lines)
     assert any(line.startswith("profile ") for line in lines)
