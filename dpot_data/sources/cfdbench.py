@@ -301,11 +301,20 @@ class _ReferencePieces(SampleBlocks):
         return out
 
 
-def _read_reference(cases: list[Case], listed: list[str], skipped: list[tuple[str, str]], name: str | None,
-                    segment: int, block: int | None, checks: bool = True) -> ReadResult:
-    """The dpot-reference convention: the reference's pieces, channels, split and orientation. `listed`: the ids of
-    every case folder given (readable or not), over which the reference's shuffle runs, so that a case left out for
-    unreadable or non-finite data does not move the others between splits."""
+def _case_files(cases: Sequence[Case]) -> list[Path]:
+    """The u.npy, v.npy and case.json of each case, in order: what is hashed and recorded as the inputs."""
+    return [c.folder / n for c in cases for n in ("u.npy", "v.npy", "case.json")]
+
+
+def _geometry_masks(cases: Sequence[Case], grid: tuple[int, int], fields: da.Array) -> da.Array:
+    """The geometry mask of each sample's case, chunked along samples like `fields`."""
+    masks = np.stack([geometry_mask(c.problem, c.params, grid) for c in cases])
+    return da.from_array(masks, chunks=(fields.chunks[0], *grid))
+
+
+def _reference_cases(cases: list[Case], listed: list[str],
+                     skipped: list[tuple[str, str]]) -> tuple[list[Case], dict[str, str]]:
+    """The cases the reference trains or tests on and its split of `listed`; the others are added to `skipped`."""
     kept = []
     for c in cases:
         if c.problem not in REFERENCE_PROBLEMS:
@@ -324,19 +333,15 @@ def _read_reference(cases: list[Case], listed: list[str], skipped: list[tuple[st
     for c in kept:
         if splits[c.id] == "dev":
             skipped.append((c.id, "the reference's dev part of its case split (never used by DPOT)"))
-    kept = [c for c in kept if splits[c.id] != "dev"]
-    pieces = [(c, k) for c in kept for k in range(math.ceil(c.frames / segment))]
-    grid = kept[0].grid
-    blk = auto_block(segment * len(REFERENCE_CHANNELS) * grid[0] * grid[1] * 4, block)
-    token = [file_token(c.folder / n) for c in kept for n in ("u.npy", "v.npy", "case.json")]
-    pieces_blocks = _ReferencePieces(pieces, segment)
-    pieces_blocks.checks = checks
-    fields = to_dask(pieces_blocks, blk, "cfdbench-reference", token, segment)
-    masks = np.stack([geometry_mask(c.problem, c.params, grid) for c, _ in pieces])
-    mask = da.from_array(masks, chunks=(fields.chunks[0], *grid))
-    ny, nx = grid
+    return [c for c in kept if splits[c.id] != "dev"], splits
+
+
+def _reference_dataset(kept: list[Case], pieces: list[tuple[Case, int]], fields: da.Array, mask: da.Array,
+                       name: str | None, segment: int) -> xr.Dataset:
+    """The dpot-reference dataset of the pieces: channels u, v, mask, the reference's orientation and split rule."""
+    ny, nx = kept[0].grid
     order = {p: i for i, p in enumerate(KEYS)}
-    data = xr.Dataset(
+    return xr.Dataset(
         {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
         coords={"sample": np.array([f"{c.id}#0/seg{k}" for c, k in pieces], dtype=str),
                 "time": FRAME_DT * np.arange(segment), "channel": np.array(REFERENCE_CHANNELS),
@@ -357,13 +362,30 @@ def _read_reference(cases: list[Case], listed: list[str], skipped: list[tuple[st
                    "cases": {c.id: {"frames": c.frames, "dtype": list(c.dtypes), "case": c.params} for c in kept},
                }},
     )
+
+
+def _read_reference(cases: list[Case], listed: list[str], skipped: list[tuple[str, str]], name: str | None,
+                    segment: int, block: int | None, checks: bool = True) -> ReadResult:
+    """The dpot-reference convention: the reference's pieces, channels, split and orientation. `listed`: the ids of
+    every case folder given (readable or not), over which the reference's shuffle runs, so that a case left out for
+    unreadable or non-finite data does not move the others between splits."""
+    kept, splits = _reference_cases(cases, listed, skipped)
+    pieces = [(c, k) for c in kept for k in range(math.ceil(c.frames / segment))]
+    grid = kept[0].grid
+    blk = auto_block(segment * len(REFERENCE_CHANNELS) * grid[0] * grid[1] * 4, block)
+    token = [file_token(p) for p in _case_files(kept)]
+    pieces_blocks = _ReferencePieces(pieces, segment)
+    pieces_blocks.checks = checks
+    fields = to_dask(pieces_blocks, blk, "cfdbench-reference", token, segment)
+    mask = _geometry_masks([c for c, _ in pieces], grid, fields)
+    data = _reference_dataset(kept, pieces, fields, mask, name, segment)
     sample_params = {
         "problem": np.array([c.problem for c, _ in pieces]),
         "subset": np.array([c.subset for c, _ in pieces]),
         "velocity": np.array([float(c.params[VELOCITY_KEY[c.problem]]) for c, _ in pieces]),
     }
     return ReadResult(data=data, split=np.array([splits[c.id] for c, _ in pieces]), sample_params=sample_params,
-                      skipped=skipped, inputs=[c.folder / n for c in kept for n in ("u.npy", "v.npy", "case.json")])
+                      skipped=skipped, inputs=_case_files(kept))
 
 
 class _Blocks(SampleBlocks):
@@ -382,6 +404,112 @@ class _Blocks(SampleBlocks):
                 for c, name in enumerate(CHANNELS):
                     out[i, : case.frames, c] = _load(case, name, check)
         return out
+
+
+def _check_options(paths: list[Path], problems: Sequence[str] | None, convention: str) -> None:
+    """Refuse an empty input list, unknown problems and an unknown convention before any file is looked at."""
+    if not paths:
+        raise InputError("<no files>", "expected a CFDBench folder or case folders")
+    if problems is not None and not set(problems) <= set(KEYS):
+        raise InputError(",".join(problems), f"unknown CFDBench problem(s); expected some of {sorted(KEYS)}")
+    if convention not in CONVENTIONS:
+        raise InputError("--convention", f"expected one of {', '.join(CONVENTIONS)}, got {convention!r}")
+
+
+def _gather_cases(paths: list[Path],
+                  problems: Sequence[str] | None) -> tuple[list[Case], list[str], list[tuple[str, str]]]:
+    """The readable cases of the wanted problems (sorted), the ids of every case folder listed, the unreadable ones."""
+    cases: list[Case] = []
+    skipped: list[tuple[str, str]] = []
+    listed: list[str] = []
+    for folder in _case_folders(paths):
+        if problems is not None and folder.parent.parent.name not in problems:
+            continue
+        listed.append(_case_id(folder))
+        case = _check_case(folder)
+        if isinstance(case, str):
+            skipped.append((_case_id(folder), case))
+        else:
+            cases.append(case)
+    if not cases:
+        raise InputError(paths[0], "no readable CFDBench case: " + ("; ".join(f"{w}: {r}" for w, r in skipped)
+                                                                     or "none matched"))
+    order = {p: i for i, p in enumerate(KEYS)}
+    cases.sort(key=lambda c: (order[c.problem], c.subset, c.number))
+    return cases, listed, skipped
+
+
+def _check_grids(cases: list[Case]) -> None:
+    """Refuse a case whose grid differs from the first case's: one dataset has one grid."""
+    grid = cases[0].grid
+    for c in cases:
+        if c.grid != grid:
+            raise InputError(c.folder / "u.npy", f"expected a {grid[0]}x{grid[1]} grid like {cases[0].id}, "
+                                                 f"found {c.grid[0]}x{c.grid[1]}")
+
+
+def _usable_cases(paths: list[Path], cases: list[Case], skipped: list[tuple[str, str]], block: int | None,
+                  check_finite: bool | str) -> tuple[list[Case], np.ndarray, int, bool]:
+    """The cases `check_finite` keeps (others go to `skipped`), their lengths, the block size, whether reads check."""
+    grid = cases[0].grid
+    lengths = np.array([c.frames for c in cases], dtype=np.int64)
+    t_max = int(lengths.max())
+    blk = auto_block(t_max * len(CHANNELS) * grid[0] * grid[1] * 4, block)
+    all_ids = [f"{c.id}#0" for c in cases]
+    scanned, keep, bad = checked(_Blocks(cases, t_max), blk, all_ids, "all cases", check_finite, lengths)
+    skipped.extend(bad)
+    if keep.size == 0:
+        raise InputError(paths[0], "no usable CFDBench case: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
+    return [cases[i] for i in keep], lengths[keep], blk, scanned.checks
+
+
+def _canonical_params(cases: list[Case]) -> dict[str, np.ndarray]:
+    """Per-case parameters of the canonical convention: problem, subset, density, viscosity, velocity, domain size."""
+    sizes = np.array([domain_size(c.problem, c.params) for c in cases])
+    return {
+        "problem": np.array([c.problem for c in cases]),
+        "subset": np.array([c.subset for c in cases]),
+        "density": np.array([float(c.params["density"]) for c in cases]),
+        "viscosity": np.array([float(c.params["viscosity"]) for c in cases]),
+        "velocity": np.array([float(c.params[VELOCITY_KEY[c.problem]]) for c in cases]),
+        "domain_width": sizes[:, 0],
+        "domain_height": sizes[:, 1],
+    }
+
+
+def _canonical_dataset(cases: list[Case], fields: da.Array, mask: da.Array, name: str | None,
+                       t_max: int) -> xr.Dataset:
+    """The canonical dataset: one NaN-padded (u, v) trajectory per case on the unit square's cell centres."""
+    ny, nx = cases[0].grid
+    order = {p: i for i, p in enumerate(KEYS)}
+    return xr.Dataset(
+        {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
+        coords={"sample": np.array([f"{c.id}#0" for c in cases], dtype=str),
+                "time": FRAME_DT * np.arange(t_max), "channel": np.array(CHANNELS),
+                "y": (np.arange(ny) + 0.5) / ny, "x": (np.arange(nx) + 0.5) / nx},
+        attrs={"source": "cfdbench", "dataset": manifest_name(name or "cfdbench"), "boundary": "non-periodic",
+               "parameters": {"problems": sorted({c.problem for c in cases}, key=order.get)}, "dt": FRAME_DT,
+               "provenance": {
+                   "reader": "dpot_data.sources.cfdbench", "reader_version": READER_VERSION,
+                   "coordinates": "x, y are cell centres of the unit square; the physical domain of each case is "
+                                  "domain_width x domain_height (sample params)",
+                   "cases": {c.id: {"frames": c.frames, "dtype": list(c.dtypes), "case": c.params} for c in cases},
+               }},
+    )
+
+
+def _read_canonical(cases: list[Case], lengths: np.ndarray, skipped: list[tuple[str, str]], name: str | None,
+                    segment: int, blk: int, checks: bool) -> ReadResult:
+    """The canonical convention: one variable-length (u, v) trajectory per case, cut into pieces by ingest."""
+    t_max = int(lengths.max())
+    blocks = _Blocks(cases, t_max)
+    blocks.checks = checks
+    token = [file_token(p) for p in _case_files(cases)]
+    fields = to_dask(blocks, blk, "cfdbench", token, t_max)
+    mask = _geometry_masks(cases, cases[0].grid, fields)
+    data = _canonical_dataset(cases, fields, mask, name, t_max)
+    return ReadResult(data=data, lengths=lengths, segment=int(segment), sample_params=_canonical_params(cases),
+                      skipped=skipped, inputs=_case_files(cases))
 
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int = DEFAULT_SEGMENT,
@@ -405,77 +533,10 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, segment: int =
     "canonical": variable-length trajectories (u, v) that ingest cuts into pieces after a seeded split.
     """
     paths = [as_path(p) for p in paths]
-    if not paths:
-        raise InputError("<no files>", "expected a CFDBench folder or case folders")
-    if problems is not None and not set(problems) <= set(KEYS):
-        raise InputError(",".join(problems), f"unknown CFDBench problem(s); expected some of {sorted(KEYS)}")
-    if convention not in CONVENTIONS:
-        raise InputError("--convention", f"expected one of {', '.join(CONVENTIONS)}, got {convention!r}")
-    cases: list[Case] = []
-    skipped: list[tuple[str, str]] = []
-    listed: list[str] = []
-    for folder in _case_folders(paths):
-        if problems is not None and folder.parent.parent.name not in problems:
-            continue
-        listed.append(_case_id(folder))
-        case = _check_case(folder)
-        if isinstance(case, str):
-            skipped.append((_case_id(folder), case))
-        else:
-            cases.append(case)
-    if not cases:
-        raise InputError(paths[0], "no readable CFDBench case: " + ("; ".join(f"{w}: {r}" for w, r in skipped)
-                                                                     or "none matched"))
-    order = {p: i for i, p in enumerate(KEYS)}
-    cases.sort(key=lambda c: (order[c.problem], c.subset, c.number))
-    grid = cases[0].grid
-    for c in cases:
-        if c.grid != grid:
-            raise InputError(c.folder / "u.npy", f"expected a {grid[0]}x{grid[1]} grid like {cases[0].id}, "
-                                                 f"found {c.grid[0]}x{c.grid[1]}")
-    lengths = np.array([c.frames for c in cases], dtype=np.int64)
-    t_max = int(lengths.max())
-    blk = auto_block(t_max * len(CHANNELS) * grid[0] * grid[1] * 4, block)
-    all_ids = [f"{c.id}#0" for c in cases]
-    scanned, keep, bad = checked(_Blocks(cases, t_max), blk, all_ids, "all cases", check_finite, lengths)
-    skipped.extend(bad)
-    if keep.size == 0:
-        raise InputError(paths[0], "no usable CFDBench case: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
-    cases = [cases[i] for i in keep]
-    lengths = lengths[keep]
+    _check_options(paths, problems, convention)
+    cases, listed, skipped = _gather_cases(paths, problems)
+    _check_grids(cases)
+    cases, lengths, blk, checks = _usable_cases(paths, cases, skipped, block, check_finite)
     if convention == "dpot-reference":
-        return _read_reference(cases, listed, skipped, name, int(segment), block, scanned.checks)
-    t_max = int(lengths.max())
-    blocks = _Blocks(cases, t_max)
-    blocks.checks = scanned.checks
-    token = [file_token(c.folder / n) for c in cases for n in ("u.npy", "v.npy", "case.json")]
-    fields = to_dask(blocks, blk, "cfdbench", token, t_max)
-    masks = np.stack([geometry_mask(c.problem, c.params, grid) for c in cases])
-    mask = da.from_array(masks, chunks=(fields.chunks[0], *grid))
-    sizes = np.array([domain_size(c.problem, c.params) for c in cases])
-    sample_params = {
-        "problem": np.array([c.problem for c in cases]),
-        "subset": np.array([c.subset for c in cases]),
-        "density": np.array([float(c.params["density"]) for c in cases]),
-        "viscosity": np.array([float(c.params["viscosity"]) for c in cases]),
-        "velocity": np.array([float(c.params[VELOCITY_KEY[c.problem]]) for c in cases]),
-        "domain_width": sizes[:, 0],
-        "domain_height": sizes[:, 1],
-    }
-    ny, nx = grid
-    data = xr.Dataset(
-        {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
-        coords={"sample": np.array([f"{c.id}#0" for c in cases], dtype=str),
-                "time": FRAME_DT * np.arange(t_max), "channel": np.array(CHANNELS),
-                "y": (np.arange(ny) + 0.5) / ny, "x": (np.arange(nx) + 0.5) / nx},
-        attrs={"source": "cfdbench", "dataset": manifest_name(name or "cfdbench"), "boundary": "non-periodic",
-               "parameters": {"problems": sorted({c.problem for c in cases}, key=order.get)}, "dt": FRAME_DT,
-               "provenance": {
-                   "reader": "dpot_data.sources.cfdbench", "reader_version": READER_VERSION,
-                   "coordinates": "x, y are cell centres of the unit square; the physical domain of each case is "
-                                  "domain_width x domain_height (sample params)",
-                   "cases": {c.id: {"frames": c.frames, "dtype": list(c.dtypes), "case": c.params} for c in cases},
-               }},
-    )
-    return ReadResult(data=data, lengths=lengths, segment=int(segment), sample_params=sample_params,
-                      skipped=skipped, inputs=[c.folder / n for c in cases for n in ("u.npy", "v.npy", "case.json")])
+        return _read_reference(cases, listed, skipped, name, int(segment), block, checks)
+    return _read_canonical(cases, lengths, skipped, name, segment, blk, checks)

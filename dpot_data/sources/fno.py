@@ -341,6 +341,109 @@ def reference_split(ids: Sequence[str], nu: float) -> tuple[np.ndarray | None, s
     return np.where(index < first, "train", "test").astype(str), rule
 
 
+def _open_inputs(paths: Sequence[str | Path]) -> list[_MatFile]:
+    """Index the given .mat files, each once, after checking that the paths are text and name distinct files."""
+    if not paths:
+        raise InputError("<no files>", "expected at least one FNO .mat file")
+    for p in paths:
+        text_path(p)
+    files = distinct_files([as_path(p) for p in paths])
+    unique_names([p for p in files if p.exists()])
+    return [open_mat(p) for p in files]
+
+
+def _viscosities(mats: Sequence[_MatFile], viscosity: float | None) -> list[float]:
+    """The viscosity of each file: `viscosity` when given, else the one its name carries (InputError without)."""
+    nus = []
+    for m in mats:
+        nu = viscosity if viscosity is not None else parse_viscosity(m.path)
+        if nu is None:
+            raise InputError(m.path, "expected the viscosity in the file name, as in NavierStokes_V1e-3_N1200_T20.mat")
+        nus.append(nu)
+    return nus
+
+
+def _check_alike(mats: Sequence[_MatFile], shapes: Sequence[tuple[int, int, int, int]], nus: Sequence[float]) -> None:
+    """Refuse files whose viscosity, grid or frame count differ from the first file's: they are other datasets."""
+    first = mats[0]
+    for m, shape, nu in zip(mats[1:], shapes[1:], nus[1:]):
+        if nu != nus[0]:
+            raise InputError(m.path, f"expected viscosity {format_viscosity(nus[0])} like {first.path.name} "
+                                     f"(ingest each viscosity as its own dataset), found {format_viscosity(nu)}")
+        if shape[1:] != shapes[0][1:]:
+            raise InputError(m.path, f"expected grid {shapes[0][1:3]} and {shapes[0][3]} frames like "
+                                     f"{first.path.name}, found {shape[1:3]} and {shape[3]}")
+
+
+def _lazy_fields(mats: Sequence[_MatFile], shapes: Sequence[tuple[int, int, int, int]], block: int,
+                 check_finite: bool | str) -> tuple[da.Array, list[str], list[tuple[str, str]]]:
+    """All files' usable trajectories as one lazy (N, T+1, 1, y, x) array, with their ids and what was skipped."""
+    parts, ids, skipped = [], [], []
+    for m, (n, *_rest) in zip(mats, shapes):
+        file_ids = [f"{m.path.name}#{i}" for i in range(n)]
+        traj, keep, bad = checked(_Trajectories(m.path, m.variables["a"], m.variables["u"]), block, file_ids,
+                                  m.path.name, check_finite)
+        skipped.extend(bad)
+        if keep.size:
+            parts.append(to_dask(traj, block, "fno", file_token(m.path), keep.tolist()))
+            ids.extend(file_ids[i] for i in keep)
+    if not parts:
+        raise InputError(mats[0].path, "no usable trajectory in the inputs: "
+                                       + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
+    fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    return fields, ids, skipped
+
+
+def _time_axis(first: _MatFile, nt: int, reference: bool) -> tuple[np.ndarray, float | None]:
+    """Frame times (frame 0 = `a` at 0 unless the reference convention leaves it out) and dt when `t` is uniform."""
+    t = _times(first, nt)
+    time = np.concatenate([[0.0], t]) if t is not None else np.arange(nt + 1, dtype=np.float64)
+    if reference:  # u only: frames 1..T
+        time = time[1:]
+    steps = np.diff(time)
+    dt = float(steps[0]) if t is not None and len(steps) and np.allclose(steps, steps[0], rtol=1e-5) else None
+    return time, dt
+
+
+def _provenance(mats: Sequence[_MatFile], shapes: Sequence[tuple[int, int, int, int]]) -> dict[str, object]:
+    """What the reader saw in each file (container, dtype, compression, sizes), for the manifest."""
+    return {
+        "reader": "dpot_data.sources.fno",
+        "reader_version": READER_VERSION,
+        "files": {
+            m.path.name: {
+                "container": m.container,
+                "dtype": np.dtype(m.variables["u"].dtype).name,
+                "compressed": m.compressed,
+                "trajectories": s[0],
+                "frames": s[3] + 1,
+                "time_from_file": _times(m, s[3]) is not None,
+            }
+            for m, s in zip(mats, shapes)
+        },
+    }
+
+
+def _dataset(fields: da.Array, mask: da.Array, ids: Sequence[str], time: np.ndarray,
+             attrs: dict[str, object]) -> xr.Dataset:
+    """The canonical dataset of one vorticity channel on the unit-square (y, x) grid."""
+    ny, nx = mask.shape[1:]
+    return xr.Dataset(
+        {
+            "fields": (("sample", "time", "channel", "y", "x"), fields),
+            "mask": (("sample", "y", "x"), mask),
+        },
+        coords={
+            "sample": np.array(ids, dtype=str),
+            "time": time,
+            "channel": np.array(["vorticity"]),
+            "y": np.arange(ny) / ny,
+            "x": np.arange(nx) / nx,
+        },
+        attrs=attrs,
+    )
+
+
 def read(
     paths: Sequence[str | Path], *, viscosity: float | None = None, block: int = DEFAULT_BLOCK, name: str | None = None,
     check_finite: bool | str = True, convention: str = "dpot-reference",
@@ -358,92 +461,27 @@ def read(
     never shows the model `a`), the model's (H, W) is (y, x) (`model_layout` "yx", the reference's orientation), and
     the split is the reference's by index. Under "canonical", frame 0 is `a` and the model sees (x, y).
     """
-    if not paths:
-        raise InputError("<no files>", "expected at least one FNO .mat file")
-    for p in paths:
-        text_path(p)
-    paths = distinct_files([as_path(p) for p in paths])
-    unique_names([p for p in paths if p.exists()])
-    mats = [open_mat(p) for p in paths]
+    mats = _open_inputs(paths)
     shapes = [_check(m) for m in mats]
-    nus = []
-    for m in mats:
-        nu = viscosity if viscosity is not None else parse_viscosity(m.path)
-        if nu is None:
-            raise InputError(m.path, "expected the viscosity in the file name, as in NavierStokes_V1e-3_N1200_T20.mat")
-        nus.append(nu)
-    first = mats[0]
-    for m, shape, nu in zip(mats[1:], shapes[1:], nus[1:]):
-        if nu != nus[0]:
-            raise InputError(m.path, f"expected viscosity {format_viscosity(nus[0])} like {first.path.name} "
-                                     f"(ingest each viscosity as its own dataset), found {format_viscosity(nu)}")
-        if shape[1:] != shapes[0][1:]:
-            raise InputError(m.path, f"expected grid {shapes[0][1:3]} and {shapes[0][3]} frames like "
-                                     f"{first.path.name}, found {shape[1:3]} and {shape[3]}")
+    nus = _viscosities(mats, viscosity)
+    _check_alike(mats, shapes, nus)
     _, nx, ny, nt = shapes[0]
-    block = max(1, int(block))
-    parts, ids, skipped = [], [], []
-    for m, (n, *_rest) in zip(mats, shapes):
-        file_ids = [f"{m.path.name}#{i}" for i in range(n)]
-        traj, keep, bad = checked(_Trajectories(m.path, m.variables["a"], m.variables["u"]), block, file_ids,
-                                  m.path.name, check_finite)
-        skipped.extend(bad)
-        if keep.size:
-            parts.append(to_dask(traj, block, "fno", file_token(m.path), keep.tolist()))
-            ids.extend(file_ids[i] for i in keep)
-    if not parts:
-        raise InputError(first.path, "no usable trajectory in the inputs: "
-                                     + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
-    fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    fields, ids, skipped = _lazy_fields(mats, shapes, max(1, int(block)), check_finite)
     mask = da.ones((fields.shape[0], ny, nx), dtype=np.uint8, chunks=(fields.chunks[0], ny, nx))
-    t = _times(first, nt)
-    time = np.concatenate([[0.0], t]) if t is not None else np.arange(nt + 1, dtype=np.float64)
     reference = convention == "dpot-reference"
+    time, dt = _time_axis(mats[0], nt, reference)
     if reference:  # u only: frames 1..T
-        fields, time = fields[:, 1:], time[1:]
-        first_frame_left_out = True
-    else:
-        first_frame_left_out = False
-    steps = np.diff(time)
-    dt = float(steps[0]) if t is not None and len(steps) and np.allclose(steps, steps[0], rtol=1e-5) else None
-    provenance = {
-        "reader": "dpot_data.sources.fno",
-        "reader_version": READER_VERSION,
-        "files": {
-            m.path.name: {
-                "container": m.container,
-                "dtype": np.dtype(m.variables["u"].dtype).name,
-                "compressed": m.compressed,
-                "trajectories": s[0],
-                "frames": s[3] + 1,
-                "time_from_file": _times(m, s[3]) is not None,
-            }
-            for m, s in zip(mats, shapes)
-        },
-    }
-    data = xr.Dataset(
-        {
-            "fields": (("sample", "time", "channel", "y", "x"), fields),
-            "mask": (("sample", "y", "x"), mask),
-        },
-        coords={
-            "sample": np.array(ids, dtype=str),
-            "time": time,
-            "channel": np.array(["vorticity"]),
-            "y": np.arange(ny) / ny,
-            "x": np.arange(nx) / nx,
-        },
-        attrs={
-            "source": "fno",
-            "dataset": name or dataset_name(nus[0]),
-            "boundary": "periodic",
-            "parameters": {"viscosity": nus[0]},
-            "dt": dt,
-            "provenance": provenance,
-            "model_layout": "yx" if reference else "xy",
-            "frames_left_out": int(first_frame_left_out),
-        },
-    )
+        fields = fields[:, 1:]
+    data = _dataset(fields, mask, ids, time, {
+        "source": "fno",
+        "dataset": name or dataset_name(nus[0]),
+        "boundary": "periodic",
+        "parameters": {"viscosity": nus[0]},
+        "dt": dt,
+        "provenance": _provenance(mats, shapes),
+        "model_layout": "yx" if reference else "xy",
+        "frames_left_out": int(reference),
+    })
     split, rule = reference_split(ids, nus[0]) if reference else (None, None)
     if rule is not None:
         data.attrs["split_rule"] = rule

@@ -127,6 +127,99 @@ def _inspect(path: Path) -> dict[str, object]:
     return info
 
 
+def _readable_files(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, object]]], list[tuple[str, str]]]:
+    """Each readable file with its checked layout; the unreadable ones (by name, with why) are skipped."""
+    skipped: list[tuple[str, str]] = []
+    good: list[tuple[Path, dict[str, object]]] = []
+    for p in paths:
+        if not p.is_file():
+            raise InputError(p, "file not found")
+        problem = hdf5_problem(p)
+        if problem is not None:
+            skipped.append((p.name, problem))
+            continue
+        good.append((p, _inspect(p)))
+    if not good:
+        raise InputError(paths[0], "no readable file among the inputs: " + "; ".join(f"{w}: {r}" for w, r in skipped))
+    return good, skipped
+
+
+def _check_alike(good: list[tuple[Path, dict[str, object]]]) -> None:
+    """Refuse a file whose frame count or grid differs from the first file's: standard and conditioned data differ."""
+    p0, first = good[0]
+    for p, info in good[1:]:
+        if info["shape"][1:] != first["shape"][1:]:
+            raise InputError(p, f"expected {first['shape'][1]} frames on a {first['shape'][2]}x{first['shape'][3]} "
+                                f"grid like {p0.name}, found {info['shape'][1:]}: standard (14 frames) and "
+                                "conditioned (56 frames) files are different datasets")
+
+
+def _file_notes(p: Path, info: dict[str, object]) -> dict[str, object]:
+    """What the reader saw in one file (dtype, split, trajectories, name parameters), for the provenance."""
+    named = parse_name(p)
+    return {
+        "container": "hdf5", "dtype": info["dtype"], "split": info["split"], "trajectories": info["shape"][0],
+        "storage_axes": ["sample", "time", "x", "y"],
+        "name": named,
+        "name_split_differs": bool(named and named["split"] != info["split"]),
+    }
+
+
+def _lazy_fields(good: list[tuple[Path, dict[str, object]]], blk: int, check_finite: bool | str,
+                 skipped: list[tuple[str, str]]) -> tuple[da.Array, list[str], list[str], np.ndarray,
+                                                          dict[str, dict[str, object]], list[Path]]:
+    """All files' usable trajectories as one lazy array, with ids, splits, buo_y, file notes and the files used."""
+    parts, ids, splits, buo, notes, used = [], [], [], [], {}, []
+    for p, info in good:
+        n = info["shape"][0]
+        if n == 0:
+            skipped.append((p.name, "holds no trajectories"))
+            continue
+        file_ids = [f"{p.name}#{i}" for i in range(n)]
+        blocks, keep, bad = checked(_Blocks(p, info["split"], info["shape"]), blk, file_ids, p.name, check_finite)
+        skipped.extend(bad)
+        if keep.size == 0:
+            continue
+        parts.append(to_dask(blocks, blk, "pdearena", file_token(p), keep.tolist()))
+        ids.extend(file_ids[i] for i in keep)
+        splits.extend([info["split"]] * len(keep))
+        buo.append(info["buo_y"][keep])
+        used.append(p)
+        notes[p.name] = _file_notes(p, info)
+    if not parts:
+        raise InputError(good[0][0], "no usable trajectory in the readable inputs: "
+                                     + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
+    fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    return fields, ids, splits, np.concatenate(buo), notes, used
+
+
+def _looks_conditioned(good: list[tuple[Path, dict[str, object]]], buo_y: np.ndarray, n_t: int) -> bool:
+    """Whether the files are the conditioned set: a folder says so, buo_y varies, or trajectories have 56 frames."""
+    return (any(_COND_FOLDER.search(part) for p, _ in good for part in p.parent.parts)
+            or len(np.unique(buo_y)) > 1 or n_t == 56)
+
+
+def _dataset(fields: da.Array, ids: list[str], first: dict[str, object], buo_y: np.ndarray, name: str | None,
+             conditioned: bool, notes: dict[str, dict[str, object]]) -> xr.Dataset:
+    """The canonical dataset: channels u, vx, vy on the first file's grid and times, an all-fluid mask."""
+    _, n_t, nx, ny = first["shape"]
+    parameters: dict[str, object] = {"buo_y": float(buo_y[0])} if len(np.unique(buo_y)) == 1 else {}
+    mask = da.ones((fields.shape[0], ny, nx), dtype=np.uint8, chunks=(fields.chunks[0], ny, nx))
+    time = first["t"] if first["t"] is not None and len(first["t"]) == n_t else np.arange(n_t, dtype=np.float64)
+    dt = float(np.diff(time)[0]) if n_t > 1 else first["dt"]
+    return xr.Dataset(
+        {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
+        coords={"sample": np.array(ids, dtype=str), "time": time, "channel": np.array(CHANNELS),
+                "y": first["y"], "x": first["x"]},
+        attrs={"source": "pdearena",
+               "dataset": manifest_name(name or ("pdearena-ns-cond" if conditioned else "pdearena-ns")),
+               "boundary": "non-periodic", "parameters": parameters, "dt": dt,
+               "provenance": {"reader": "dpot_data.sources.pdearena", "reader_version": READER_VERSION,
+                              "conditioned": bool(conditioned), "files": notes},
+               "model_layout": "xy"},
+    )
+
+
 def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: bool | None = None,
          block: int | None = None, check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
     """Open PDEArena NS files lazily as one dataset; the split and buo_y of every trajectory come from its file.
@@ -147,72 +240,15 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, conditioned: b
     paths = sorted(input_files(paths, (".h5", ".hdf5")), key=_order)
     if not paths:
         raise InputError("<no files>", "expected PDEArena NavierStokes2D_*.h5 files")
-    skipped: list[tuple[str, str]] = []
-    good: list[tuple[Path, dict[str, object]]] = []
-    for p in paths:
-        if not p.is_file():
-            raise InputError(p, "file not found")
-        problem = hdf5_problem(p)
-        if problem is not None:
-            skipped.append((p.name, problem))
-            continue
-        good.append((p, _inspect(p)))
-    if not good:
-        raise InputError(paths[0], "no readable file among the inputs: " + "; ".join(f"{w}: {r}" for w, r in skipped))
-    p0, first = good[0]
-    for p, info in good[1:]:
-        if info["shape"][1:] != first["shape"][1:]:
-            raise InputError(p, f"expected {first['shape'][1]} frames on a {first['shape'][2]}x{first['shape'][3]} "
-                                f"grid like {p0.name}, found {info['shape'][1:]}: standard (14 frames) and "
-                                "conditioned (56 frames) files are different datasets")
+    good, skipped = _readable_files(paths)
+    _check_alike(good)
+    first = good[0][1]
     _, n_t, nx, ny = first["shape"]
     blk = auto_block(n_t * len(CHANNELS) * nx * ny * 4, block)
-    parts, ids, splits, buo, notes, used = [], [], [], [], {}, []
-    for p, info in good:
-        n = info["shape"][0]
-        if n == 0:
-            skipped.append((p.name, "holds no trajectories"))
-            continue
-        file_ids = [f"{p.name}#{i}" for i in range(n)]
-        blocks, keep, bad = checked(_Blocks(p, info["split"], info["shape"]), blk, file_ids, p.name, check_finite)
-        skipped.extend(bad)
-        if keep.size == 0:
-            continue
-        parts.append(to_dask(blocks, blk, "pdearena", file_token(p), keep.tolist()))
-        ids.extend(file_ids[i] for i in keep)
-        splits.extend([info["split"]] * len(keep))
-        buo.append(info["buo_y"][keep])
-        used.append(p)
-        named = parse_name(p)
-        notes[p.name] = {
-            "container": "hdf5", "dtype": info["dtype"], "split": info["split"], "trajectories": n,
-            "storage_axes": ["sample", "time", "x", "y"],
-            "name": named,
-            "name_split_differs": bool(named and named["split"] != info["split"]),
-        }
-    if not parts:
-        raise InputError(p0, "no usable trajectory in the readable inputs: "
-                             + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
-    fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    buo_y = np.concatenate(buo)
+    fields, ids, splits, buo_y, notes, used = _lazy_fields(good, blk, check_finite, skipped)
     if conditioned is None:
-        conditioned = (any(_COND_FOLDER.search(part) for p, _ in good for part in p.parent.parts)
-                       or len(np.unique(buo_y)) > 1 or n_t == 56)
-    parameters: dict[str, object] = {"buo_y": float(buo_y[0])} if len(np.unique(buo_y)) == 1 else {}
-    mask = da.ones((fields.shape[0], ny, nx), dtype=np.uint8, chunks=(fields.chunks[0], ny, nx))
-    time = first["t"] if first["t"] is not None and len(first["t"]) == n_t else np.arange(n_t, dtype=np.float64)
-    dt = float(np.diff(time)[0]) if n_t > 1 else first["dt"]
-    data = xr.Dataset(
-        {"fields": (("sample", "time", "channel", "y", "x"), fields), "mask": (("sample", "y", "x"), mask)},
-        coords={"sample": np.array(ids, dtype=str), "time": time, "channel": np.array(CHANNELS),
-                "y": first["y"], "x": first["x"]},
-        attrs={"source": "pdearena",
-               "dataset": manifest_name(name or ("pdearena-ns-cond" if conditioned else "pdearena-ns")),
-               "boundary": "non-periodic", "parameters": parameters, "dt": dt,
-               "provenance": {"reader": "dpot_data.sources.pdearena", "reader_version": READER_VERSION,
-                              "conditioned": bool(conditioned), "files": notes},
-               "model_layout": "xy"},
-    )
+        conditioned = _looks_conditioned(good, buo_y, n_t)
+    data = _dataset(fields, ids, first, buo_y, name, conditioned, notes)
     split = np.array(splits)
     if convention == "dpot-reference":
         split = np.where(split == "valid", "train", split)

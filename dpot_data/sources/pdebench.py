@@ -208,9 +208,8 @@ def reference_split(positions: Sequence[tuple[int, int]]) -> tuple[np.ndarray, s
     return split, "dpot-reference: per file, the first int(0.9 N) trajectories by index train, the rest test"
 
 
-def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: bool,
-              convention: str = "dpot-reference") -> ReadResult:
-    infos = [_cfd_file(p) for p in paths]
+def _cfd_parameters(paths: list[Path], infos: list[dict[str, object]]) -> list[tuple[dict, dict]]:
+    """(M, eta, zeta) and the name's parameters of each file; InputError when missing or unlike the first file's."""
     first, p0 = infos[0], paths[0]
     params_list = []
     for p, info in zip(paths, infos):
@@ -229,12 +228,13 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
         if params != params_list[0][0]:
             raise InputError(p, f"expected M, eta, zeta = {params_list[0][0]} like {p0.name}, found {params}: "
                                 "ingest each parameter set as its own dataset")
-    params, from_name = params_list[0]
-    dims, names = first["dims"], first["names"]
-    n_frames = first["shape"][1]
-    space = first["shape"][2:]
-    per_sample = n_frames * len(names) * int(np.prod(space)) * 4
-    blk = auto_block(per_sample, block)
+    return params_list
+
+
+def _cfd_fields(paths: list[Path], infos: list[dict[str, object]], blk: int, check: bool) -> tuple[
+        da.Array, list[str], list[tuple[str, str]], list[Path], list[tuple[int, int]]]:
+    """All files' usable trajectories as one lazy array, with ids, what was skipped, files used, (index, N) each."""
+    names = infos[0]["names"]
     parts, ids, skipped, used, positions = [], [], [], [], []
     for p, info in zip(paths, infos):
         file_ids = [f"{p.name}#{i}" for i in range(info["shape"][0])]
@@ -248,21 +248,24 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
     if not parts:
         raise InputError(paths[0], "no usable trajectory: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    t_raw = first["t"]
+    return fields, ids, skipped, used, positions
+
+
+def _cfd_time(t_raw: np.ndarray | None, n_frames: int) -> tuple[np.ndarray, float | None]:
+    """Frame times from `t-coordinate` (its first T entries) when it fits, else frame indices; dt when known."""
     if t_raw is not None and len(t_raw) in (n_frames, n_frames + 1):
         time = t_raw[:n_frames]
     else:
         time = np.arange(n_frames, dtype=np.float64)
     dt = float(time[1] - time[0]) if n_frames > 1 and t_raw is not None and len(t_raw) >= n_frames else None
-    kind = from_name.get("kind", "Rand")
-    res = from_name.get("res") or (space[0] if dims == 2 else None)
-    catalog_name = cfd_dataset_name(kind=str(kind), m=params["M"], eta=params["eta"], zeta=params["zeta"],
-                                    res=res, dims=dims)
-    spatial = ("z", "y", "x")[3 - dims:]
-    coords_space = {axis: first["coords"][axis] for axis in spatial}
-    mask = da.ones((fields.shape[0], *fields.shape[3:]), dtype=np.uint8,
-                   chunks=(fields.chunks[0], *fields.shape[3:]))
-    provenance = {
+    return time, dt
+
+
+def _cfd_provenance(paths: list[Path], infos: list[dict[str, object]], params_list: list[tuple[dict, dict]],
+                    catalog_name: str) -> dict[str, object]:
+    """What the reader saw in each file (shape, storage axes, where the parameters came from), for the manifest."""
+    dims = infos[0]["dims"]
+    return {
         "reader": "dpot_data.sources.pdebench",
         "reader_version": READER_VERSION,
         "layout": "flat compressible NS",
@@ -279,12 +282,36 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
             for p, info, pl in zip(paths, infos, params_list)
         },
     }
+
+
+def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: bool,
+              convention: str = "dpot-reference") -> ReadResult:
+    """Flat compressible-NS files of one parameter set and layout as one lazy, periodic dataset."""
+    infos = [_cfd_file(p) for p in paths]
+    first = infos[0]
+    params_list = _cfd_parameters(paths, infos)
+    params, from_name = params_list[0]
+    dims, names = first["dims"], first["names"]
+    n_frames = first["shape"][1]
+    space = first["shape"][2:]
+    blk = auto_block(n_frames * len(names) * int(np.prod(space)) * 4, block)
+    fields, ids, skipped, used, positions = _cfd_fields(paths, infos, blk, check)
+    time, dt = _cfd_time(first["t"], n_frames)
+    kind = from_name.get("kind", "Rand")
+    res = from_name.get("res") or (space[0] if dims == 2 else None)
+    catalog_name = cfd_dataset_name(kind=str(kind), m=params["M"], eta=params["eta"], zeta=params["zeta"],
+                                    res=res, dims=dims)
+    spatial = ("z", "y", "x")[3 - dims:]
+    coords_space = {axis: first["coords"][axis] for axis in spatial}
+    mask = da.ones((fields.shape[0], *fields.shape[3:]), dtype=np.uint8,
+                   chunks=(fields.chunks[0], *fields.shape[3:]))
     data = xr.Dataset(
         {"fields": (("sample", "time", "channel", *spatial), fields), "mask": (("sample", *spatial), mask)},
         coords={"sample": np.array(ids, dtype=str), "time": time, "channel": np.array(names), **coords_space},
         attrs={"source": "pdebench", "dataset": manifest_name(name or catalog_name), "boundary": "periodic",
                "parameters": {"M": params["M"], "eta": params["eta"], "zeta": params["zeta"], "kind": str(kind)},
-               "dt": dt, "provenance": provenance, "model_layout": "xy"},  # the reference's H, W = raw X, Y: as stored
+               "dt": dt, "provenance": _cfd_provenance(paths, infos, params_list, catalog_name),
+               "model_layout": "xy"},  # the reference's H, W = raw X, Y: as stored
     )
     split = None
     if convention == "dpot-reference" and dims == 2:
