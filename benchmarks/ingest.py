@@ -633,8 +633,9 @@ def profile_ingest(bench: Bench, top: int = 12, dump: Path | None = None) -> dic
         threading.Thread.run = thread_run
     wall, cpu = time.perf_counter() - start, self_cpu() - cpu0
     stats = pstats.Stats(main)
-    for prof in profiles:
-        stats.add(_Snapshot(prof))
+    for snapshot in map(_Snapshot, profiles):
+        if snapshot.stats:  # a thread that ran no profiled call has nothing to add (pstats refuses an empty one)
+            stats.add(snapshot)
     if dump is not None:
         stats.dump_stats(dump)
     bench.done_with(out)

@@ -1,11 +1,14 @@
-"""Where ingest tasks run: Dask's local threaded scheduler (`--workers N`) or a `dask.distributed` cluster
-(`--scheduler ADDRESS`). Both go through the same call, `dask.compute` on delayed tasks, in bounded windows so that
-memory stays a few blocks big and results (for the resume journal) arrive while the job runs."""
+"""Where ingest tasks run: local threads (`--workers N`) or a `dask.distributed` cluster (`--scheduler ADDRESS`).
+Both stream tasks through the same call, `Runner.imap`: a bounded number in flight, so that memory stays a few
+blocks big, results (for the resume journal) arrive in order while the job runs, and a new task starts as soon as a
+worker is free. A task reads its dask array block itself (`compute_in_task`)."""
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
@@ -16,6 +19,7 @@ import dask.local
 from dpot_data.errors import InputError
 
 T = TypeVar("T")
+_NOTHING: Any = object()  # imap without a shared argument
 TIMEOUT_ENV = "DPOT_SCHEDULER_TIMEOUT"  # seconds to wait for a --scheduler before giving up (default 10)
 
 
@@ -63,7 +67,21 @@ class Runner:
         """One line for logs: which scheduler and how many task slots."""
         if self.client is not None:
             return f"dask.distributed scheduler at {self.options.address} ({self.workers} threads)"
-        return f"dask local threaded scheduler ({self.workers} workers)"
+        return f"local threaded scheduler ({self.workers} workers)"
+
+    def sees(self, folder: str | os.PathLike[str]) -> bool:
+        """Whether every worker sees this folder of ours (a shared filesystem): always for local threads; on a
+        cluster, whether each worker finds a file of a fresh random name made in it here."""
+        if self.client is None:
+            return True
+        probe = os.path.join(os.fspath(folder), f"probe-{uuid.uuid4().hex}")
+        with open(probe, "wb"):
+            pass
+        try:
+            found = self.client.run(os.path.exists, probe)
+        finally:
+            os.unlink(probe)
+        return bool(found) and all(found.values())
 
     def compute(self, tasks: Sequence[Any]) -> list[Any]:
         """Compute a list of dask collections / delayed objects on this runner's scheduler, results in order."""
@@ -73,38 +91,60 @@ class Runner:
             return list(dask.compute(*tasks, scheduler=self.client))
         return list(dask.compute(*tasks, scheduler="threads", num_workers=self.workers))
 
-    def imap(self, fn: Callable[[T], R], items: Iterable[T], window: int | None = None,
-             prefetch: bool = True) -> Iterator[R]:
-        """Yield fn(item) for every item, in order, computing `window` (default: workers, at least 2) items at a time.
+    def imap(self, fn: Callable[..., R], items: Iterable[T], window: int | None = None, prefetch: bool = True,
+             shared: Any = _NOTHING) -> Iterator[R]:
+        """Yield fn(item) (fn(shared, item) when `shared` is given) for every item, in order, at most `window`
+        (default: workers, at least 2) tasks running at a time.
 
-        With `prefetch`, the next window is computed while the caller consumes the current one (writing shards,
-        say), so reading and writing overlap; at most two windows of results are held at once.
+        With `prefetch`, tasks are streamed: a new one starts as soon as a slot is free, while the caller consumes
+        earlier results (writing shards, say), so reading and writing overlap and no task waits for a slower one of
+        the same window; at most 2 × window results are held at once. Without it, the items go in windows of
+        `window`, each computed after the caller has consumed the one before. `shared` travels to a cluster once,
+        not with every task.
         """
         size = window or max(2, self.workers)
         if size < 1:
             raise ValueError(f"window must be at least 1, got {size}")
-        batches = _batched(items, size)
+        args = () if shared is _NOTHING else (shared,)
         if not prefetch:
-            for batch in batches:
-                yield from self._run(fn, batch)
+            for batch in _batched(items, size):
+                tasks = [dask.delayed(fn, pure=False)(*args, item) for item in batch]
+                yield from self.compute(tasks)
             return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-prefetch") as pool:
-            pending: Future[list[R]] | None = None
+        with self._submitter(size, args) as submit:
+            pending: deque[Any] = deque()
+            for item in items:
+                pending.append(submit(fn, item))
+                if len(pending) >= 2 * size:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+
+    @contextmanager
+    def _submitter(self, size: int, args: tuple[Any, ...]) -> Iterator[Callable[[Callable[..., R], T], Any]]:
+        """A function that starts fn(*args, item) and returns its future: on the cluster's workers, or on a pool of
+        `size` local threads. Tasks not yet finished when the caller stops are cancelled."""
+        if self.client is not None:
+            client = self.client
+            if args:
+                args = (client.scatter(args[0], broadcast=True, hash=False),)
+            futures: list[Any] = []
+
+            def remote(fn: Callable[..., R], item: T) -> Any:
+                future = client.submit(fn, *args, item, pure=False)
+                futures.append(future)
+                return future
+
             try:
-                for batch in batches:
-                    upcoming = pool.submit(self._run, fn, batch)
-                    if pending is not None:
-                        yield from pending.result()
-                    pending = upcoming
-                if pending is not None:
-                    yield from pending.result()
+                yield remote
+            finally:
+                client.cancel([f for f in futures if not f.done()] + [a for a in args])
+            return
+        with ThreadPoolExecutor(max_workers=size, thread_name_prefix="dpot-task") as pool:
+            try:
+                yield lambda fn, item: pool.submit(fn, *args, item)
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
-
-    def _run(self, fn: Callable[[T], R], batch: list[T]) -> list[R]:
-        """One window: each item becomes an impure delayed call (so equal items still run separately)."""
-        tasks = [dask.delayed(fn, pure=False)(item) for item in batch]
-        return self.compute(tasks)
 
 
 def _batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
@@ -130,7 +170,8 @@ def scheduler_context(options: SchedulerOptions) -> Iterator[Runner]:
         from distributed import Client
 
         try:
-            client = Client(options.address, set_as_default=False, timeout=f"{options.connect_timeout}s")
+            client = Client(options.address, set_as_default=False, timeout=f"{options.connect_timeout}s",
+                            direct_to_workers=True)
         except OSError as exc:
             raise InputError("--scheduler", f"cannot reach the dask scheduler at {options.address} within "
                              f"{options.connect_timeout:g} s ({type(exc).__name__}); is it running? "

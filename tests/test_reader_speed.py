@@ -7,6 +7,7 @@ use: contiguous or chunked (chunks across trajectories, blocks across chunks), c
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import h5py
@@ -147,3 +148,53 @@ def test_field_data_is_read_once_per_pass(tmp_path, monkeypatch, check, passes):
     ingest_files("pdebench", [path], tmp_path / "out", opts, check_finite=check)
     extra = _bytes_read() - before - passes * fields - path.stat().st_size
     assert 0 <= extra < 0.1 * fields, (extra, fields)
+
+
+# ------------------------------------------------------------------------------------------------ plain-byte reads
+
+@pytest.mark.parametrize("storage,plain", [
+    ({}, True),
+    ({"dtype": np.float64}, True),  # read as stored, then cast
+    ({"dtype": ">f4"}, False),  # not native order: HDF5 converts
+    ({"dtype": np.float16}, False),  # narrower than float32: HDF5 converts
+    ({"chunks": (1, 4, 8, 8)}, False),
+    ({"compression": "gzip"}, False),
+])
+def test_only_plain_contiguous_native_data_is_read_as_bytes(tmp_path, cns, storage, plain):
+    """`raw_offset` takes the pread path (no GIL held by h5py while the disk reads) only where the stored bytes are
+    the values themselves; the block reads give the plain read's values either way (test above)."""
+    from dpot_data.sources._blocks import raw_offset
+
+    path = _restore(cns, tmp_path / cns.name, **storage)
+    with h5py.File(path) as f:
+        assert (raw_offset(f["Vx"]) is not None) is plain
+
+
+def test_plain_byte_reads_find_the_data_behind_a_user_block(tmp_path, cns):
+    """MAT v7.3 files are HDF5 behind a 512-byte user block: HDF5's data address counts it, and so does the read."""
+    from dpot_data.sources._blocks import h5_rows, raw_offset
+
+    path = tmp_path / "ub.h5"
+    with h5py.File(cns) as f, h5py.File(path, "w", userblock_size=512) as g:
+        g.create_dataset("Vx", data=f["Vx"][()])
+        expected = f["Vx"][()]
+    with open(path, "r+b") as fh:
+        fh.write(b"MATLAB 7.3 MAT-file".ljust(128, b" "))
+    with h5py.File(path) as f:
+        assert raw_offset(f["Vx"]) is not None
+        rows = {s0: raw.copy() for s0, raw in h5_rows(f["Vx"], 1, 4)}
+    assert sorted(rows) == [1, 2, 3]
+    np.testing.assert_array_equal(np.concatenate([rows[i] for i in (1, 2, 3)]), expected[1:4])
+
+
+def test_a_file_cut_short_inside_plain_data_is_one_line_naming_the_field(tmp_path, cns):
+    from dpot_data.errors import InputError
+    from dpot_data.sources._blocks import checked_rows
+
+    path = _restore(cns, tmp_path / cns.name)
+    with h5py.File(path) as f:
+        end = f["pressure"].id.get_offset() + 2 * f["pressure"][0].nbytes + 100  # inside trajectory 2
+    with h5py.File(path) as f:
+        os.truncate(path, end)  # the open file's metadata stays readable; its data is gone past `end`
+        with pytest.raises(InputError, match=r"pressure: trajectory 0\.\.4 cannot be read .*short read"):
+            list(checked_rows(f["pressure"], 0, 5, path, "pressure", check=True))

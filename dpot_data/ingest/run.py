@@ -3,20 +3,24 @@ order into the staged Zarr store and WebDataset shards, each finished block reco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from dpot_data import journal as jn
 from dpot_data.ingest.plan import IngestPlan, Piece
-from dpot_data.ingest.task import BlockResult, BlockTask, process_block
-from dpot_data.scheduler import SchedulerOptions, scheduler_context
+from dpot_data.ingest.task import BlockResult, BlockTask, process_block, unspill
+from dpot_data.scheduler import Runner, SchedulerOptions, scheduler_context
 from dpot_data.sources.base import SPLITS
 from dpot_data.stats import FieldStats
 from dpot_data.writers.wds_shards import SplitShardWriter
 from dpot_data.writers.zarr_store import ZarrDatasetWriter, ZarrLayout
+
+
+SPILL_FOLDER = ".spill.tmp"  # in staging: blocks that cluster workers hand over as files (a temporary name)
 
 
 @dataclass
@@ -44,13 +48,46 @@ class _Writers:
                 writer.load_state_dict(journal.point.shard_state(split))
         elif self.zarr is not None:
             self.zarr.create()
+        # one thread per writer: the Zarr store and the shards take each block at the same time (their hashing and
+        # file writes release the GIL), each in block order
+        self._threads = {k: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dpot-write-{k}")
+                         for k in ("zarr", "shards")}
+
+    def write(self, p: IngestPlan, journal: jn.Journal, block: BlockResult, index: int) -> int:
+        """Write one processed block in order into the store and the shards, concurrently, and wait for both;
+        returns the index of the next stored trajectory."""
+        block = unspill(block)
+        jobs = []
+        if self.zarr is not None:
+            jobs.append(self._threads["zarr"].submit(self.zarr.write_block, block.fields, block.mask, block.encoded,
+                                                     block.stored))
+        adds = []
+        for j, piece in enumerate(block.pieces):
+            if self.shards and journal.needs(piece.split):
+                adds.append((piece.split, index, j, _meta(p, piece, index)))
+            index += 1
+        if adds:
+            jobs.append(self._threads["shards"].submit(self._add, block, adds))
+        for job in jobs:
+            job.result()
+        return index
+
+    def _add(self, block: BlockResult, adds: list[tuple[str, int, int, dict[str, Any]]]) -> None:
+        for split, index, j, meta in adds:
+            self.shards[split].add(index, block.fields[j], block.mask[j], meta)
+
+    def _stop_threads(self) -> None:
+        for pool in self._threads.values():
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def abort(self) -> None:
         """Drop the shards being written; completed ones stay in staging for a resume."""
+        self._stop_threads()
         for w in self.shards.values():
             w.abort()
 
     def close(self) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+        self._stop_threads()
         shards = [s.to_dict() for split in SPLITS if split in self.shards for s in self.shards[split].close()]
         return shards, self.zarr.close() if self.zarr is not None else None
 
@@ -71,15 +108,21 @@ def _meta(p: IngestPlan, piece: Piece, index: int) -> dict[str, Any]:
             "params": {k: _scalar(v[index]) for k, v in p.sample_params.items()}}
 
 
-def _write_block(p: IngestPlan, w: _Writers, journal: jn.Journal, block: BlockResult, index: int) -> int:
-    """Write one processed block in order; returns the index of the next stored trajectory."""
-    if w.zarr is not None:
-        w.zarr.write_block(block.fields, block.mask, block.encoded)
-    for j, piece in enumerate(block.pieces):
-        if w.shards and journal.needs(piece.split):
-            w.shards[piece.split].add(index, block.fields[j], block.mask[j], _meta(p, piece, index))
-        index += 1
-    return index
+def _placed(task: BlockTask, p: IngestPlan, journal: jn.Journal, runner: Runner) -> BlockTask:
+    """The task told to put its outputs where the writer finds them, so that they need not travel back: its Zarr
+    chunks into the staged store, and on a cluster whose workers see the staging folder, fields and mask as a file
+    there too (`spill`). Workers that do not see it send everything back, as local threads do with fields and mask."""
+    group_dir = str((journal.staging / "data.zarr" / p.name).resolve()) if task.codec else None
+    spill_dir = None
+    if runner.client is not None:
+        folder = (journal.staging / SPILL_FOLDER).resolve()
+        shutil.rmtree(folder, ignore_errors=True)  # blocks a killed run left behind
+        folder.mkdir()
+        if runner.sees(folder):
+            spill_dir = str(folder)
+        else:
+            group_dir = None
+    return replace(task, group_dir=group_dir, spill_dir=spill_dir)
 
 
 def run(p: IngestPlan, task: BlockTask, journal: jn.Journal, layout: ZarrLayout, opts: Any) -> Written:
@@ -91,9 +134,9 @@ def run(p: IngestPlan, task: BlockTask, journal: jn.Journal, layout: ZarrLayout,
         with scheduler_context(SchedulerOptions(workers=opts.workers, address=opts.scheduler)) as runner, \
                 _progress(len(p.pieces), opts.progress, p.name) as bar:
             bar.update(index)
-            blocks = runner.imap(partial(process_block, task), p.blocks[first:])
+            blocks = runner.imap(process_block, p.blocks[first:], shared=_placed(task, p, journal, runner))
             for block_no, block in enumerate(blocks, start=first):
-                index = _write_block(p, writers, journal, block, index)
+                index = writers.write(p, journal, block, index)
                 if acc is not None and block.stats is not None:
                     acc = acc.merge(block.stats)
                 journal.record(block_no, index, acc, writers.shards)

@@ -3,7 +3,8 @@ into pieces, resample, pad, and the block's train statistics. Picklable, pure ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from dpot_data import stats as st
 from dpot_data.ingest.plan import IngestPlan, Piece
 from dpot_data.scheduler import compute_in_task
 from dpot_data.transform import pad_channels, resample_fields, resample_mask
-from dpot_data.writers.zarr_store import EncodedRows, encode_rows
+from dpot_data.writers.zarr_store import EncodedRows, encode_rows, write_rows
 
 
 @dataclass
@@ -31,24 +32,55 @@ class BlockTask:
     stats: bool
     model_layout: str = "xy"
     codec: str | None = None  # encode the Zarr chunks in the task with this codec (dpot_data.writers.zarr_store)
+    first_rows: dict[int, int] = field(default_factory=dict)  # a block's first source trajectory -> first stored row
+    group_dir: str | None = None  # store the encoded chunks in this staged Zarr group folder from the task
+    spill_dir: str | None = None  # hand fields and mask to the writer as a file in this folder (cluster workers)
 
     @classmethod
     def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool, codec: str) -> "BlockTask":
         """The task of a plan over a reader's dataset (chunks encoded with `codec` when the plan writes Zarr)."""
+        starts = [0, *p.rows_per_block()[:-1]]
         return cls(data["fields"].data, data["mask"].data, p.pieces, p.frames, p.grid.target, p.grid.method,
                    p.grid.mask_method, len(p.channels), float(fill), stats, p.model_layout,
-                   codec if "zarr" in p.formats else None)
+                   codec if "zarr" in p.formats else None, {i0: row for (i0, _), row in zip(p.blocks, starts)})
 
 
 @dataclass
 class BlockResult:
-    """A processed block: fields (b, frames, C, *grid) float32, mask (b, *grid) uint8, train stats, its pieces."""
+    """A processed block: fields (b, frames, C, *grid) float32, mask (b, *grid) uint8, train stats, its pieces;
+    `encoded` chunks for the writer, or `stored` True when the task wrote them into the store itself; `spilled`
+    (file, fields shape, mask shape) when fields and mask wait in a file instead (`spill`, `unspill`)."""
 
-    fields: np.ndarray
-    mask: np.ndarray
+    fields: np.ndarray | None
+    mask: np.ndarray | None
     stats: Any
     pieces: list[Piece]
     encoded: EncodedRows | None = None
+    stored: bool = False
+    spilled: tuple[str, tuple[int, ...], tuple[int, ...]] | None = None
+
+
+def spill(block: BlockResult, folder: str, name: str) -> BlockResult:
+    """The block with its fields and mask written to `folder`/`name` (fields' bytes, then the mask's), so that a
+    cluster worker hands the writer a file name on the filesystem both see, not the data over the network."""
+    assert block.fields is not None and block.mask is not None
+    path = os.path.join(folder, name)
+    with open(path, "wb") as fh:
+        fh.write(memoryview(block.fields).cast("B"))
+        fh.write(memoryview(block.mask).cast("B"))
+    return replace(block, fields=None, mask=None, spilled=(path, block.fields.shape, block.mask.shape))
+
+
+def unspill(block: BlockResult) -> BlockResult:
+    """A spilled block with fields and mask mapped from its file (read-only, no copy); the file is removed at once
+    (the mapping keeps its pages until the arrays are dropped)."""
+    if block.spilled is None:
+        return block
+    path, fshape, mshape = block.spilled
+    fields = np.memmap(path, dtype="<f4", mode="r", shape=fshape)
+    mask = np.memmap(path, dtype=np.uint8, mode="r", offset=fields.nbytes, shape=mshape)
+    os.unlink(path)
+    return replace(block, fields=fields, mask=mask, spilled=None)
 
 
 def _cut(task: BlockTask, raw: np.ndarray, mask: np.ndarray, pieces: list[Piece], i0: int
@@ -89,4 +121,8 @@ def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
         train = np.array([p.split == "train" for p in pieces], dtype=bool)
         block_stats = st.block_stats(f, m, valid, include=train)
     f, m = np.ascontiguousarray(f, dtype=np.float32), np.ascontiguousarray(m, dtype=np.uint8)
-    return BlockResult(f, m, block_stats, pieces, encode_rows(f, m, task.codec) if task.codec else None)
+    out = BlockResult(f, m, block_stats, pieces, encode_rows(f, m, task.codec) if task.codec else None)
+    if out.encoded is not None and task.group_dir is not None:
+        write_rows(task.group_dir, task.first_rows[i0], out.encoded, len(task.shape))
+        out = replace(out, encoded=None, stored=True)
+    return spill(out, task.spill_dir, f"block-{i0}") if task.spill_dir is not None else out

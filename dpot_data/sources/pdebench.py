@@ -28,7 +28,8 @@ from dpot_data.catalog import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, auto_block, check_file_total,
                                         check_h5_dataset, check_sizes, checked, checked_rows, file_token, frames_ok,
-                                        h5_rows, hdf5_problem, input_files, nonfinite_error, read_error, to_dask)
+                                        h5_rows, hdf5_problem, input_files, nonfinite_error, read_error, read_whole,
+                                        to_dask)
 from dpot_data.sources.base import MAX_FRAMES, ReadResult
 
 READER_VERSION = "1"
@@ -335,10 +336,10 @@ class _GroupedBlocks(SampleBlocks):
     def _read(self, dset: h5py.Dataset, dest: np.ndarray, scratch: dict) -> np.ndarray:
         """`data` of one group into `dest` (float32); returns the array as stored, to be judged."""
         if dset.dtype.itemsize <= 4:
-            dset.read_direct(dest)
+            read_whole(dset, dest)
             return dest
         raw = scratch.setdefault(dset.dtype, np.empty(self._raw, dtype=dset.dtype.newbyteorder("=")))
-        dset.read_direct(raw)
+        read_whole(dset, raw)
         with np.errstate(over="ignore"):
             dest[...] = raw
         return raw

@@ -3,6 +3,7 @@ CF-style attributes, written block by block with fixed codec settings so the sam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -51,6 +52,26 @@ def _encode(encoder: Any, chunk: np.ndarray, is_fill: Any) -> bytes | None:
     if is_fill(chunk.flat[0]) and is_fill(chunk).all():
         return None
     return bytes(encoder.encode(chunk))
+
+
+def put_chunk(array_dir: str | Path, row: int, ndim: int, data: bytes | None) -> None:
+    """Store the chunk of trajectory `row` in the folder of an array chunked one trajectory per chunk (file
+    c.<row>.0..., CHUNK_KEYS), or remove it for a fill-value chunk (None: Zarr reads an absent chunk as the fill)."""
+    path = os.path.join(array_dir, ".".join(["c", str(row)] + ["0"] * (ndim - 1)))
+    if data is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def write_rows(group_dir: str | Path, first_row: int, encoded: EncodedRows, space_dims: int) -> None:
+    """Store encoded trajectories first_row, first_row + 1, ... of a group's `fields` and `mask` arrays: what a block
+    task does when it can write into the staged store itself (the writer then only hashes them)."""
+    for k, (f, m) in enumerate(zip(encoded.fields, encoded.mask)):
+        put_chunk(os.path.join(group_dir, "fields"), first_row + k, 3 + space_dims, f)
+        put_chunk(os.path.join(group_dir, "mask"), first_row + k, 1 + space_dims, m)
 
 LONG_NAMES = {
     "fields": "physical fields per trajectory, frame and channel on the target grid",
@@ -161,19 +182,22 @@ class ZarrDatasetWriter:
         if values.size:
             arr[...] = values
 
-    def write_block(self, fields: np.ndarray, mask: np.ndarray, encoded: EncodedRows | None = None) -> None:
+    def write_block(self, fields: np.ndarray, mask: np.ndarray, encoded: EncodedRows | None = None,
+                    stored: bool = False) -> None:
         """Write the next consecutive trajectories: fields (b, time, channel, *space) float32, mask (b, *space) uint8,
-        given already encoded (`encode_rows`) or not. Chunk files are written straight into the local store, the
-        same bytes Zarr writes; durability comes from the one sync at `close`."""
+        given already encoded (`encode_rows`) or not, or already `stored` by the task that made them
+        (`write_rows`: only hashed here). Chunk files are written straight into the local store, the same bytes
+        Zarr writes; durability comes from the one sync at `close`."""
         b = fields.shape[0]
         if self.written + b > self.n:
             raise ValueError(f"block of {b} overruns the {self.n} trajectories of {self.layout.group}")
         fields = np.ascontiguousarray(fields, dtype=np.float32)
         mask = np.ascontiguousarray(mask, dtype=np.uint8)
-        encoded = encoded if encoded is not None else encode_rows(fields, mask, self.layout.codec)
-        for k in range(b):
-            self._put_chunk("fields", self.written + k, encoded.fields[k])
-            self._put_chunk("mask", self.written + k, encoded.mask[k])
+        if not stored:
+            encoded = encoded if encoded is not None else encode_rows(fields, mask, self.layout.codec)
+            for k in range(b):
+                self._put_chunk("fields", self.written + k, encoded.fields[k])
+                self._put_chunk("mask", self.written + k, encoded.mask[k])
         self._hash["fields"].update(fields)
         self._hash["mask"].update(mask)
         self.written += b
@@ -181,12 +205,7 @@ class ZarrDatasetWriter:
     def _put_chunk(self, name: str, row: int, data: bytes | None) -> None:
         """Store (or, for a fill-value chunk, remove) the chunk of trajectory `row` of array `name`."""
         ndim = len(self.fields.shape) if name == "fields" else len(self.mask.shape)
-        path = self.store_path / self.layout.group / name / ".".join(["c", str(row)] + ["0"] * (ndim - 1))
-        if data is None:
-            path.unlink(missing_ok=True)
-            return
-        with open(path, "wb") as fh:
-            fh.write(data)
+        put_chunk(self.store_path / self.layout.group / name, row, ndim, data)
 
     def close(self) -> dict[str, str]:
         """Check completeness, consolidate metadata, fsync every file; returns {array name: sha256} of numeric arrays."""
