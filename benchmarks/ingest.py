@@ -23,6 +23,8 @@ Passes (`--passes`, all by default), each on a cold page cache:
             (`--scheduler tcp://...`; skipped with --no-cluster); the workers import the ingest code before the clock
             starts
   durable   write 512 MiB (--durable-mib) into the output folder and fsync: the durable write rate of that disk
+`--repeat K` runs all passes K times, round after round (so that a noisy neighbour touches every pass alike), and
+reports each pass by its run of median wall time, with every run's wall time in the JSON (`wall_s_runs`).
 `--profile` runs the default ingest once more, in this process, under cProfile with a per-thread CPU clock in every
 thread, and prints the CPU time per stage in ns per input byte (a function's self time goes to its own stage, else
 to its callers' stages in proportion), the wall time inside fsync/syncfs and the NaN/Inf scan at open, and the
@@ -683,6 +685,14 @@ class Goal:
                 "at_least": self.at_least, "met": self.met()}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median wall time (the lower middle one of an even count), with every run's wall time beside it."""
+    chosen = dict(sorted(runs, key=lambda r: r["wall_s"])[(len(runs) - 1) // 2])
+    if len(runs) > 1:
+        chosen["wall_s_runs"] = [r["wall_s"] for r in runs]
+    return chosen
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
@@ -814,7 +824,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()), help="parent of the temp folder")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder with the input and every output")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of all passes, interleaved; each pass is "
+                        "reported by its run of median wall time (default 1)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     args.passes = [p.strip() for p in args.passes.split(",") if p.strip()]
     unknown = [p for p in args.passes if p not in PASSES]
     if unknown:
@@ -842,20 +856,25 @@ def main(argv: list[str] | None = None) -> int:
         evict(raw)
         print(f"input {raw.name}: {n} trajectories, {bench.input_bytes / MB:.0f} MB, written in {generate_s:.1f} s",
               flush=True)
-        passes: dict[str, dict] = {}
-        durable = None
         runners = {"read": pass_read, "baseline": pass_baseline, "cluster": pass_cluster,
                    **{k: (lambda b, k=k: pass_ingest(b, k)[0]) for k in ("default", "zarr", "wds", "raise")}}
-        for name in args.passes:
-            if name == "durable":
-                durable = pass_durable(bench, args.durable_mib * MIB)
-                print(f"[durable] {durable['bytes'] / MIB:.0f} MiB written and fsynced in {durable['wall_s']:.2f} s "
-                      f"= {durable['mb_s']:.0f} MB/s", flush=True)
-                continue
-            passes[name] = runners[name](bench)
-            p = passes[name]
-            print(f"[{name}] {p['wall_s']:.2f} s, {p['input_mb_s']:.0f} MB/s, CPU {p['cpu_s']:.2f} s, peak RSS "
-                  f"{p['peak_rss_bytes'] / MB:.0f} MB, output {p['output_bytes'] / MB:.0f} MB", flush=True)
+        runs: dict[str, list[dict]] = defaultdict(list)
+        for round_no in range(1, args.repeat + 1):
+            if args.repeat > 1:
+                print(f"round {round_no} of {args.repeat}", flush=True)
+            for name in args.passes:
+                if name == "durable":
+                    d = pass_durable(bench, args.durable_mib * MIB)
+                    runs[name].append(d)
+                    print(f"[durable] {d['bytes'] / MIB:.0f} MiB written and fsynced in {d['wall_s']:.2f} s "
+                          f"= {d['mb_s']:.0f} MB/s", flush=True)
+                    continue
+                p = runners[name](bench)
+                runs[name].append(p)
+                print(f"[{name}] {p['wall_s']:.2f} s, {p['input_mb_s']:.0f} MB/s, CPU {p['cpu_s']:.2f} s, peak RSS "
+                      f"{p['peak_rss_bytes'] / MB:.0f} MB, output {p['output_bytes'] / MB:.0f} MB", flush=True)
+        durable = median_run(runs.pop("durable")) if "durable" in runs else None
+        passes = {name: median_run(r) for name, r in runs.items()}
         prof = profile_ingest(bench, dump=args.profile_out) if args.profile else None
 
         print()

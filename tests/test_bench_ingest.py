@@ -29,6 +29,13 @@ def test_trajectory_count_fills_the_requested_size() -> None:
     assert bench_ingest.trajectories_for(1e-6, 128) == 1
 
 
+def test_repeated_passes_report_the_run_of_median_wall_time() -> None:
+    runs = [{"wall_s": 5.0, "cpu_s": 1}, {"wall_s": 3.0, "cpu_s": 2}, {"wall_s": 4.0, "cpu_s": 3}]
+    assert bench_ingest.median_run(runs) == {"wall_s": 4.0, "cpu_s": 3, "wall_s_runs": [5.0, 3.0, 4.0]}
+    assert bench_ingest.median_run(runs[:2])["wall_s"] == 3.0  # an even count: the lower middle run
+    assert bench_ingest.median_run(runs[:1]) == runs[0]
+
+
 def test_input_is_the_synth_file(tmp_path: Path) -> None:
     from dpot_data.synth.pdebench import write_cfd
 
