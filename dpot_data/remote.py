@@ -55,6 +55,12 @@ def prepare(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     from dpot_data.ingest.publish import existing_outcome
 
     out = str(out)
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(out).decode("utf-8", "backslashreplace")
+        raise InputError(shown, "expected an output folder name that is valid UTF-8 (it is recorded in the manifest "
+                                "and printed); rename it") from None
     work = Path(workdir) if workdir is not None else default_workdir(out)
     staged = Staged([], fs.local_path(out), None, work, [str(p) for p in paths])
     staged.existing = existing_outcome(out, overwrite)
