@@ -460,6 +460,16 @@ def test_unreadable_manifests_are_one_line_errors(toy: Path, damage: Any) -> Non
     assert result.exit_code == 1 and result.output.splitlines() == [f"manifest.json: {words}", "FAILED: 1 problem(s)"]
     inspected = CliRunner().invoke(app, ["inspect", str(toy)])
     assert inspected.exit_code == 2 and inspected.stderr.splitlines() == [f"error: {path}: {words}"]
+    raw = toy.parent / "NavierStokes_V1e-3_N2_T3.mat"
+    raw.write_bytes(b"MATLAB")  # never read: the output folder is judged first
+    ingested = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(toy), "--no-progress"])
+    assert ingested.exit_code == 2 and ingested.stderr.splitlines() == [f"error: {path}: {words}"]
+    from dpot_train.cli import app as train_app
+
+    launched = CliRunner().invoke(train_app, ["launch", "--manifest", str(toy), "--out", str(toy.parent / "run"),
+                                              "--model", "tiny", "--device", "cpu", "--dry-run"])
+    assert launched.exit_code == 2 and launched.stderr.splitlines() == [f"error: {path}: {words}"]
+    assert not (toy.parent / "run").exists()
 
 
 # --- Zarr ---------------------------------------------------------------------------------------------------------
