@@ -374,10 +374,10 @@ def test_a_huge_grid_is_refused_in_one_line_everywhere(toy: Path, tmp_path: Path
     assert not (tmp_path / "run").exists()
 
 
-def _verify_subprocess(root: Path) -> subprocess.CompletedProcess[str]:
+def _verify_subprocess(root: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`dpot-data verify` in its own process, so that a hang fails the test instead of blocking it."""
     return subprocess.run([sys.executable, "-m", "dpot_data", "verify", str(root)], capture_output=True, text=True,
-                          timeout=120, env=train_runs.env(), cwd=ROOT)
+                          timeout=timeout, env=train_runs.env(), cwd=ROOT)
 
 
 def test_a_fifo_shard_is_named_without_being_opened(toy: Path) -> None:
@@ -500,6 +500,34 @@ def test_zarr_metadata_must_match_the_manifest(toy: Path) -> None:
     found = [p for p in validate_output(str(toy), rehash=False)]
     assert found == [Problem("data.zarr/toy/mask", "zarr", "uint8 shape (5, 16, 16) chunks (1, 16, 16)",
                              "int16 shape (5, 16, 16) chunks (5, 16, 16)")]
+
+
+@pytest.mark.parametrize("array,expected", [
+    ("split", "shape (5,)"),
+    ("channel_valid", "shape (4,)"),
+    ("fields", "float32 shape (5, 6, 4, 16, 16) chunks (1, 6, 4, 16, 16)"),
+])
+def test_zarr_arrays_declaring_huge_shapes_are_refused_before_they_are_read(toy: Path, array: str,
+                                                                           expected: str) -> None:
+    """A few bytes of Zarr metadata (not covered by any digest) declare 10^8 rows: the validator compares the shape
+    with the manifest before reading or hashing anything, instead of walking 10^8 missing chunks."""
+    meta = toy / "data.zarr/toy" / array / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["shape"][0] = 10**8
+    meta.write_text(json.dumps(doc))
+    found = doc["shape"]
+    r = _verify_subprocess(toy, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = f"data.zarr/toy/{array}: "
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith(line)] == [
+        f"{line}{'float32 ' if array == 'fields' else ''}shape {_shape_text(found)}"
+        f"{' chunks (1, 6, 4, 16, 16)' if array == 'fields' else ''} (expected {expected})"], r.stdout
+    with pytest.raises(DataError, match=re.escape(f"data.zarr/toy/{array}: ")):
+        verify_shards(read_manifests([str(toy)]), "train", backend="zarr")
+
+
+def _shape_text(shape: list[int]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def test_links_inside_the_zarr_store_are_refused(toy: Path, tmp_path: Path) -> None:
