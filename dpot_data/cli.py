@@ -475,7 +475,10 @@ def inspect_command(
     if plot is not None:
         from dpot_data.plot import PlotOptions, plot_output
 
-        plot_output(str(folder), str(plot), PlotOptions(trajectories=plot_trajectories))
+        try:
+            plot_output(str(folder), str(plot), PlotOptions(trajectories=plot_trajectories))
+        except (InputError, FormatError) as exc:
+            raise _fail(exc) from None
         typer.echo(f"wrote {plot}", err=True)
     if not report["ok"]:
         raise typer.Exit(code=1)

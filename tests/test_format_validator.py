@@ -526,6 +526,30 @@ def test_zarr_arrays_declaring_huge_shapes_are_refused_before_they_are_read(toy:
         verify_shards(read_manifests([str(toy)]), "train", backend="zarr")
 
 
+@pytest.mark.parametrize("damage", ["huge-split", "fifo-chunk"])
+def test_stats_and_plot_check_the_zarr_store_before_reading_it(toy: Path, tmp_path: Path, damage: str) -> None:
+    """`stats` and `inspect --plot` read trajectories from the Zarr store: a split array declaring 10^8 labels or a
+    chunk that is a FIFO is one line naming it, not a read that runs for ever."""
+    if damage == "huge-split":
+        meta = toy / "data.zarr/toy/split/zarr.json"
+        doc = json.loads(meta.read_text())
+        doc["shape"] = [10**8]
+        meta.write_text(json.dumps(doc))
+        named = "data.zarr/toy/split: shape (100000000,) (expected shape (5,))"
+    else:
+        chunk = sorted(p for p in (toy / "data.zarr/toy/fields").rglob("*") if p.is_file() and p.name != "zarr.json")[0]
+        chunk.unlink()
+        os.mkfifo(chunk)
+        named = f"{chunk.relative_to(toy).as_posix()}: a FIFO (named pipe) (expected a regular file)"
+    r = subprocess.run([sys.executable, "-m", "dpot_data", "stats", str(toy)], capture_output=True, text=True,
+                       timeout=60, env=train_runs.env(), cwd=ROOT)  # its own process: a hang fails, not blocks
+    assert r.returncode == 2 and r.stderr.splitlines() == [f"error: {toy}/{named}"], r.stdout + r.stderr
+    png = tmp_path / "frames.png"
+    plotted = CliRunner().invoke(app, ["inspect", str(toy), "--plot", str(png)])
+    assert plotted.exit_code == 2 and plotted.stderr.splitlines() == [f"error: {toy}/{named}"], plotted.output
+    assert not png.exists()
+
+
 def _shape_text(shape: list[int]) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
