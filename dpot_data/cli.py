@@ -437,7 +437,7 @@ def _check_downloads(folder: Path, md5: bool, as_json: bool) -> int:
 
 @app.command("inspect")
 def inspect_command(
-    folder: Path = typer.Argument(..., help="An ingest output folder (holding manifest.json)."),
+    folder: str = typer.Argument(..., help="An ingest output folder or fsspec URL (holding manifest.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     verify: bool = typer.Option(False, "--verify", help="Re-hash every shard and Zarr array (sha256)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG grid of first/middle/last frames of a few "
@@ -451,9 +451,9 @@ def inspect_command(
     from dpot_data.inspect import inspect_dir, render
     from dpot_format.errors import FormatError
 
-    roots = _output_roots(str(folder))
+    roots = _output_roots(folder)
     try:
-        reports = [inspect_dir(Path(root), verify=verify) for root in roots]
+        reports = [inspect_dir(root, verify=verify) for root in roots]
     except (InputError, FormatError) as exc:
         raise _fail(exc) from None
     report = reports[0] if len(reports) == 1 else {
@@ -475,7 +475,10 @@ def inspect_command(
     if plot is not None:
         from dpot_data.plot import PlotOptions, plot_output
 
-        plot_output(str(folder), str(plot), PlotOptions(trajectories=plot_trajectories))
+        try:
+            plot_output(str(folder), str(plot), PlotOptions(trajectories=plot_trajectories))
+        except (InputError, FormatError) as exc:
+            raise _fail(exc) from None
         typer.echo(f"wrote {plot}", err=True)
     if not report["ok"]:
         raise typer.Exit(code=1)

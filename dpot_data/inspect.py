@@ -1,33 +1,50 @@
-"""`inspect`: what an ingest output folder holds, read from its manifest and checked against the files on disk."""
+"""`inspect`: what an ingest output folder (a local path or an fsspec URL) holds, read from its manifest and
+checked against the files by dpot_format's validator, the one `dpot-data verify` runs."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from dpot_data.errors import InputError
 from dpot_format.errors import FormatError
+from dpot_format.io import filesystem, is_local, join, local_path
 from dpot_format.manifest import read_manifest
 from dpot_format.names import MANIFEST_NAME
 from dpot_format.validate import Problem, validate_output
 
 
-def _tree_bytes(path: Path) -> int:
-    """Total size of the regular files under a folder, links not followed (0 when absent)."""
-    if not path.is_dir() or path.is_symlink():
-        return 0
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def _file_bytes(path: Path) -> int:
-    """Size of a regular file (0 when absent, a link or anything else)."""
+def _tree_bytes(root: str, rel: str) -> int:
+    """Total size of the regular files under a folder of the output, links not followed (0 when absent)."""
+    if is_local(root):
+        path = Path(local_path(root)) / rel
+        if not path.is_dir() or path.is_symlink():
+            return 0
+        return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    fsys, base = filesystem(join(root, rel))
     try:
-        st = path.lstat()
-    except OSError:
+        found = fsys.find(base, detail=True)
+    except FileNotFoundError:
         return 0
-    import stat
+    return sum(int(info.get("size") or 0) for info in found.values() if info.get("type") == "file")
 
-    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+def _file_bytes(root: str, rel: str) -> int:
+    """Size of a regular file of the output (0 when absent, a link or anything else)."""
+    if is_local(root):
+        try:
+            st = os.lstat(os.path.join(local_path(root), rel))
+        except OSError:
+            return 0
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+    fsys, path = filesystem(join(root, rel))
+    try:
+        info = fsys.info(path)
+    except FileNotFoundError:
+        return 0
+    return int(info.get("size") or 0) if info.get("type") == "file" else 0
 
 
 def _failed(problem: Problem) -> dict[str, Any]:
@@ -36,13 +53,13 @@ def _failed(problem: Problem) -> dict[str, Any]:
             "actual": "missing" if problem.kind == "missing" else problem.actual, "ok": False}
 
 
-def dataset_report(root: Path, entry: dict[str, Any], problems: list[Problem], verify: bool = False
+def dataset_report(root: str, entry: dict[str, Any], problems: list[Problem], verify: bool = False
                    ) -> dict[str, Any]:
     """One dataset: its manifest facts, the bytes found on disk, and the validator's findings for it."""
     checked = len(entry["shards"]) + (len(entry["zarr"]["arrays"]) if entry["zarr"] else 0)
     failed = [_failed(p) for p in problems if p.fatal and p.dataset == entry["name"]]
-    shard_bytes_disk = sum(_file_bytes(root / s["path"]) for s in entry["shards"])
-    zarr_bytes = _tree_bytes(root / entry["zarr"]["path"] / entry["zarr"]["group"]) if entry["zarr"] else 0
+    shard_bytes_disk = sum(_file_bytes(root, s["path"]) for s in entry["shards"])
+    zarr_bytes = _tree_bytes(root, f"{entry['zarr']['path']}/{entry['zarr']['group']}") if entry["zarr"] else 0
     if not checked:
         status = "nothing to check"
     elif failed:
@@ -78,21 +95,21 @@ def dataset_report(root: Path, entry: dict[str, Any], problems: list[Problem], v
     }
 
 
-def inspect_dir(path: str | Path, verify: bool = False) -> dict[str, Any]:
-    """Report on an ingest output folder: manifest header, one `dataset_report` per dataset, and the validator's
-    findings (`dpot_format.validate.validate_output`: sha256 when `verify`, else its cheap mode). InputError when
-    the manifest cannot be read."""
-    root = Path(path)
+def inspect_dir(path: str | os.PathLike[str], verify: bool = False) -> dict[str, Any]:
+    """Report on an ingest output folder (a local path or an fsspec URL): manifest header, one `dataset_report` per
+    dataset, and the validator's findings (`dpot_format.validate.validate_output`: sha256 when `verify`, else its
+    cheap mode). InputError when the manifest cannot be read."""
+    root = os.fspath(path)
     try:
-        manifest = read_manifest(str(root))
+        manifest = read_manifest(root)
     except FormatError as exc:
-        raise InputError(exc.where or str(root / MANIFEST_NAME), exc.expected) from None
-    problems = validate_output(str(root), rehash=verify)
+        raise InputError(exc.where or join(root, MANIFEST_NAME), exc.expected) from None
+    problems = validate_output(root, rehash=verify)
     datasets = [dataset_report(root, entry, problems, verify) for entry in manifest["datasets"]]
     other = [p for p in problems if p.fatal and not p.dataset]
     return {
-        "path": str(root),
-        "manifest": str(root / MANIFEST_NAME),
+        "path": root,
+        "manifest": join(root, MANIFEST_NAME),
         "schema_version": manifest["schema_version"],
         "tool": manifest["tool"],
         "created": manifest["created"],

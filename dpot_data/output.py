@@ -1,7 +1,9 @@
 """Read back an ingest output folder (manifest + Zarr store + WebDataset shards, see docs/format.md), local or URL.
 
 Used by `stats` and `inspect --plot`: they need trajectories one at a time, never a whole array. The manifest and
-shards are read through dpot_format (its checks apply); checking an output is dpot_format.validate's job.
+shards are read through dpot_format (its checks apply), and the Zarr store is opened only after the validator's cheap
+check of it (links, non-regular files, array shapes against the manifest); checking an output fully is
+dpot_format.validate's job.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dpot_format.manifest import read_manifest
 from dpot_format.names import sample_key
 from dpot_format.paths import resolve_member
 from dpot_format.tar import Sample, iter_samples
+from dpot_format.validate import validate_output
 
 __all__ = ["DatasetView", "Sample", "datasets", "recompute_stats"]
 
@@ -97,8 +100,14 @@ def _as_str(values: Any) -> np.ndarray:
 
 
 def datasets(root: str, manifest: dict | None = None) -> list[DatasetView]:
-    """One view per dataset of the output at `root`."""
+    """One view per dataset of the output at `root`, once the validator's cheap check of its Zarr store has passed
+    (so that no read follows a link out of the folder, opens a FIFO, or trusts a shape the manifest does not imply);
+    FormatError naming the first problem otherwise."""
     doc = manifest if manifest is not None else read_manifest(root)
+    problems = [p for p in validate_output(root, rehash=False, parts=("zarr",), scan=False) if p.fatal]
+    if problems:
+        more = f" (and {len(problems) - 1} more; `dpot-data verify` lists them)" if len(problems) > 1 else ""
+        raise FormatError(f"{root.rstrip('/')}/{problems[0]}{more}")
     return [DatasetView(root, entry) for entry in doc["datasets"]]
 
 

@@ -4,6 +4,9 @@ HDF5 and MAT readers need seekable local files and the writers need rename and f
 inputs copied (streamed) into a local cache → the ordinary local ingest, resumable, into a local folder → the finished
 folder uploaded file by file, each under a temporary name then moved, the manifest last. Until the manifest is there,
 readers of the URL see no output; an interrupted upload is redone by a re-run, which finds the local output complete.
+Replacing an output (--overwrite) uploads the new store and shard folders beside the old ones, under names the old
+manifest does not use, and removes the old ones only after the new manifest is in place: the URL holds the old
+output, complete, until then.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -18,7 +22,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpot_data import fs
+from dpot_data.errors import InputError
 from dpot_data.manifest import MANIFEST_NAME
+from dpot_format.errors import FormatError
+from dpot_format.manifest import read_manifest, write_manifest
+from dpot_format.names import is_temporary
+
+_GENERATION = re.compile(r"^(data(\.\d+)?\.zarr|shards(\.\d+)?)$")  # store and shard folders of any generation
 
 
 def default_workdir(out: str) -> Path:
@@ -45,6 +55,12 @@ def prepare(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     from dpot_data.ingest.publish import existing_outcome
 
     out = str(out)
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(out).decode("utf-8", "backslashreplace")
+        raise InputError(shown, "expected an output folder name that is valid UTF-8 (it is recorded in the manifest "
+                                "and printed); rename it") from None
     work = Path(workdir) if workdir is not None else default_workdir(out)
     staged = Staged([], fs.local_path(out), None, work, [str(p) for p in paths])
     staged.existing = existing_outcome(out, overwrite)
@@ -69,18 +85,71 @@ def publish(staged: Staged, outcome: Any) -> Any:
             return replace(outcome, manifest=json.loads(local_manifest.read_text()))
         return outcome
     out = staged.remote
-    filesystem, base = fs.filesystem(out)
-    base = base.rstrip("/")
-    if filesystem.exists(f"{base}/{MANIFEST_NAME}"):
-        filesystem.rm(f"{base}/{MANIFEST_NAME}")  # never a manifest over a half-replaced output
-    for rel in ("data.zarr", "shards"):
-        if filesystem.exists(f"{base}/{rel}"):
-            filesystem.rm(f"{base}/{rel}", recursive=True)
-    fs.upload_tree(staged.out, out, last=MANIFEST_NAME)
-    manifest_url = fs.join(out, MANIFEST_NAME)
-    manifest = fs.read_json(manifest_url)
+    manifest = upload(Path(staged.out), out)
     _cleanup(staged.workdir)
-    return replace(outcome, manifest=manifest, path=manifest_url, notes=list(outcome.notes) + [f"uploaded to {out}"])
+    return replace(outcome, manifest=manifest, path=fs.join(out, MANIFEST_NAME),
+                   notes=list(outcome.notes) + [f"uploaded to {out}"])
+
+
+def upload(local: Path, url: str) -> dict[str, Any]:
+    """Upload the complete local output `local` to `url`, beside the output already there: its store and shard
+    folders under names the current manifest at `url` does not use, then the manifest (the commit point: one move),
+    then the folders no manifest names any more are removed. Returns the manifest written."""
+    from dpot_data.ingest.publish import free_name, referenced_tops
+
+    fsys, base = fs.filesystem(url)
+    base = base.rstrip("/")
+    current = _remote_manifest(url)
+    _remove_remote_leftovers(fsys, base, referenced_tops(current))  # an interrupted upload's folders and temporaries
+    manifest = json.loads((local / MANIFEST_NAME).read_text(encoding="utf-8"))
+    taken = set(referenced_tops(current))
+    names: dict[str, str] = {}
+    for top in sorted(referenced_tops(manifest)):
+        names[top] = free_name(*(("data", ".zarr") if top.endswith(".zarr") else ("shards", "")), taken)
+        taken.add(names[top])
+        fs.upload_tree(local / top, fs.join(url, names[top]))
+    manifest = _renamed(manifest, names)
+    write_manifest(url, manifest)  # validated, under a temporary name, then moved into place
+    _remove_remote_leftovers(fsys, base, referenced_tops(manifest))
+    return manifest
+
+
+def _remote_manifest(url: str) -> dict[str, Any] | None:
+    """The manifest at an output URL (None when there is none); InputError when one is there but broken."""
+    path = fs.join(url, MANIFEST_NAME)
+    if not fs.exists(path):
+        return None
+    try:
+        return read_manifest(path)
+    except FormatError as exc:
+        raise InputError(exc.where or path, exc.expected) from None
+
+
+def _remove_remote_leftovers(fsys: Any, base: str, used: set[str]) -> None:
+    """Remove, at the top of a remote output, store and shard folders that `used` does not name and temporary files."""
+    try:
+        children = fsys.ls(base, detail=False)
+    except FileNotFoundError:
+        return
+    for child in children:
+        name = str(child).rstrip("/").rsplit("/", 1)[-1]
+        if (_GENERATION.match(name) and name not in used) or is_temporary(name):
+            fsys.rm(str(child), recursive=True)
+
+
+def _renamed(manifest: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """The manifest with every listed path's first component renamed by `names`."""
+    def move(rel: str) -> str:
+        top, _, rest = rel.partition("/")
+        return f"{names.get(top, top)}/{rest}" if rest else names.get(top, top)
+
+    datasets = []
+    for entry in manifest["datasets"]:
+        entry = {**entry, "shards": [{**s, "path": move(s["path"])} for s in entry["shards"]]}
+        if entry.get("zarr"):
+            entry["zarr"] = {**entry["zarr"], "path": move(entry["zarr"]["path"])}
+        datasets.append(entry)
+    return {**manifest, "datasets": datasets}
 
 
 def _record_input_urls(manifest_path: Path, urls: Sequence[str | os.PathLike[str]], local: Sequence[str]) -> None:

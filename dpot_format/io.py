@@ -132,25 +132,18 @@ def _refuse_non_regular(where: str, mode: int) -> None:
         raise FormatError(where, f"is {file_kind(mode)}, expected a regular file")
 
 
-def open_read(path: str | os.PathLike[str]) -> IO[bytes]:
-    """Open a file for binary reading; a local path that is not a regular file (directory, FIFO, device, socket) is
-    refused with a FormatError before it is opened, so that reading it can neither hang nor run forever."""
-    text = os.fspath(path)
-    if is_local(text):
-        target = local_path(text)
-        try:
-            st = os.stat(target)
-        except (FileNotFoundError, NotADirectoryError):
-            raise FormatError(text, "not found") from None
-        _refuse_non_regular(text, st.st_mode)
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-        fd = os.open(target, flags)  # non-blocking: a FIFO swapped in since the stat does not block the open
-        try:
-            _refuse_non_regular(text, os.fstat(fd).st_mode)
-        except BaseException:
-            os.close(fd)
-            raise
-        return os.fdopen(fd, "rb")
+def _regular_stat(text: str) -> os.stat_result:
+    """stat of the local file at `text` (a path or file:// URL); FormatError when it is missing or not regular."""
+    try:
+        st = os.stat(local_path(text))
+    except (FileNotFoundError, NotADirectoryError):
+        raise FormatError(text, "not found") from None
+    _refuse_non_regular(text, st.st_mode)
+    return st
+
+
+def _remote_file(text: str) -> tuple[Any, str, dict[str, Any]]:
+    """(filesystem, its path, info) of the file at a URL; FormatError when it is missing or a directory."""
     fsys, remote = filesystem(text)
     try:
         info = fsys.info(remote)
@@ -158,6 +151,24 @@ def open_read(path: str | os.PathLike[str]) -> IO[bytes]:
         raise FormatError(text, "not found") from None
     if info.get("type") == "directory":
         raise FormatError(text, "is a directory, expected a regular file")
+    return fsys, remote, info
+
+
+def open_read(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open a file for binary reading; a local path that is not a regular file (directory, FIFO, device, socket) is
+    refused with a FormatError before it is opened, so that reading it can neither hang nor run forever."""
+    text = os.fspath(path)
+    if is_local(text):
+        _regular_stat(text)
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+        fd = os.open(local_path(text), flags)  # non-blocking: a FIFO swapped in since the stat does not block it
+        try:
+            _refuse_non_regular(text, os.fstat(fd).st_mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        return os.fdopen(fd, "rb")
+    fsys, remote, _ = _remote_file(text)
     return fsys.open(remote, "rb")
 
 
@@ -165,20 +176,8 @@ def file_size(path: str | os.PathLike[str]) -> int:
     """Size in bytes of the regular file at a path or URL (FormatError when missing or not a regular file)."""
     text = os.fspath(path)
     if is_local(text):
-        try:
-            st = os.stat(local_path(text))
-        except (FileNotFoundError, NotADirectoryError):
-            raise FormatError(text, "not found") from None
-        _refuse_non_regular(text, st.st_mode)
-        return int(st.st_size)
-    fsys, remote = filesystem(text)
-    try:
-        info = fsys.info(remote)
-    except FileNotFoundError:
-        raise FormatError(text, "not found") from None
-    if info.get("type") == "directory":
-        raise FormatError(text, "is a directory, expected a regular file")
-    return int(info.get("size") or 0)
+        return int(_regular_stat(text).st_size)
+    return int(_remote_file(text)[2].get("size") or 0)
 
 
 def sha256_file(path: str | os.PathLike[str], expected_bytes: int | None = None) -> tuple[str, int]:

@@ -87,6 +87,23 @@ def _dataset_errors(i: int, entry: dict[str, Any], limits: Limits) -> list[str]:
     for split, ids in (entry["splits"].get("ids") or {}).items():
         if len(ids) != counts.get(split, 0):
             out.append(f"{at}/splits/ids/{split}: {len(ids)} ids, expected {counts.get(split, 0)} (the split's count)")
+    out += _shard_errors(at, entry, limits)
+    z = entry["zarr"]
+    if z is not None:
+        for key in ("path", "group"):
+            problem = path_error(z[key])
+            if problem is not None:
+                out.append(f"{at}/zarr/{key}: {z[key]!r} {problem}")
+        for name in ("fields", "mask"):
+            if name not in z["arrays"]:
+                out.append(f"{at}/zarr/arrays: no digest of {name!r}, expected one for fields and mask")
+    return out
+
+
+def _shard_errors(at: str, entry: dict[str, Any], limits: Limits) -> list[str]:
+    """The rules of a dataset entry's shard list: paths, file names, splits, sizes, and samples per split."""
+    out: list[str] = []
+    counts = entry["splits"]["counts"]
     seen: set[str] = set()
     per_split = dict.fromkeys(SPLITS, 0)
     for j, shard in enumerate(entry["shards"]):
@@ -114,15 +131,6 @@ def _dataset_errors(i: int, entry: dict[str, Any], limits: Limits) -> list[str]:
             if n != counts.get(split, 0):
                 out.append(f"{at}/shards: hold {n} {split!r} samples, expected the split's count "
                            f"{counts.get(split, 0)}")
-    z = entry["zarr"]
-    if z is not None:
-        for key in ("path", "group"):
-            problem = path_error(z[key])
-            if problem is not None:
-                out.append(f"{at}/zarr/{key}: {z[key]!r} {problem}")
-        for name in ("fields", "mask"):
-            if name not in z["arrays"]:
-                out.append(f"{at}/zarr/arrays: no digest of {name!r}, expected one for fields and mask")
     return out
 
 

@@ -4,6 +4,7 @@ every problem named by file, member or array instead of raised, so that one run 
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -99,7 +100,8 @@ class ItemResult:
 
 
 def _shape(shape: Iterable[int]) -> str:
-    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+    """A shape as Python writes a tuple: "(5, 16, 16)", "(5,)"."""
+    return str(tuple(int(s) for s in shape))
 
 
 def _npy_differences(header: NpyHeader, size: int, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[str, str] | None:
@@ -295,49 +297,73 @@ def _scan_store(root: str, rel: str, dataset: str) -> list[Problem]:
     return out
 
 
-def _zarr_metadata(plan: _Plan, root: str, entry: dict[str, Any], store: str) -> None:
-    """Check the group's `fields` and `mask` metadata (shape, dtype, one trajectory per chunk) and read `split`."""
-    import zarr
-
-    z = entry["zarr"]
-    base = f"{z['path']}/{z['group']}"
-    name = entry["name"]
+def _array_shapes(entry: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype | None, tuple[int, ...] | None]]:
+    """(shape, dtype, chunks) the manifest implies for each array of a dataset's Zarr group (None: not fixed)."""
     n, frames, c = int(entry["trajectories"]), int(entry["frames"]), len(entry["channels"])
     grid = tuple(int(s) for s in entry["grid"]["shape"])
+    wants: dict[str, tuple[tuple[int, ...], np.dtype | None, tuple[int, ...] | None]] = {
+        "fields": ((n, frames, c, *grid), _FLOAT32, (1, frames, c, *grid)), "mask": ((n, *grid), _UINT8, (1, *grid)),
+        "channel_valid": ((c,), None, None), "channel": ((c,), None, None), "time": ((frames,), None, None),
+        "split": ((n,), None, None), "sample": ((n,), None, None)}
+    wants.update({dim: ((size,), None, None) for dim, size in zip(entry["grid"]["dims"], grid)})
+    return wants
+
+
+def _metadata_problem(name: str, arr: Any, entry: dict[str, Any]) -> tuple[str, str] | None:
+    """(expected, found) when the metadata of array `name` disagrees with the manifest, else None. Checked before
+    anything is read: metadata is covered by no digest, and a declared shape alone decides how much is read."""
+    shape = tuple(int(s) for s in arr.shape)
+    want = _array_shapes(entry).get(name)
+    if want is None:  # an array the format does not name: never larger than the dataset's fields
+        limit = math.prod(_array_shapes(entry)["fields"][0])
+        return None if math.prod(shape) <= limit else (f"at most {limit} elements (the size of fields)",
+                                                        f"shape {_shape(shape)}")
+    want_shape, dtype, chunks = want
+    if dtype is None:
+        return None if shape == want_shape else (f"shape {_shape(want_shape)}", f"shape {_shape(shape)}")
+    found = (shape, np.dtype(arr.dtype), tuple(arr.chunks))
+    if found == want:
+        return None
+    return (f"{dtype} shape {_shape(want_shape)} chunks {_shape(chunks or ())}",
+            f"{found[1]} shape {_shape(shape)} chunks {_shape(found[2])}")
+
+
+def _zarr_metadata(plan: _Plan, entry: dict[str, Any], store: str) -> set[str]:
+    """Check the metadata of the group's `fields`, `mask`, `split` and every listed array against the manifest,
+    and read `split`; returns the arrays whose metadata is wrong or unreadable (they are not read further)."""
+    import zarr
+
+    z, name = entry["zarr"], entry["name"]
+    base = f"{z['path']}/{z['group']}"
     try:
         group = zarr.open_group(zarr_store(store, read_only=True), mode="r", path=z["group"])
     except Exception as exc:  # noqa: BLE001
         plan.problems.append(Problem(base, "zarr", "a readable Zarr v3 group", _short(exc), dataset=name))
-        return
-    wants = {"fields": ((n, frames, c, *grid), _FLOAT32, (1, frames, c, *grid)),
-             "mask": ((n, *grid), _UINT8, (1, *grid))}
-    for array, (shape, dtype, chunks) in wants.items():
+        return {"fields", "mask", "split", *z["arrays"]}
+    bad: set[str] = set()
+    for array in ["fields", "mask", *sorted(set(z["arrays"]) - {"fields", "mask", "split"}), "split"]:
         try:
             if array not in group:
-                if array not in z["arrays"]:
+                if array in ("fields", "mask") and array not in z["arrays"]:
                     plan.problems.append(Problem(f"{base}/{array}", "missing", dataset=name))
                 continue
-            arr = group[array]
-            found = (tuple(arr.shape), np.dtype(arr.dtype), tuple(arr.chunks))
+            problem = _metadata_problem(array, group[array], entry)
         except Exception as exc:  # noqa: BLE001
             plan.problems.append(Problem(f"{base}/{array}", "zarr", "readable array metadata", _short(exc),
                                          dataset=name))
+            bad.add(array)
             continue
-        if found != (shape, dtype, chunks):
-            plan.problems.append(Problem(f"{base}/{array}", "zarr",
-                                         f"{dtype} shape {_shape(shape)} chunks {_shape(chunks)}",
-                                         f"{found[1]} shape {_shape(found[0])} chunks {_shape(found[2])}",
+        if problem is not None:
+            plan.problems.append(Problem(f"{base}/{array}", "zarr", *problem, dataset=name))
+            bad.add(array)
+    if "split" in group and "split" not in bad:
+        try:
+            plan.labels[name] = np.array([str(v) for v in np.asarray(group["split"][:]).ravel().tolist()],
+                                         dtype=object)
+        except Exception as exc:  # noqa: BLE001
+            plan.problems.append(Problem(f"{base}/split", "unreadable", "readable chunks", _short(exc),
                                          dataset=name))
-    try:
-        if "split" in group:
-            labels = np.array([str(v) for v in np.asarray(group["split"][:]).ravel().tolist()], dtype=object)
-            if len(labels) == n:
-                plan.labels[name] = labels
-            else:
-                plan.problems.append(Problem(f"{base}/split", "zarr", f"{n} labels", f"{len(labels)} labels",
-                                             dataset=name))
-    except Exception as exc:  # noqa: BLE001
-        plan.problems.append(Problem(f"{base}/split", "unreadable", "readable chunks", _short(exc), dataset=name))
+    return bad
 
 
 def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, datasets: Collection[str] | None,
@@ -380,10 +406,11 @@ def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, dat
             plan.problems += found
             if any(p.kind in ("path", "type") and p.what.startswith(z["path"] + "/") for p in plan.problems):
                 continue  # a link or a FIFO under the store: reading it could leave the folder or block forever
-            _zarr_metadata(plan, root, entry, store)
+            bad = _zarr_metadata(plan, entry, store)
             for array, digest in sorted(z["arrays"].items()):
-                plan.items.append(Item(f"{base}/{array}", "zarr", store, name, digest, rehash, group=z["group"],
-                                       array=array, limits=limits))
+                if array not in bad:  # a wrong shape would decide how much is read: named above, not hashed
+                    plan.items.append(Item(f"{base}/{array}", "zarr", store, name, digest, rehash, group=z["group"],
+                                           array=array, limits=limits))
     return plan
 
 

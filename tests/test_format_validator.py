@@ -161,6 +161,13 @@ def _shard_path_up(root: Path, outside: Path) -> str:
     return "datasets/0/shards/0/path"
 
 
+def _zarr_group_absolute(root: Path, outside: Path) -> str:
+    doc = _manifest(root)
+    doc["datasets"][0]["zarr"]["group"] = str(outside)
+    _write_manifest(root, doc)
+    return f"datasets/0/zarr/group: {str(outside)!r} is absolute"
+
+
 def _shard_symlink_out(root: Path, outside: Path) -> str:
     target = outside / "train-000000.tar"
     (root / TRAIN).replace(target)  # the same bytes, so the manifest's size and sha256 still hold
@@ -168,8 +175,23 @@ def _shard_symlink_out(root: Path, outside: Path) -> str:
     return f"{TRAIN} is a symbolic link (to {str(target)!r})"
 
 
-@pytest.mark.parametrize("damage", [_zarr_path_up, _zarr_path_absolute, _zarr_group_up, _shard_path_up,
-                                    _shard_symlink_out])
+def _shard_folder_symlink_out(root: Path, outside: Path) -> str:
+    target = outside / "toy"
+    (root / "shards/toy").replace(target)  # the whole shard folder moved out, a link left in its place
+    (root / "shards/toy").symlink_to(target)
+    return f"shards/toy is a symbolic link (to {str(target)!r})"
+
+
+def _zarr_store_symlink_out(root: Path, outside: Path) -> str:
+    target = outside / "data.zarr"
+    (root / "data.zarr").replace(target)
+    (root / "data.zarr").symlink_to(target)
+    return f"data.zarr is a symbolic link (to {str(target)!r})"
+
+
+@pytest.mark.parametrize("damage", [_zarr_path_up, _zarr_path_absolute, _zarr_group_up, _zarr_group_absolute,
+                                    _shard_path_up, _shard_symlink_out, _shard_folder_symlink_out,
+                                    _zarr_store_symlink_out])
 def test_paths_outside_the_folder_are_refused_and_nothing_outside_is_read(toy: Path, tmp_path: Path,
                                                                           damage: Any) -> None:
     outside = tmp_path / "outside"
@@ -183,7 +205,9 @@ def test_paths_outside_the_folder_are_refused_and_nothing_outside_is_read(toy: P
     assert result.exit_code == 1
     assert expected in result.output
     assert expected in str(refused.value) and "\n" not in str(refused.value)
-    leaked = [p for p in opened if p.startswith(str(outside)) or p == str(toy / TRAIN) or "etc" in Path(p).parts]
+    inside = os.path.realpath(toy) + os.sep  # a path opened under tmp_path must resolve to a file inside the output
+    leaked = [p for p in opened if "etc" in Path(p).parts or p.startswith(str(tmp_path))
+              and not os.path.realpath(p).startswith(inside)]
     assert leaked == []
 
 
@@ -266,6 +290,36 @@ def test_npy_headers_are_checked_against_the_manifest(toy: Path, case: str) -> N
         verify_shards(read_manifests([str(toy)]), "valid", checksums=True)
 
 
+def test_launch_runs_the_validator_before_torchrun(toy: Path, tmp_path: Path) -> None:
+    """A hash-consistent shard of the valid split whose fields.npy header lies: `launch` refuses it (it checks every
+    split of every output, not just the one it trains on) with one line naming the member, and starts nothing."""
+    from dpot_train.cli import app as train_app
+
+    data, phrase = _fields_member("lying-shape")
+    _set_shard(toy, VALID, _tar([_member(name, body) for name, body in _sample2(fields=data).items()]))
+    run = tmp_path / "run"
+    result = CliRunner().invoke(train_app, ["launch", "--manifest", str(toy), "--out", str(run), "--model", "tiny",
+                                            "--steps", "24", "--batch-size", "4", "--nproc-per-node", "1",
+                                            "--device", "cpu", "--no-progress", "--dry-run"])
+    assert result.exit_code == 2, result.output
+    errors = result.stderr.splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"error: {toy}/{VALID}:s0000002.fields.npy: "), errors
+    assert phrase in errors[0] and "torch.distributed.run" not in result.output
+    assert not run.exists()
+
+
+def test_a_shard_holding_another_sample_count_than_listed_is_named(toy: Path) -> None:
+    """Hash-consistent, well-formed members, but not the samples the manifest lists for the shard."""
+    _set_shard(toy, VALID, _tar([]))  # an empty archive where one sample is listed
+    problems = [p for p in validate_output(str(toy), rehash=False) if p.fatal]
+    assert (VALID, "samples", "1 samples (the manifest)", "0 samples") in [
+        (p.what, p.kind, p.expected, p.actual) for p in problems]
+    result = _verify(toy)
+    assert result.exit_code == 1 and f"{VALID}: 0 samples (expected 1 samples (the manifest))" in result.output
+    with pytest.raises(DataError, match=re.escape(f"{VALID}: 0 samples")):
+        verify_shards(read_manifests([str(toy)]), "valid", checksums=False)
+
+
 def test_meta_json_must_agree_with_its_shard(toy: Path) -> None:
     parts = _sample2()
     parts["s0000002.meta.json"] = json.dumps({"id": "toy#2", "dataset": "other", "split": "train",
@@ -320,10 +374,10 @@ def test_a_huge_grid_is_refused_in_one_line_everywhere(toy: Path, tmp_path: Path
     assert not (tmp_path / "run").exists()
 
 
-def _verify_subprocess(root: Path) -> subprocess.CompletedProcess[str]:
+def _verify_subprocess(root: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`dpot-data verify` in its own process, so that a hang fails the test instead of blocking it."""
     return subprocess.run([sys.executable, "-m", "dpot_data", "verify", str(root)], capture_output=True, text=True,
-                          timeout=120, env=train_runs.env(), cwd=ROOT)
+                          timeout=timeout, env=train_runs.env(), cwd=ROOT)
 
 
 def test_a_fifo_shard_is_named_without_being_opened(toy: Path) -> None:
@@ -335,6 +389,20 @@ def test_a_fifo_shard_is_named_without_being_opened(toy: Path) -> None:
     assert "Traceback" not in r.stdout + r.stderr
     with pytest.raises(DataError, match=r"a FIFO \(named pipe\)"):
         verify_shards(read_manifests([str(toy)]), "valid", checksums=True)
+
+
+def test_a_fifo_in_the_zarr_store_is_named_without_being_opened(toy: Path) -> None:
+    """A chunk replaced by a FIFO: reading it would block for ever; it is named, on both sides, and never opened."""
+    chunk = sorted(p for p in (toy / "data.zarr/toy/fields").rglob("*") if p.is_file() and p.name != "zarr.json")[1]
+    chunk.unlink()
+    os.mkfifo(chunk)
+    rel = chunk.relative_to(toy).as_posix()
+    r = _verify_subprocess(toy)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{rel}: a FIFO (named pipe) (expected a regular file)" in r.stdout.splitlines()
+    assert "Traceback" not in r.stdout + r.stderr
+    with pytest.raises(DataError, match=re.escape(f"{rel}: a FIFO (named pipe)")):
+        verify_shards(read_manifests([str(toy)]), "train", backend="zarr")
 
 
 def test_a_shard_linked_to_dev_zero_is_named_without_being_read(toy: Path) -> None:
@@ -366,7 +434,19 @@ def _empty(path: Path) -> str:
     return "is empty, expected a JSON manifest"
 
 
-@pytest.mark.parametrize("damage", [_as_directory, _not_utf8, _empty])
+def _fifo(path: Path) -> str:
+    path.unlink()
+    os.mkfifo(path)
+    return "is a FIFO (named pipe), expected the manifest file"
+
+
+def _dev_zero(path: Path) -> str:
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    return "is a character device, expected the manifest file"
+
+
+@pytest.mark.parametrize("damage", [_as_directory, _not_utf8, _empty, _fifo, _dev_zero])
 def test_unreadable_manifests_are_one_line_errors(toy: Path, damage: Any) -> None:
     path = toy / "manifest.json"
     words = damage(path)
@@ -380,6 +460,16 @@ def test_unreadable_manifests_are_one_line_errors(toy: Path, damage: Any) -> Non
     assert result.exit_code == 1 and result.output.splitlines() == [f"manifest.json: {words}", "FAILED: 1 problem(s)"]
     inspected = CliRunner().invoke(app, ["inspect", str(toy)])
     assert inspected.exit_code == 2 and inspected.stderr.splitlines() == [f"error: {path}: {words}"]
+    raw = toy.parent / "NavierStokes_V1e-3_N2_T3.mat"
+    raw.write_bytes(b"MATLAB")  # never read: the output folder is judged first
+    ingested = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(toy), "--no-progress"])
+    assert ingested.exit_code == 2 and ingested.stderr.splitlines() == [f"error: {path}: {words}"]
+    from dpot_train.cli import app as train_app
+
+    launched = CliRunner().invoke(train_app, ["launch", "--manifest", str(toy), "--out", str(toy.parent / "run"),
+                                              "--model", "tiny", "--device", "cpu", "--dry-run"])
+    assert launched.exit_code == 2 and launched.stderr.splitlines() == [f"error: {path}: {words}"]
+    assert not (toy.parent / "run").exists()
 
 
 # --- Zarr ---------------------------------------------------------------------------------------------------------
@@ -395,6 +485,9 @@ def test_a_corrupted_zarr_chunk_is_named_not_raised(toy: Path) -> None:
     assert result.exit_code == 1
     assert result.output.startswith("data.zarr/toy/fields: ") and "FAILED: 1 problem(s)" in result.output
     assert validate_output(str(toy), rehash=False) == []  # the cheap mode reads no chunk
+    with pytest.raises(DataError) as trainer:  # the trainer's check of the Zarr backend names the array too
+        verify_shards(read_manifests([str(toy)]), "train", backend="zarr")
+    assert "data.zarr/toy/fields: " in str(trainer.value) and "\n" not in str(trainer.value)
 
 
 def test_zarr_metadata_must_match_the_manifest(toy: Path) -> None:
@@ -407,6 +500,58 @@ def test_zarr_metadata_must_match_the_manifest(toy: Path) -> None:
     found = [p for p in validate_output(str(toy), rehash=False)]
     assert found == [Problem("data.zarr/toy/mask", "zarr", "uint8 shape (5, 16, 16) chunks (1, 16, 16)",
                              "int16 shape (5, 16, 16) chunks (5, 16, 16)")]
+
+
+@pytest.mark.parametrize("array,expected", [
+    ("split", "shape (5,)"),
+    ("channel_valid", "shape (4,)"),
+    ("fields", "float32 shape (5, 6, 4, 16, 16) chunks (1, 6, 4, 16, 16)"),
+])
+def test_zarr_arrays_declaring_huge_shapes_are_refused_before_they_are_read(toy: Path, array: str,
+                                                                           expected: str) -> None:
+    """A few bytes of Zarr metadata (not covered by any digest) declare 10^8 rows: the validator compares the shape
+    with the manifest before reading or hashing anything, instead of walking 10^8 missing chunks."""
+    meta = toy / "data.zarr/toy" / array / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["shape"][0] = 10**8
+    meta.write_text(json.dumps(doc))
+    found = doc["shape"]
+    r = _verify_subprocess(toy, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = f"data.zarr/toy/{array}: "
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith(line)] == [
+        f"{line}{'float32 ' if array == 'fields' else ''}shape {_shape_text(found)}"
+        f"{' chunks (1, 6, 4, 16, 16)' if array == 'fields' else ''} (expected {expected})"], r.stdout
+    with pytest.raises(DataError, match=re.escape(f"data.zarr/toy/{array}: ")):
+        verify_shards(read_manifests([str(toy)]), "train", backend="zarr")
+
+
+@pytest.mark.parametrize("damage", ["huge-split", "fifo-chunk"])
+def test_stats_and_plot_check_the_zarr_store_before_reading_it(toy: Path, tmp_path: Path, damage: str) -> None:
+    """`stats` and `inspect --plot` read trajectories from the Zarr store: a split array declaring 10^8 labels or a
+    chunk that is a FIFO is one line naming it, not a read that runs for ever."""
+    if damage == "huge-split":
+        meta = toy / "data.zarr/toy/split/zarr.json"
+        doc = json.loads(meta.read_text())
+        doc["shape"] = [10**8]
+        meta.write_text(json.dumps(doc))
+        named = "data.zarr/toy/split: shape (100000000,) (expected shape (5,))"
+    else:
+        chunk = sorted(p for p in (toy / "data.zarr/toy/fields").rglob("*") if p.is_file() and p.name != "zarr.json")[0]
+        chunk.unlink()
+        os.mkfifo(chunk)
+        named = f"{chunk.relative_to(toy).as_posix()}: a FIFO (named pipe) (expected a regular file)"
+    r = subprocess.run([sys.executable, "-m", "dpot_data", "stats", str(toy)], capture_output=True, text=True,
+                       timeout=60, env=train_runs.env(), cwd=ROOT)  # its own process: a hang fails, not blocks
+    assert r.returncode == 2 and r.stderr.splitlines() == [f"error: {toy}/{named}"], r.stdout + r.stderr
+    png = tmp_path / "frames.png"
+    plotted = CliRunner().invoke(app, ["inspect", str(toy), "--plot", str(png)])
+    assert plotted.exit_code == 2 and plotted.stderr.splitlines() == [f"error: {toy}/{named}"], plotted.output
+    assert not png.exists()
+
+
+def _shape_text(shape: list[int]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def test_links_inside_the_zarr_store_are_refused(toy: Path, tmp_path: Path) -> None:
@@ -467,6 +612,38 @@ def test_file_hash_is_bounded_and_refuses_non_regular_files(tmp_path: Path) -> N
     with pytest.raises(OSError):
         atomic_write(tmp_path / "target", b"data")  # a folder is in the way: the rename fails
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "fifo", "target"]  # no temporary file left
+
+
+def test_docs_format_names_the_validator_and_its_limits() -> None:
+    """docs/format.md says which function enforces it (and that function exists), and its table of limits is the
+    one dpot_format.limits.Limits applies."""
+    import importlib
+
+    from dpot_format.limits import Limits
+
+    text = (ROOT / "docs" / "format.md").read_text(encoding="utf-8")
+    assert "`dpot_format.validate.validate_output(OUT)` enforces this page" in text
+    assert callable(getattr(importlib.import_module("dpot_format.validate"), "validate_output"))
+    table = text[text.index("**Limits**"):text.index("The cheap mode")]
+    rows = dict(re.findall(r"^\| (.+?) \| ([0-9][0-9^ ]*?(?: [KMG]iB)?)(?: \([^|]*\))? \|$", table, flags=re.M))
+
+    def number(cell: str) -> int:
+        cell = cell.replace(" ", "")
+        for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
+            if cell.endswith(unit):
+                return int(cell[: -len(unit)]) * scale
+        base, _, power = cell.partition("^")
+        return int(base) ** int(power) if power else int(base)
+
+    documented = {label.split(" (")[0]: number(value) for label, value in rows.items()}
+    limits = Limits()
+    assert documented == {
+        "cells along one grid axis": limits.max_grid_side, "cells per frame": limits.max_grid_cells,
+        "channels": limits.max_channels, "frames per trajectory": limits.max_frames,
+        "trajectories per dataset": limits.max_trajectories,
+        "bytes of one trajectory's `fields`": limits.max_sample_bytes,
+        "manifest size": limits.max_manifest_bytes, "one `meta.json` member": limits.max_meta_bytes,
+        "members per shard": limits.max_members_per_shard, "one `.npy` header": limits.max_npy_header_bytes}
 
 
 def test_temporary_names_of_every_writer() -> None:

@@ -101,3 +101,44 @@ def test_cli_ingest_memory_urls_then_verify_and_stats(local_run, tmp_path: Path)
     assert "manifest: matches" in runner.invoke(app, ["stats", url_out]).output
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "left alone" in again.output
+
+
+@pytest.mark.parametrize("fail_at", ["first-file", "manifest"])
+def test_overwriting_a_url_output_keeps_the_old_one_readable_until_the_new_manifest(local_run, tmp_path: Path,
+                                                                                  monkeypatch, fail_at: str) -> None:
+    """--overwrite of an output at a URL, the upload failing (a full bucket, a lost connection) on its first file or
+    on the new manifest: the old output is still there, complete and valid; a re-run replaces it and leaves nothing
+    of either upload behind."""
+    import errno
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    raw, _ = local_run
+    mem = fsspec.filesystem("memory")
+    tag = uuid.uuid4().hex[:8]
+    mem.pipe(f"/ow-raw-{tag}/{raw.name}", raw.read_bytes())
+    url_in, url_out = f"memory://ow-raw-{tag}/{raw.name}", f"memory://ow-out-{tag}"
+    run_ingest("fno", [url_in], url_out, _opts(), workdir=tmp_path / "work")
+    old = read_manifest(url_out)
+    real_mv = MemoryFileSystem.mv
+
+    def mv(self, path1, path2, *args, **kwargs):
+        if fail_at == "first-file" or str(path2).endswith("/manifest.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mv(self, path1, path2, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "mv", mv)
+    with pytest.raises(OSError):
+        run_ingest("fno", [url_in], url_out, _opts(overwrite=True, split=(0.5,)), workdir=tmp_path / "work")
+    monkeypatch.undo()
+    assert read_manifest(url_out) == old
+    assert not [p for p in validate_output(url_out) if p.fatal]  # every file the old manifest names is intact
+    outcome = run_ingest("fno", [url_in], url_out, _opts(overwrite=True, split=(0.5,)), workdir=tmp_path / "work")
+    assert outcome.written
+    new = read_manifest(url_out)
+    assert new["datasets"][0]["splits"]["counts"] != old["datasets"][0]["splits"]["counts"]
+    assert validate_output(url_out) == []  # no leftover: no temporary, no unlisted shard
+    entry = new["datasets"][0]
+    tops = {entry["zarr"]["path"], *(s["path"].split("/", 1)[0] for s in entry["shards"])}
+    listed = {p.rsplit("/", 1)[-1] for p in mem.ls(f"/ow-out-{tag}", detail=False)}
+    assert listed == {"manifest.json", *tops}

@@ -226,3 +226,106 @@ def test_temporaries_of_a_killed_run_are_never_published(raw: Path, tmp_path: Pa
     outcome = run_ingest("fno", [raw], out, _opts(block=1))
     assert any("resumed an interrupted ingest" in n for n in outcome.notes), outcome.notes
     _clean(out)
+
+
+def test_sigkill_at_the_manifest_write_of_a_first_ingest_then_a_plain_rerun_leaves_nothing(raw: Path,
+                                                                                          tmp_path: Path) -> None:
+    """No earlier output, killed with the new manifest under its temporary name: no manifest is there, and the same
+    command run again (no --overwrite) publishes a complete output and removes the `.manifest.json.tmp-<pid>`."""
+    out = tmp_path / "first"
+    script = tmp_path / "kill.py"
+    script.write_text(_KILLER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script), "manifest-temp", str(raw), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not (out / "manifest.json").exists()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".manifest.json.tmp-")]  # what the kill left
+    assert run_ingest("fno", [raw], out, _opts(split=(0.5,))).written
+    _clean(out)
+
+
+_CHUNK_KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import dpot_data.writers.zarr_store as zs
+    from dpot_data.ingest import IngestOptions, run_ingest
+
+    raw, out = sys.argv[1], sys.argv[2]
+    real = zs.ZarrDatasetWriter._put_chunk
+
+    def put(self, name, row, data):
+        if name == "fields" and row == 3 and data is not None:
+            real(self, name, row, data[: len(data) // 2])  # half the chunk's bytes under its final name
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, name, row, data)
+
+    zs.ZarrDatasetWriter._put_chunk = put
+    run_ingest("fno", [raw], out, IngestOptions(resolution=0, shard_size=60_000, workers=1, block=1, formats=("zarr",),
+                                                command="test"))
+""")
+
+
+def test_sigkill_inside_a_zarr_chunk_write_then_rerun_gives_the_uninterrupted_output(raw: Path,
+                                                                                     tmp_path: Path) -> None:
+    """Killed while a chunk file is half written (a Zarr-only ingest, so the resume point is the journal's alone):
+    the re-run never keeps that chunk, and publishes the same arrays as a run that was never interrupted, with
+    nothing temporary left."""
+    out = tmp_path / "out"
+    script = tmp_path / "kill.py"
+    script.write_text(_CHUNK_KILLER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script), str(raw), str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not (out / "manifest.json").exists()
+    assert list((out / ".staging-fno-ns-v1e-3").rglob("fields/c.3.*"))  # the half-written chunk is there
+    outcome = run_ingest("fno", [raw], out, _opts(block=1, formats=("zarr",)))
+    assert any("resumed an interrupted ingest at trajectory 3 (block 3)" in n for n in outcome.notes), outcome.notes
+    clean = run_ingest("fno", [raw], tmp_path / "clean", _opts(block=1, formats=("zarr",))).manifest
+    done = json.loads((out / "manifest.json").read_text())
+    for key in ("zarr", "stats"):
+        assert done["datasets"][0][key] == clean["datasets"][0][key], key
+    _clean(out)
+
+
+def test_disk_full_after_the_store_moved_in_keeps_the_old_output(raw: Path, done: Path, monkeypatch) -> None:
+    """--overwrite, the disk full while the staged folders move in (the store moved, the shard folder not): the
+    old output is still complete and valid, one line says so, and a re-run finishes the replacement."""
+    before = _state(done)
+    real = os.replace
+
+    def replace(src, dst, *a, **k):
+        if Path(dst).parent == done and Path(dst).name.startswith("shards"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(Exception, match=r"no space left on the device \(No space left on device\); nothing was "
+                                        "published"):
+        run_ingest("fno", [raw], done, _opts(overwrite=True, split=(0.5,)))
+    monkeypatch.undo()
+    assert _state(done)[0] == before[0]
+    assert not [p for p in verify_output(str(done)) if p.fatal]
+    assert run_ingest("fno", [raw], done, _opts(overwrite=True, split=(0.5,))).written
+    _clean(done)
+
+
+@pytest.mark.xfail(strict=True, reason="dpot_data/ingest/__init__.py: ingest() turns ENOSPC into one line only inside "
+                                       "_write; creating OUT and its lock file (OutputLock) happens before, so a disk "
+                                       "that is already full is a traceback")
+def test_disk_full_when_creating_the_output_folder_is_one_line(raw: Path, tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "out"
+    real = Path.mkdir
+
+    def mkdir(self, *a, **k):
+        if self == out:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    result = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(out), "--resolution", "0",
+                                      "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no space left on the device" in errors[0], result.output
+    assert not out.exists()

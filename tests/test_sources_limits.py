@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import warnings
 import zlib
 from pathlib import Path
@@ -165,6 +166,22 @@ def test_mat_v73_declaring_huge_u_is_refused(tmp_path):
              "only 0 bytes are stored")
 
 
+def test_mat_v5_header_declaring_billions_of_trajectories_is_refused(tmp_path):
+    """An uncompressed MAT v5 file of a few KB whose `u` declares 2^31-1 trajectories in its dimensions."""
+    path = tmp_path / "NavierStokes_V1e-3_N2_T3.mat"
+    write_mat_v5(path, np.zeros((2, 8, 8), np.float32), np.ones((2, 8, 8, 3), np.float32),
+                 np.arange(1, 4, dtype=np.float32)[None])
+    data = path.read_bytes()
+    dims = struct.pack("<4i", 2, 8, 8, 3)
+    assert data.count(dims) == 1  # the dimensions sub-element of `u`
+    path.write_bytes(data.replace(dims, struct.pack("<4i", 2**31 - 1, 8, 8, 3)))
+    assert path.stat().st_size < 4096
+    needles = (path.name, "variable 'u'", "(2147483647, 8, 8, 3)")
+    _refused(lambda: fno.read([path]), *needles)
+    _one_error_line(_cli("fno", path, "--out", tmp_path / "cli"), *needles)
+    assert not (tmp_path / "cli").exists()
+
+
 def test_mat_v5_compressed_element_inflating_without_bound_is_refused(tmp_path):
     path = tmp_path / "NavierStokes_V1e-3_N20_T320.mat"
     u = np.zeros((20, 64, 64, 320), np.float32)  # 105 MB of zeros: zlib makes ~100 kB of it
@@ -251,7 +268,16 @@ def test_file_name_that_is_not_utf8_is_refused_with_one_line(tmp_path):
     _refused(lambda: ingest_files("pdebench", [bad.parent], tmp_path / "dir", IngestOptions(**OPTS)), *needles)
     _one_error_line(_cli("pdebench", bad, "--out", tmp_path / "cli"), *needles)
     _one_error_line(_cli("pdebench", bad.parent, "--out", tmp_path / "cli2"), *needles)
-    _no_manifest(tmp_path / "cli")
+    for out in ("lib", "dir", "cli", "cli2"):  # refused before anything is written: no folder, no .staging-*
+        assert not (tmp_path / out).exists(), out
+
+
+def test_output_folder_name_that_is_not_utf8_is_refused_with_one_line(tmp_path, cns):
+    out = tmp_path / os.fsdecode(b"out_\xfe")
+    needles = ("out_\\xfe", "expected an output folder name that is valid UTF-8")
+    _refused(lambda: ingest_files("pdebench", [cns], out, IngestOptions(**OPTS)), *needles)
+    _one_error_line(_cli("pdebench", cns, "--out", out), *needles)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
 
 
 def test_other_sources_refuse_names_that_are_not_utf8(tmp_path):

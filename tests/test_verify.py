@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import zarr
 
 from dpot_data.scheduler import SchedulerOptions, scheduler_context
@@ -113,3 +114,42 @@ def test_cli_verify_and_inspect_verify_name_the_flipped_shard(tmp_path: Path) ->
     assert inspected.exit_code == 1
     failed = [f for d in json.loads(inspected.output)["datasets"] for f in d["checksums"]["failed"]]
     assert [f["path"] for f in failed] == [victim]
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_verify_and_inspect_verify_name_the_same_files_locally_and_at_urls(tmp_path: Path, where: str) -> None:
+    """One validator behind both commands: a shard with a changed byte, a Zarr array with a chunk that does not
+    decode, and an unlisted file under shards/ are named alike by `verify` and `inspect --verify`, on a local folder
+    and at an fsspec URL."""
+    import uuid
+
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+    from dpot_format.io import filesystem, join
+
+    root = str(tmp_path / "out") if where == "local" else f"memory://inspect-{uuid.uuid4().hex[:8]}"
+    write_toy_output(root)
+    fsys, base = filesystem(root)
+    shard = f"{base}/shards/toy/valid-000000.tar"
+    data = bytearray(fsys.cat_file(shard))
+    data[700] ^= 0x01
+    fsys.pipe_file(shard, bytes(data))
+    chunk = sorted(p for p in fsys.find(f"{base}/data.zarr/toy/fields") if not p.endswith("zarr.json"))[1]
+    fsys.pipe_file(chunk, b"\x00" * 64)
+    fsys.pipe_file(f"{base}/shards/toy/stray.tar", b"")
+    runner = CliRunner()
+    verified = runner.invoke(app, ["verify", root])
+    assert verified.exit_code == 1, verified.output
+    inspected = runner.invoke(app, ["inspect", root, "--verify", "--json"])
+    assert inspected.exit_code == 1, inspected.output
+    report = json.loads(inspected.stdout)
+    lines = verified.output.splitlines()
+    assert lines[-1] == "FAILED: 2 problem(s)"
+    assert sorted(report["problems"] + report["warnings"]) == sorted(lines[:-1])
+    assert [line.split(": ", 1)[0] for line in report["problems"]] == ["shards/toy/valid-000000.tar",
+                                                                      "data.zarr/toy/fields"]
+    assert report["warnings"] == ["shards/toy/stray.tar: not listed in the manifest (warning)"]
+    failed = {f["path"]: f["kind"] for f in report["datasets"][0]["checksums"]["failed"]}
+    assert failed == {"shards/toy/valid-000000.tar": "sha256", "data.zarr/toy/fields": "unreadable"}
+    assert report["manifest"] == join(root, "manifest.json")
