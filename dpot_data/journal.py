@@ -103,6 +103,7 @@ class ResumePoint:
     row: int = 0
     shards: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # split -> completed shard dicts
     stats: dict | None = None
+    zarr: dict[str, Any] | None = None  # the Zarr writer's state_dict at the resume point, when it was recorded
 
     def kept_samples(self, split: str) -> int:
         """Trajectories of `split` already in completed shards."""
@@ -114,7 +115,7 @@ class ResumePoint:
 
     def zarr_state(self) -> dict[str, Any]:
         """The state the Zarr writer resumes from (`ZarrDatasetWriter.load_state_dict`)."""
-        return {"rows": self.row}
+        return dict(self.zarr) if self.zarr is not None and self.zarr.get("rows") == self.row else {"rows": self.row}
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -172,7 +173,7 @@ def resume_point(lines: Sequence[Mapping[str, Any]], row_splits: Sequence[str],
     row = block_rows[block - 1] if block > 0 else 0
     stats = after[block - 1].get("stats") if block > 0 else None
     # completed shards holding rows past `row` are kept too: `Journal.needs` skips their trajectories
-    return ResumePoint(block=block, row=row, shards=kept, stats=stats)
+    return ResumePoint(block=block, row=row, shards=kept, stats=stats, zarr=after[block - 1].get("zarr"))
 
 
 # ------------------------------------------------------------------------------------------------ the journal
@@ -187,6 +188,8 @@ class Journal:
         self._reported: set[str] = {s["path"] for v in point.shards.values() for s in v}
         self._seen: dict[str, int] = {}
         self._kept = {split: point.kept_samples(split) for split in point.shards}
+        self._fresh: dict[str, Any] = {}  # the header line of a fresh journal (set by `open`)
+        self._row_splits: list[str] = []
 
     @property
     def resumed(self) -> bool:
@@ -221,8 +224,19 @@ class Journal:
             _unlock(lock_fd)
             raise
         journal = cls(staging, point, lock_fd)
+        journal._fresh = {"job": job, "format": FORMAT, "dataset": name}
+        journal._row_splits = list(row_splits)
         journal.start_counts(row_splits)
         return journal
+
+    def restart(self) -> None:
+        """Throw the staged part away and start the job afresh: what is staged is not what the journal says (a
+        writer's `load_state_dict` found its files short of their recorded digests, after a power cut say)."""
+        _empty_folder(self.staging, keep={LOCK_NAME})
+        _append(self.staging / JOURNAL_NAME, self._fresh)
+        self.point = ResumePoint()
+        self._reported, self._kept = set(), {}
+        self.start_counts(self._row_splits)
 
     def describe(self) -> str:
         """One line for the user about what a resumed run kept."""
@@ -246,16 +260,20 @@ class Journal:
         self._seen[split] = self._seen.get(split, 0) + 1
         return self._seen[split] > self._kept.get(split, 0)
 
-    def record(self, block: int, rows: int, stats: FieldStats | None, writers: Mapping[str, Any]) -> None:
-        """Journal a finished block: rows stored so far, shards completed since the last record, statistics."""
+    def record(self, block: int, rows: int, stats: FieldStats | None, writers: Mapping[str, Any],
+               zarr: Mapping[str, Any] | None = None) -> None:
+        """Journal a finished block: rows stored so far, shards completed since the last record, statistics, and
+        the Zarr writer's state (`zarr`, its state_dict)."""
         new = []
         for split in sorted(writers):
             for info in writers[split].state_dict()["done"]:
                 if info["path"] not in self._reported:
                     new.append(info)
                     self._reported.add(info["path"])
-        _append(self.staging / JOURNAL_NAME,
-                {"block": int(block), "rows": int(rows), "shards": new, "stats": stats_to_json(stats)})
+        line = {"block": int(block), "rows": int(rows), "shards": new, "stats": stats_to_json(stats)}
+        if zarr is not None:
+            line["zarr"] = dict(zarr)
+        _append(self.staging / JOURNAL_NAME, line)
 
     def close(self) -> None:
         """Release the lock (the staging folder itself is removed by publishing, or kept for a resume)."""

@@ -48,24 +48,24 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     manifest); a second ingest into the same OUT while this one runs is refused."""
     opts = options or IngestOptions()
     out = Path(out)
-    with OutputLock(out):
-        existing = existing_manifest(out)
-        if existing is not None and not opts.overwrite:
-            return IngestOutcome(existing, out / mf.MANIFEST_NAME, False, [left_alone_note(out)])
-        p = make_plan(result, opts)
-        if opts.scheduler:  # an unreachable scheduler fails here, before a staging folder exists
-            with scheduler_context(SchedulerOptions(address=opts.scheduler)):
-                pass
-        for text in p.warnings:
-            warnings.warn(text, stacklevel=2)
-        try:
+    try:
+        with OutputLock(out):
+            existing = existing_manifest(out)
+            if existing is not None and not opts.overwrite:
+                return IngestOutcome(existing, out / mf.MANIFEST_NAME, False, [left_alone_note(out)])
+            p = make_plan(result, opts)
+            if opts.scheduler:  # an unreachable scheduler fails here, before a staging folder exists
+                with scheduler_context(SchedulerOptions(address=opts.scheduler)):
+                    pass
+            for text in p.warnings:
+                warnings.warn(text, stacklevel=2)
             return _write(result, out, opts, p)
-        except OSError as exc:
-            if exc.errno in NO_SPACE:
-                raise InputError(out, f"no space left on the device ({exc.strerror}); nothing was published and "
-                                      "the output folder holds what it held before; the finished part stays staged, "
-                                      "so re-running the same command after freeing space resumes") from None
-            raise
+    except OSError as exc:  # the output folder, its lock, staging, writing or publishing
+        if exc.errno in NO_SPACE:
+            raise InputError(out, f"no space left on the device ({exc.strerror}); nothing was published and "
+                                  "the output folder holds what it held before; the finished part stays staged, "
+                                  "so re-running the same command after freeing space resumes") from None
+        raise
 
 
 def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan) -> IngestOutcome:

@@ -4,6 +4,7 @@ order into the staged Zarr store and WebDataset shards, each finished block reco
 from __future__ import annotations
 
 import shutil
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,7 +18,7 @@ from dpot_data.scheduler import Runner, SchedulerOptions, scheduler_context
 from dpot_data.sources.base import SPLITS
 from dpot_data.stats import FieldStats
 from dpot_data.writers.wds_shards import SplitShardWriter
-from dpot_data.writers.zarr_store import ZarrDatasetWriter, ZarrLayout
+from dpot_data.writers.zarr_store import StagedDataLost, ZarrDatasetWriter, ZarrLayout
 
 
 SPILL_FOLDER = ".spill.tmp"  # in staging: blocks that cluster workers hand over as files (a temporary name)
@@ -127,7 +128,12 @@ def _placed(task: BlockTask, p: IngestPlan, journal: jn.Journal, runner: Runner)
 
 def run(p: IngestPlan, task: BlockTask, journal: jn.Journal, layout: ZarrLayout, opts: Any) -> Written:
     """Process every block from the journal's resume point on and close the writers."""
-    writers = _Writers(p, journal, layout, opts.shard_size)
+    try:
+        writers = _Writers(p, journal, layout, opts.shard_size)
+    except StagedDataLost as exc:
+        warnings.warn(f"{exc}; ingesting this dataset afresh", stacklevel=2)
+        journal.restart()
+        writers = _Writers(p, journal, layout, opts.shard_size)
     acc = journal.stats(p.native_channels) if opts.stats else None
     first, index = journal.point.block, journal.point.row
     try:
@@ -139,7 +145,8 @@ def run(p: IngestPlan, task: BlockTask, journal: jn.Journal, layout: ZarrLayout,
                 index = writers.write(p, journal, block, index)
                 if acc is not None and block.stats is not None:
                     acc = acc.merge(block.stats)
-                journal.record(block_no, index, acc, writers.shards)
+                journal.record(block_no, index, acc, writers.shards,
+                               writers.zarr.state_dict() if writers.zarr is not None else None)
                 bar.update(len(block.pieces))
         shards, arrays = writers.close()
     except BaseException:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dpot_format.io import fsync_dir
 from dpot_format.names import sample_key
 
 DEFAULT_SHARD_BYTES = 256 << 20
@@ -135,6 +136,7 @@ class SplitShardWriter:
         self._fh.close()
         name = self._name()
         os.replace(self._tmp, self.root / name)
+        fsync_dir(self.root / self.rel_folder)  # the rename too survives a power loss: the journal will list it
         self.done.append(ShardInfo(name, self.split, self._hf.sha.hexdigest(), self._hf.size, self._samples))
         self._open_shard = False
         self._fh = self._hf = self._tmp = None

@@ -31,6 +31,10 @@ CODEC_NAME = "blosc-lz4-shuffle"
 CHUNK_KEYS = {"name": "default", "separator": "."}
 
 
+class StagedDataLost(RuntimeError):
+    """A staged store does not hold what its resume state says it holds (a power cut lost written chunks)."""
+
+
 @dataclass
 class EncodedRows:
     """The stored chunks of consecutive trajectories, one per trajectory; None for a chunk holding only the fill
@@ -150,11 +154,14 @@ class ZarrDatasetWriter:
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs: how many trajectories are written (rows after them are rewritten)."""
-        return {"rows": int(self.written)}
+        """What a resumed run needs: how many trajectories are written (rows after them are rewritten), and the
+        digests of `fields` and `mask` so far, which the resumed run checks the store against."""
+        return {"rows": int(self.written), "digests": {k: h.hexdigest() for k, h in self._hash.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Reopen the staged group without touching its data, and hash rows [0, rows) as `write_block` would have."""
+        """Reopen the staged group without touching its data, and hash rows [0, rows) as `write_block` would have;
+        StagedDataLost when they do not hash to the state's digests (chunks lost to a power cut after the journal
+        recorded them: the store is not what the journal says)."""
         rows = int(state["rows"])
         self.group = zarr.open_group(str(self.store_path), mode="r+")[self.layout.group]
         self.fields, self.mask = self.group["fields"], self.group["mask"]
@@ -165,6 +172,11 @@ class ZarrDatasetWriter:
             self._hash["fields"].update(np.asarray(self.fields[i:j], dtype=np.float32))
             self._hash["mask"].update(np.asarray(self.mask[i:j], dtype=np.uint8))
         self.written = rows
+        expected = state.get("digests")
+        found = {k: h.hexdigest() for k, h in self._hash.items()}
+        if expected is not None and found != expected:
+            raise StagedDataLost(f"{self.store_path}: the first {rows} trajectories of the staged store do not hash "
+                                 "to what the journal recorded for them")
 
     def _array(self, name: str, shape: tuple, chunks: tuple, dtype: str, dims: list[str], fill: Any,
                extra: Mapping[str, Any] | None = None) -> zarr.Array:
