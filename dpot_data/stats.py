@@ -182,14 +182,18 @@ def trajectory_stats(fields: np.ndarray, mask: np.ndarray, channel_valid: Sequen
     if not fluid.any():
         return FieldStats(Moments.empty(n_c), Moments.empty(n_c), 1)
     values, diffs = [], []
-    previous: np.ndarray | None = None
+    k = int(np.count_nonzero(fluid))
+    # four float64 frame buffers, reused: no allocation per frame (freed and re-faulted memory costs more than the
+    # arithmetic, above all in processes that hand memory back to the system at once, as dask workers do)
+    current, previous, diff, work = (np.empty((n_c, k), dtype=np.float64) for _ in range(4))
     for t in range(n_t):
         frame = chosen[t].reshape(n_c, -1)
-        current = (frame if every_cell else np.compress(fluid, frame, axis=1)).astype(np.float64)
-        if previous is not None:
-            diffs.append(_frame_parts(current - previous))
-        previous = current.copy() if t + 1 < n_t else None
-        values.append(_frame_parts(current))
+        np.copyto(current, frame if every_cell else np.compress(fluid, frame, axis=1))
+        if t:
+            diffs.append(_frame_parts(np.subtract(current, previous, out=diff)))
+        np.copyto(work, current)
+        values.append(_frame_parts(work))
+        current, previous = previous, current
     return FieldStats(_combine(values, n_c), _combine(diffs, n_c), 1)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
+from concurrent.futures import CancelledError
 from typing import IO, Any, Iterable
 
 import numpy as np
@@ -180,12 +182,14 @@ def file_size(path: str | os.PathLike[str]) -> int:
     return int(_remote_file(text)[2].get("size") or 0)
 
 
-def sha256_file(path: str | os.PathLike[str], expected_bytes: int | None = None) -> tuple[str, int]:
+def sha256_file(path: str | os.PathLike[str], expected_bytes: int | None = None,
+                cancel: threading.Event | None = None) -> tuple[str, int]:
     """(hex sha256, bytes read) of a file at a path or URL, streamed in CHUNK pieces.
 
     Non-regular local files are refused before they are opened (FormatError). With `expected_bytes`, at most
     expected_bytes + 1 bytes are read: a longer file shows as a size of expected_bytes + 1 (and a digest of that
-    prefix), so that a file that grew, or never ends, is not read to its end.
+    prefix), so that a file that grew, or never ends, is not read to its end. A set `cancel` event stops the read
+    between pieces (concurrent.futures.CancelledError).
     """
     limit = None if expected_bytes is None else int(expected_bytes) + 1
     digest = hashlib.sha256()
@@ -195,6 +199,8 @@ def sha256_file(path: str | os.PathLike[str], expected_bytes: int | None = None)
             want = CHUNK if limit is None else min(CHUNK, limit - size)
             if want <= 0:
                 break
+            if cancel is not None and cancel.is_set():
+                raise CancelledError(f"{os.fspath(path)}: hashing cancelled")
             block = fh.read(want)
             if not block:
                 break

@@ -120,3 +120,24 @@ def test_cluster_output_is_the_same_whether_blocks_travel_as_files_or_over_the_n
     assert chunks and chunks == sorted(p.relative_to(tmp_path / "shared") for p in (tmp_path / "shared").rglob("c.*"))
     for rel in chunks:
         assert (tmp_path / "local" / rel).read_bytes() == (tmp_path / "shared" / rel).read_bytes()
+
+
+def test_input_hashes_start_early_name_each_file_once_and_stop_when_closed(tmp_path) -> None:
+    import hashlib
+    from concurrent.futures import CancelledError
+
+    from dpot_data.ingest import InputHashes
+    from dpot_format.io import sha256_file
+
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    a.write_bytes(b"a" * 1000)
+    b.write_bytes(b"b" * (9 << 20))  # more than one read piece
+    with InputHashes([a, tmp_path / "." / "a.h5", tmp_path]) as hashes:  # the same file twice, and a folder
+        assert len(hashes._futures) == 1
+        got = hashes.entries([b, a])
+    assert got == [{"path": str(p.resolve()), "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+                    "bytes": p.stat().st_size} for p in (b, a)]
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(CancelledError, match="b.h5: hashing cancelled"):
+        sha256_file(b, cancel=stop)

@@ -13,11 +13,13 @@ the corpus and library users call it. An OUT that already holds a valid manifest
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import inspect
 import os
+import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -43,9 +45,11 @@ __all__ = ["CONVENTIONS", "FORMATS", "IngestOptions", "IngestOutcome", "assign_s
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = None) -> IngestOutcome:
+def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = None, *,
+           hashes: InputHashes | None = None) -> IngestOutcome:
     """Write one dataset from a reader's result into the local folder OUT (Zarr and/or WebDataset, then the
-    manifest); a second ingest into the same OUT while this one runs is refused."""
+    manifest); a second ingest into the same OUT while this one runs is refused. `hashes`: the input files' hashes
+    if already started (run_ingest starts them before reading)."""
     opts = options or IngestOptions()
     out = Path(out)
     try:
@@ -59,7 +63,10 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
                     pass
             for text in p.warnings:
                 warnings.warn(text, stacklevel=2)
-            return _write(result, out, opts, p)
+            with contextlib.ExitStack() as stack:
+                if hashes is None:
+                    hashes = stack.enter_context(InputHashes())
+                return _write(result, out, opts, p, hashes)
     except OSError as exc:  # the output folder, its lock, staging, writing or publishing
         if exc.errno in NO_SPACE:
             raise InputError(out, f"no space left on the device ({exc.strerror}); nothing was published and "
@@ -68,7 +75,7 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
         raise
 
 
-def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan) -> IngestOutcome:
+def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan, hashes: InputHashes) -> IngestOutcome:
     """Run the plan into the staging folder (resuming an interrupted run of the same job) and publish it."""
     command = opts.command if opts.command is not None else mf.command_line()
     job = jn.job_fingerprint(result.inputs, p.identity, p.blocks)
@@ -78,16 +85,15 @@ def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan) ->
     except jn.JournalBusy as exc:
         raise InputError(out, str(exc)) from None
     notes = [journal.describe()] if journal.resumed else []
-    with ThreadPoolExecutor(max_workers=1) as hasher:
-        inputs = hasher.submit(_hash_inputs, list(result.inputs))
-        try:
-            layout = zarr_layout(p, opts.fill, zarr_attrs(p, result, opts, command))
-            task = BlockTask.of(p, result.data, opts.fill, opts.stats, layout.codec)
-            written = run_plan(p, task, journal, layout, opts)
-            entry = _complete_entry(p, written, inputs.result(), layout.codec)
-            manifest = publish_output(out, journal.staging, entry, command, opts.overwrite)
-        finally:
-            journal.close()
+    hashes.add(list(result.inputs))  # hashed while the blocks run, if not already
+    try:
+        layout = zarr_layout(p, opts.fill, zarr_attrs(p, result, opts, command))
+        task = BlockTask.of(p, result.data, opts.fill, opts.stats, layout.codec)
+        written = run_plan(p, task, journal, layout, opts)
+        entry = _complete_entry(p, written, hashes.entries(list(result.inputs)), layout.codec)
+        manifest = publish_output(out, journal.staging, entry, command, opts.overwrite)
+    finally:
+        journal.close()
     return IngestOutcome(manifest, out / mf.MANIFEST_NAME, True, notes)
 
 
@@ -100,8 +106,43 @@ def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]
     return {**p.entry, "shards": written.shards, "zarr": zarr, "inputs": inputs, "stats": stats}
 
 
-def _hash_inputs(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    return [dict(zip(("path", "sha256", "bytes"), (str(Path(p).resolve()), *sha256_file(p)))) for p in paths]
+class InputHashes:
+    """sha256 of the input files on a thread of their own, started as early as the paths are known: run_ingest
+    starts it before the reader's NaN/Inf scan, a pass that waits on the disk, so the hashing is done beside it
+    rather than on the cores the blocks need. Closing it stops a hash still running (a bad input, say)."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]] = ()) -> None:
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-input-hash")
+        self._futures: dict[str, Future] = {}
+        self.add(paths)
+
+    def add(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        """Start hashing the files among `paths` not started yet (folders are left to the reader's file list)."""
+        for p in paths:
+            key = str(Path(p).resolve())
+            if key not in self._futures and Path(key).is_file():
+                self._futures[key] = self._pool.submit(sha256_file, key, None, self._stop)
+
+    def entries(self, paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+        """The manifest's `inputs`: path, sha256 and bytes of each of `paths`, waiting for their hashes."""
+        self.add(paths)
+        out = []
+        for p in paths:
+            key = str(Path(p).resolve())
+            digest, size = self._futures[key].result() if key in self._futures else sha256_file(key)
+            out.append({"path": key, "sha256": digest, "bytes": size})
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "InputHashes":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions | None = None,
@@ -147,11 +188,12 @@ def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
     inputs = [Path(p) for p in staged.inputs]
     found = cat.match(inputs, dataset=dataset, source=source, catalog=book, reader_options=reader_options) \
         if compare else cat.CatalogMatch(str(source), inputs, None, reader_options)
-    result = read_source(found.source, found.inputs, opts, **found.reader_options)
-    notes: list[str] = []
-    if compare:
-        opts, notes = cat.review(result, found, opts, catalog_split and opts.split is None, catalog=book)
-    outcome = ingest(result, staged.out, opts)
+    with InputHashes(found.inputs) as hashes:
+        result = read_source(found.source, found.inputs, opts, **found.reader_options)
+        notes: list[str] = []
+        if compare:
+            opts, notes = cat.review(result, found, opts, catalog_split and opts.split is None, catalog=book)
+        outcome = ingest(result, staged.out, opts, hashes=hashes)
     outcome.source, outcome.entry, outcome.warnings = found.source, found.entry, notes
     return remote.publish(staged, outcome)
 
