@@ -95,3 +95,20 @@ def test_the_journal_records_what_the_writers_report(tmp_path: Path) -> None:
         journal.close()
     lines = read_lines(journal.staging / JOURNAL_NAME)
     assert [line["shards"] for line in lines[1:]] == [writer.state_dict()["done"], []]
+
+
+def test_a_zarr_block_is_on_disk_when_write_block_returns(tmp_path: Path, monkeypatch) -> None:
+    """The journal records a block after write_block returns, so its chunk files (and their folder entries) must be
+    synced by then, not only at close: a power cut must not lose rows the journal counts."""
+    import os
+
+    fields, mask = _data()
+    writer = ZarrDatasetWriter(tmp_path / "s.zarr", _layout()).create()
+    synced: list[str] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    writer.write_block(fields[:2], mask[:2])
+    group = tmp_path / "s.zarr" / "d"
+    assert sorted(synced) == sorted(str(group / a / f"c.{r}.{rest}") for a, rest in (("fields", "0.0.0.0"),
+                                                                                      ("mask", "0.0"))
+                                    for r in (0, 1))

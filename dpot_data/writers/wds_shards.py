@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dpot_format.io import fsync_dir
+from dpot_format.io import drop_cached, fsync_dir
 from dpot_format.names import sample_key
 
 DEFAULT_SHARD_BYTES = 256 << 20
@@ -133,6 +133,7 @@ class SplitShardWriter:
         self._hf.write(b"\0" * (end + (-end % tarfile.RECORDSIZE) - self._hf.size))
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        drop_cached(self._fh.fileno())
         self._fh.close()
         name = self._name()
         os.replace(self._tmp, self.root / name)
