@@ -65,3 +65,11 @@ def fno_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("fno_pair")
     v5, v73 = synth_fno(folder, n=4, frames=4, viscosity=1e-3, seed=1, resolution=64)
     return {"dir": folder, "v5": v5, "v73": v73}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """An in-process dask.distributed cluster of two single-thread workers (the tests' `--scheduler`)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as c:
+        yield c

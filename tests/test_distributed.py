@@ -17,13 +17,6 @@ def _square_sum(i: int) -> tuple[int, float]:
     return i, float(compute_in_task((arr**2).sum()))
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as c:
-        yield c
-
-
 def test_local_runner_yields_in_order_with_bounded_windows() -> None:
     seen_windows: list[int] = []
     lock = threading.Lock()

@@ -18,13 +18,6 @@ from dpot_format.names import is_temporary
 from tests.toy_output import write_fno_raw
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as c:
-        yield c
-
-
 def test_a_slow_task_does_not_hold_back_the_next_ones() -> None:
     """Streaming: while task 0 runs long, the other worker goes on through 1, 2, 3 (in windows of two, 2 and 3
     would wait for 0); results still come in order and never more than `window` run at once."""
