@@ -112,33 +112,31 @@ class Runner:
                 yield from self.compute(tasks)
             return
         with self._submitter(size, args) as submit:
-            pending: deque[Any] = deque()
-            for item in items:
-                pending.append(submit(fn, item))
-                if len(pending) >= 2 * size:
+            pending: deque[Any] = deque()  # futures not consumed yet: a result is released once taken
+            try:
+                for item in items:
+                    pending.append(submit(fn, item))
+                    if len(pending) >= 2 * size:
+                        yield pending.popleft().result()
+                while pending:
                     yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
+            finally:
+                for future in pending:  # the caller stopped early, or a task failed
+                    future.cancel()
 
     @contextmanager
     def _submitter(self, size: int, args: tuple[Any, ...]) -> Iterator[Callable[[Callable[..., R], T], Any]]:
         """A function that starts fn(*args, item) and returns its future: on the cluster's workers, or on a pool of
-        `size` local threads. Tasks not yet finished when the caller stops are cancelled."""
+        `size` local threads. No future is kept here: a cluster keeps a result only while a future refers to it."""
         if self.client is not None:
             client = self.client
             if args:
                 args = (client.scatter(args[0], broadcast=True, hash=False),)
-            futures: list[Any] = []
-
-            def remote(fn: Callable[..., R], item: T) -> Any:
-                future = client.submit(fn, *args, item, pure=False)
-                futures.append(future)
-                return future
-
             try:
-                yield remote
+                yield lambda fn, item: client.submit(fn, *args, item, pure=False)
             finally:
-                client.cancel([f for f in futures if not f.done()] + [a for a in args])
+                if args:
+                    client.cancel(list(args))
             return
         with ThreadPoolExecutor(max_workers=size, thread_name_prefix="dpot-task") as pool:
             try:

@@ -134,3 +134,21 @@ def test_input_hashes_start_early_name_each_file_once_and_stop_when_closed(tmp_p
     stop.set()
     with pytest.raises(CancelledError, match="b.h5: hashing cancelled"):
         sha256_file(b, cancel=stop)
+
+
+def test_a_cluster_keeps_no_result_the_caller_has_taken(cluster) -> None:
+    """Results stay in the workers' memory only while a future refers to them: a long ingest on a cluster must not
+    pile up every block it already wrote."""
+    def held() -> int:
+        return sum(1 for t in cluster.scheduler.tasks.values() if t.state == "memory")
+
+    seen = []
+    with scheduler_context(SchedulerOptions(address=cluster.scheduler_address)) as remote:
+        for i, value in enumerate(remote.imap(pow, range(12), window=1, shared=2)):
+            seen.append(value)
+            if i == 8:
+                deadline = time.monotonic() + 5
+                while held() > 3 and time.monotonic() < deadline:  # releases reach the scheduler asynchronously
+                    time.sleep(0.05)
+                assert held() <= 3  # at most 2 x window results not taken yet, and the shared argument
+    assert seen == [2 ** i for i in range(12)]
