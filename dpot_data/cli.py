@@ -256,6 +256,20 @@ def _ingest_command(source: str, help_text: str) -> None:
 def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: Optional[str]) -> tuple[list, list]:
     """Run `dpot-data ingest <source>` (every source, corpus and auto): the outcomes and the datasets that failed.
     Ingest warnings are printed as "warning:" lines as they happen; bad input is one error line and exit code 2."""
+    import contextlib
+    import warnings
+
+    from dpot_data.input_hashes import InputHashes
+
+    # the local input files are hashed from here on, beside the imports below (half a second)
+    hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
+    with contextlib.closing(hashes):
+        return _run_ingest_with(source, files, out, given, dataset, hashes)
+
+
+def _run_ingest_with(source: str, files: List[str], out: str, given: dict, dataset: Optional[str],
+                     hashes: object) -> tuple[list, list]:
+    """`_run_ingest` once the input hashing has started."""
     import warnings
 
     from dpot_data.catalog import CatalogError
@@ -273,7 +287,7 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
                 return _run_corpus(files, out, options, dataset, split is None)
             files, out = [_absolute(f) for f in files], _absolute(out)  # workers may run elsewhere
             return [run_ingest(None if source == "auto" else source, files, out, options, dataset=dataset,
-                               catalog=True, catalog_split=split is None)], []
+                               catalog=True, catalog_split=split is None, hashes=hashes)], []
         except (InputError, CatalogError) as exc:
             raise _fail(exc) from None
 

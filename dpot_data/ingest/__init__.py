@@ -17,9 +17,7 @@ import contextlib
 import errno
 import inspect
 import os
-import threading
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,7 +25,7 @@ from dpot_data import journal as jn
 from dpot_data import manifest as mf
 from dpot_data import stats as st
 from dpot_data.errors import InputError
-from dpot_format.io import sha256_file
+from dpot_data.input_hashes import InputHashes
 from dpot_data.ingest.options import CONVENTIONS, FORMATS, IngestOptions, IngestOutcome, check_options, parse_split
 from dpot_data.ingest.plan import IngestPlan, assign_splits, resampled_coord, zarr_attrs
 from dpot_data.ingest.plan import plan as make_plan
@@ -39,7 +37,8 @@ from dpot_data.ingest.task import BlockTask
 from dpot_data.scheduler import SchedulerOptions, scheduler_context
 from dpot_data.sources.base import ReadResult, load_source
 
-__all__ = ["CONVENTIONS", "FORMATS", "IngestOptions", "IngestOutcome", "assign_splits", "ingest", "ingest_files",
+__all__ = ["CONVENTIONS", "FORMATS", "IngestOptions", "IngestOutcome", "InputHashes", "assign_splits", "ingest",
+           "ingest_files",
            "parse_split", "read_source", "resampled_coord", "run_ingest"]
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -106,45 +105,6 @@ def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]
     return {**p.entry, "shards": written.shards, "zarr": zarr, "inputs": inputs, "stats": stats}
 
 
-class InputHashes:
-    """sha256 of the input files on a thread of their own, started as early as the paths are known: run_ingest
-    starts it before the reader's NaN/Inf scan, a pass that waits on the disk, so the hashing is done beside it
-    rather than on the cores the blocks need. Closing it stops a hash still running (a bad input, say)."""
-
-    def __init__(self, paths: Sequence[str | os.PathLike[str]] = ()) -> None:
-        self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-input-hash")
-        self._futures: dict[str, Future] = {}
-        self.add(paths)
-
-    def add(self, paths: Sequence[str | os.PathLike[str]]) -> None:
-        """Start hashing the files among `paths` not started yet (folders are left to the reader's file list)."""
-        for p in paths:
-            key = str(Path(p).resolve())
-            if key not in self._futures and Path(key).is_file():
-                self._futures[key] = self._pool.submit(sha256_file, key, None, self._stop)
-
-    def entries(self, paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
-        """The manifest's `inputs`: path, sha256 and bytes of each of `paths`, waiting for their hashes."""
-        self.add(paths)
-        out = []
-        for p in paths:
-            key = str(Path(p).resolve())
-            digest, size = self._futures[key].result() if key in self._futures else sha256_file(key)
-            out.append({"path": key, "sha256": digest, "bytes": size})
-        return out
-
-    def close(self) -> None:
-        self._stop.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def __enter__(self) -> "InputHashes":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions | None = None,
                 **reader_options: Any) -> ReadResult:
     """Open raw files with the named source's reader (dpot_data.sources.<source>.read); `options.block` becomes the
@@ -167,12 +127,14 @@ def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions
 
 def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
                options: IngestOptions | None = None, *, dataset: str | None = None, catalog: Any = None,
-               catalog_split: bool = True, workdir: str | Path | None = None, **reader_options: Any) -> IngestOutcome:
+               catalog_split: bool = True, workdir: str | Path | None = None, hashes: InputHashes | None = None,
+               **reader_options: Any) -> IngestOutcome:
     """Ingest raw files into OUT: the one entry point. Paths and OUT may be fsspec URLs (inputs are copied into a
     local cache, the output uploaded with its manifest last). `source` None or "auto" detects it. With `dataset`
     (a catalog name), a detected source, or `catalog` (True, or a dpot_data.catalog.Catalog), the files are compared
     with the catalog (warnings in `outcome.warnings`) and take its split unless one is given. An OUT that already
-    holds a complete manifest is left alone without reading anything."""
+    holds a complete manifest is left alone without reading anything. `hashes`: input hashing the caller started
+    earlier still (the CLI starts it before its imports); else it starts here, before the files are read."""
     from dpot_data import catalog as cat
     from dpot_data import remote
 
@@ -188,7 +150,9 @@ def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
     inputs = [Path(p) for p in staged.inputs]
     found = cat.match(inputs, dataset=dataset, source=source, catalog=book, reader_options=reader_options) \
         if compare else cat.CatalogMatch(str(source), inputs, None, reader_options)
-    with InputHashes(found.inputs) as hashes:
+    with contextlib.ExitStack() as stack:
+        hashes = hashes if hashes is not None else stack.enter_context(InputHashes())
+        hashes.add(found.inputs)
         result = read_source(found.source, found.inputs, opts, **found.reader_options)
         notes: list[str] = []
         if compare:
