@@ -181,15 +181,17 @@ def resume_point(lines: Sequence[Mapping[str, Any]], row_splits: Sequence[str],
 class Journal:
     """Owns `OUT/.staging-<name>`: creates or resumes it, records finished blocks, holds an exclusive lock."""
 
-    def __init__(self, staging: Path, point: ResumePoint, lock_fd: int) -> None:
+    def __init__(self, staging: Path, point: ResumePoint, lock_fd: int, header: Mapping[str, Any],
+                 row_splits: Sequence[str]) -> None:
+        """`header`: the first line of a fresh journal (for `restart`); `row_splits`: the split of each stored row."""
         self.staging = staging
         self.point = point
         self._lock_fd = lock_fd
+        self._header = dict(header)
+        self._row_splits = list(row_splits)
         self._reported: set[str] = {s["path"] for v in point.shards.values() for s in v}
         self._seen: dict[str, int] = {}
         self._kept = {split: point.kept_samples(split) for split in point.shards}
-        self._fresh: dict[str, Any] = {}  # the header line of a fresh journal (set by `open`)
-        self._row_splits: list[str] = []
 
     @property
     def resumed(self) -> bool:
@@ -207,6 +209,7 @@ class Journal:
             if child.is_dir() and child.name.startswith(STAGING_PREFIX) and child != staging:
                 _remove_unless_locked(child)
         staging.mkdir(exist_ok=True)
+        header = {"job": job, "format": FORMAT, "dataset": name}
         lock_fd = _lock(staging)
         try:
             lines = read_lines(staging / JOURNAL_NAME)
@@ -216,24 +219,21 @@ class Journal:
                 if point.block > 0 and not _staged_files_ok(staging, point, zarr):
                     point = ResumePoint()
                 remove_temporaries(staging)  # a kill mid-write leaves partial chunk and shard files
+            journal = cls(staging, point, lock_fd, header, row_splits)
             if point.block == 0:
-                point = ResumePoint()  # a fresh start keeps nothing: no shard, no row, no statistics
-                _empty_folder(staging, keep={LOCK_NAME})
-                _append(staging / JOURNAL_NAME, {"job": job, "format": FORMAT, "dataset": name})
+                journal.restart()  # a fresh start keeps nothing: no shard, no row, no statistics
+            else:
+                journal.start_counts(row_splits)
         except BaseException:
             _unlock(lock_fd)
             raise
-        journal = cls(staging, point, lock_fd)
-        journal._fresh = {"job": job, "format": FORMAT, "dataset": name}
-        journal._row_splits = list(row_splits)
-        journal.start_counts(row_splits)
         return journal
 
     def restart(self) -> None:
-        """Throw the staged part away and start the job afresh: what is staged is not what the journal says (a
-        writer's `load_state_dict` found its files short of their recorded digests, after a power cut say)."""
+        """Throw the staged part away and start the job afresh: for a new job, or when what is staged is not what
+        the journal says (a writer's `load_state_dict` found its files short of their recorded digests)."""
         _empty_folder(self.staging, keep={LOCK_NAME})
-        _append(self.staging / JOURNAL_NAME, self._fresh)
+        _append(self.staging / JOURNAL_NAME, self._header)
         self.point = ResumePoint()
         self._reported, self._kept = set(), {}
         self.start_counts(self._row_splits)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -26,9 +25,7 @@ from dpot_data.errors import InputError
 from dpot_data.manifest import MANIFEST_NAME
 from dpot_format.errors import FormatError
 from dpot_format.manifest import read_manifest, write_manifest
-from dpot_format.names import is_temporary
-
-_GENERATION = re.compile(r"^(data(\.\d+)?\.zarr|shards(\.\d+)?)$")  # store and shard folders of any generation
+from dpot_format.names import OUTPUT_FOLDER, is_temporary
 
 
 def default_workdir(out: str) -> Path:
@@ -95,7 +92,7 @@ def upload(local: Path, url: str) -> dict[str, Any]:
     """Upload the complete local output `local` to `url`, beside the output already there: its store and shard
     folders under names the current manifest at `url` does not use, then the manifest (the commit point: one move),
     then the folders no manifest names any more are removed. Returns the manifest written."""
-    from dpot_data.ingest.publish import free_name, referenced_tops
+    from dpot_data.ingest.publish import free_name, referenced_tops, relocated
 
     fsys, base = fs.filesystem(url)
     base = base.rstrip("/")
@@ -108,7 +105,7 @@ def upload(local: Path, url: str) -> dict[str, Any]:
         names[top] = free_name(*(("data", ".zarr") if top.endswith(".zarr") else ("shards", "")), taken)
         taken.add(names[top])
         fs.upload_tree(local / top, fs.join(url, names[top]))
-    manifest = _renamed(manifest, names)
+    manifest = {**manifest, "datasets": [relocated(e, names) for e in manifest["datasets"]]}
     write_manifest(url, manifest)  # validated, under a temporary name, then moved into place
     _remove_remote_leftovers(fsys, base, referenced_tops(manifest))
     return manifest
@@ -133,23 +130,8 @@ def _remove_remote_leftovers(fsys: Any, base: str, used: set[str]) -> None:
         return
     for child in children:
         name = str(child).rstrip("/").rsplit("/", 1)[-1]
-        if (_GENERATION.match(name) and name not in used) or is_temporary(name):
+        if (OUTPUT_FOLDER.match(name) and name not in used) or is_temporary(name):
             fsys.rm(str(child), recursive=True)
-
-
-def _renamed(manifest: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    """The manifest with every listed path's first component renamed by `names`."""
-    def move(rel: str) -> str:
-        top, _, rest = rel.partition("/")
-        return f"{names.get(top, top)}/{rest}" if rest else names.get(top, top)
-
-    datasets = []
-    for entry in manifest["datasets"]:
-        entry = {**entry, "shards": [{**s, "path": move(s["path"])} for s in entry["shards"]]}
-        if entry.get("zarr"):
-            entry["zarr"] = {**entry["zarr"], "path": move(entry["zarr"]["path"])}
-        datasets.append(entry)
-    return {**manifest, "datasets": datasets}
 
 
 def _record_input_urls(manifest_path: Path, urls: Sequence[str | os.PathLike[str]], local: Sequence[str]) -> None:

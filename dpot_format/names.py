@@ -19,6 +19,10 @@ MEMBER_KINDS = ("fields.npy", "mask.npy", "meta.json")
 MEMBER_NAME = re.compile(r"^(s\d{7})\.(fields\.npy|mask\.npy|meta\.json)$")
 """A shard member: `s<7 digits>.fields.npy`, `.mask.npy` or `.meta.json`, nothing else (no folders, no dots)."""
 
+OUTPUT_FOLDER = re.compile(r"^(data(\.\d+)?\.zarr|shards(\.\d+)?)$")
+"""A top-level store or shard folder of an output, of any generation (`data.zarr`, `data.1.zarr`, `shards.1`, ...):
+publishing over an output moves the new folders in beside the old ones under the next free names."""
+
 SHARD_FILE = re.compile(r"^(train|valid|test)-(\d{6})\.tar$")
 """A shard file's own name: `<split>-NNNNNN.tar` (it lives in `shards/<dataset>/`)."""
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,9 @@ from typing import Any
 from dpot_data import manifest as mf
 from dpot_data.errors import InputError
 from dpot_data.journal import STAGING_PREFIX
-from dpot_format.names import is_temporary
+from dpot_format.names import OUTPUT_FOLDER, is_temporary
 
 LOCK_NAME = ".dpot-ingest.lock"
-_DATA = re.compile(r"^(data(\.\d+)?\.zarr|shards(\.\d+)?)$")  # the store and shard folders, of any generation
 
 
 class OutputLock:
@@ -120,7 +118,7 @@ def remove_leftovers(out: Path, manifest: dict[str, Any] | None, keep_staging: s
     folders of other jobs (the caller holds the output lock, so no other ingest is writing them)."""
     used = referenced_tops(manifest)
     for child in out.iterdir():
-        stale_data = _DATA.match(child.name) and child.name not in used
+        stale_data = OUTPUT_FOLDER.match(child.name) and child.name not in used
         stale_staging = child.name.startswith(STAGING_PREFIX) and child.name != keep_staging
         if stale_data or stale_staging:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
@@ -136,12 +134,16 @@ def _move_into_place(out: Path, staging: Path, names: dict[str, str]) -> None:
     mf.fsync_dir(out)
 
 
-def _relocate(entry: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    """The entry with its paths under the published names (the staged ones are "data.zarr" and "shards")."""
-    entry = dict(entry)
+def relocated(entry: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """A manifest entry with the first component of its store and shard paths renamed by `names` (the staged or
+    uploaded folder -> the name it is published under)."""
+    def move(rel: str) -> str:
+        top, sep, rest = rel.partition("/")
+        return names.get(top, top) + sep + rest
+
+    entry = {**entry, "shards": [{**s, "path": move(s["path"])} for s in entry["shards"]]}
     if entry.get("zarr"):
-        entry["zarr"] = {**entry["zarr"], "path": names["data.zarr"]}
-    entry["shards"] = [{**s, "path": names["shards"] + s["path"][len("shards"):]} for s in entry["shards"]]
+        entry["zarr"] = {**entry["zarr"], "path": move(entry["zarr"]["path"])}
     return entry
 
 
@@ -155,7 +157,7 @@ def publish(out: Path, staging: Path, entry: dict[str, Any], command: str, overw
     taken = referenced_tops(old)
     names = {"data.zarr": free_name("data", ".zarr", taken), "shards": free_name("shards", "", taken)}
     _move_into_place(out, staging, names)
-    manifest = mf.build([_relocate(entry, names)], command)
+    manifest = mf.build([relocated(entry, names)], command)
     mf.write(out, manifest)  # the commit point: one atomic rename
     remove_leftovers(out, manifest)
     mf.fsync_dir(out)

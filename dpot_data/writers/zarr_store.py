@@ -58,10 +58,16 @@ def _encode(encoder: Any, chunk: np.ndarray, is_fill: Any) -> bytes | None:
     return bytes(encoder.encode(chunk))
 
 
+def chunk_path(array_dir: str | Path, row: int, ndim: int) -> str:
+    """The chunk file of trajectory `row` in the folder of an array of `ndim` dimensions chunked one trajectory per
+    chunk: c.<row>.0.0... (CHUNK_KEYS)."""
+    return os.path.join(array_dir, ".".join(["c", str(row)] + ["0"] * (ndim - 1)))
+
+
 def put_chunk(array_dir: str | Path, row: int, ndim: int, data: bytes | None) -> None:
-    """Store the chunk of trajectory `row` in the folder of an array chunked one trajectory per chunk (file
-    c.<row>.0..., CHUNK_KEYS), or remove it for a fill-value chunk (None: Zarr reads an absent chunk as the fill)."""
-    path = os.path.join(array_dir, ".".join(["c", str(row)] + ["0"] * (ndim - 1)))
+    """Store the chunk of trajectory `row` (`chunk_path`), or remove it for a fill-value chunk (None: Zarr reads an
+    absent chunk as the fill value)."""
+    path = chunk_path(array_dir, row, ndim)
     if data is None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -208,9 +214,7 @@ class ZarrDatasetWriter:
         mask = np.ascontiguousarray(mask, dtype=np.uint8)
         if not stored:
             encoded = encoded if encoded is not None else encode_rows(fields, mask, self.layout.codec)
-            for k in range(b):
-                self._put_chunk("fields", self.written + k, encoded.fields[k])
-                self._put_chunk("mask", self.written + k, encoded.mask[k])
+            write_rows(self.store_path / self.layout.group, self.written, encoded, len(self.layout.coords))
         self._hash["fields"].update(fields)
         self._hash["mask"].update(mask)
         self._settle(range(self.written, self.written + b))
@@ -224,9 +228,8 @@ class ZarrDatasetWriter:
         for name, arr in (("fields", self.fields), ("mask", self.mask)):
             folder = self.store_path / self.layout.group / name
             for row in rows:
-                path = os.path.join(folder, ".".join(["c", str(row)] + ["0"] * (len(arr.shape) - 1)))
                 try:
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = os.open(chunk_path(folder, row, len(arr.shape)), os.O_RDONLY)
                 except FileNotFoundError:  # a fill-value chunk: not stored
                     continue
                 try:
@@ -235,11 +238,6 @@ class ZarrDatasetWriter:
                 finally:
                     os.close(fd)
             fsync_dir(folder)
-
-    def _put_chunk(self, name: str, row: int, data: bytes | None) -> None:
-        """Store (or, for a fill-value chunk, remove) the chunk of trajectory `row` of array `name`."""
-        ndim = len(self.fields.shape) if name == "fields" else len(self.mask.shape)
-        put_chunk(self.store_path / self.layout.group / name, row, ndim, data)
 
     def close(self) -> dict[str, str]:
         """Check completeness, consolidate metadata, fsync every file; returns {array name: sha256} of numeric arrays."""
