@@ -21,7 +21,7 @@ CATALOG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 SOURCES = ("fno", "pdebench", "pdearena", "cfdbench")
 _KEYS = {"name", "source", "dpot_name", "files", "file_count", "channels", "frames", "segment", "samples", "grid",
          "boundary", "split", "pretrain", "weight", "rollout", "parameters", "uncertain", "notes",
-         "download"}
+         "download", "reference"}
 _REQUIRED = {"name", "source", "files", "channels", "frames", "samples", "grid", "boundary", "split", "pretrain",
              "weight", "rollout", "parameters"}
 
@@ -61,7 +61,23 @@ class Entry:
     segment: int | None = None
     uncertain: tuple[str, ...] = ()
     notes: str = ""
-    download: Mapping[str, str] | None = None  # {"url", "md5"} of the published file, where known
+    download: Mapping[str, str] | None = None  # {"url", ["md5"], ["stated"], ["note"]}: where it is published
+    reference: Mapping[str, Any] | None = None  # what the default (dpot-reference) ingest of the complete set gives
+
+    def conventions(self) -> dict[str, dict[str, Any]]:
+        """What each convention's ingest gives for the complete public set: frames per stored trajectory, the first
+        stored frame, the split rule (and counts), the grid; `dpot-reference` is the default of `dpot-data ingest`."""
+        split = (f"seeded by trajectory (seed {self.split.seed}): "
+                 + ", ".join(f"{k} {v:g}" for k, v in self.split.ratios.items()) if self.split.rule == "random"
+                 else "from the files: train, valid and test files")
+        first = ("the initial vorticity `a`, then the frames of `u`" if self.source == "fno"
+                 else "as under dpot-reference" if self.reference is not None else "the first frame of the files")
+        canonical = {"frames": self.frames if self.frames is not None else self.segment, "first_frame": first,
+                     "split": split, "grid": list(self.grid) if len(self.grid) == 3 else [128, 128]}
+        out = {"canonical": canonical}
+        if self.reference is not None:
+            out = {"dpot-reference": dict(self.reference), **out}
+        return out
 
     @property
     def manifest_name(self) -> str:
@@ -183,17 +199,44 @@ def _entry(where: str, raw: object) -> Entry:
         parameters=dict(raw["parameters"]), dpot_name=raw.get("dpot_name"),
         file_count=_int_or_none(where, "file_count", raw.get("file_count")), segment=segment,
         uncertain=tuple(uncertain), notes=str(raw.get("notes") or ""), download=_download(where, raw.get("download")),
+        reference=_reference(where, raw.get("reference")),
     )
 
 
+_DOWNLOAD_KEYS = {"url", "md5", "stated", "note"}
+_REFERENCE_KEYS = {"frames", "first_frame", "split", "counts", "t_test", "grid"}
+
+
 def _download(where: str, raw: object) -> dict[str, str] | None:
-    """The optional `download` entry: {url: https://..., md5: 32 hex digits}."""
+    """The optional `download` entry: {url: https://..., md5: 32 hex digits (where the publisher lists one),
+    stated: where the publisher states the location, note: how to fetch it}."""
     if raw is None:
         return None
-    if not isinstance(raw, dict) or set(raw) != {"url", "md5"} or not str(raw["url"]).startswith("https://") \
-            or not re.fullmatch(r"[0-9a-f]{32}", str(raw["md5"])):
-        raise CatalogError(f"{where}: download must be {{url: https://..., md5: 32 hex digits}}, got {raw!r}")
-    return {"url": str(raw["url"]), "md5": str(raw["md5"])}
+    if not isinstance(raw, dict) or "url" not in raw or not set(raw) <= _DOWNLOAD_KEYS \
+            or not str(raw["url"]).startswith("https://") \
+            or ("md5" in raw and not re.fullmatch(r"[0-9a-f]{32}", str(raw["md5"]))):
+        raise CatalogError(f"{where}: download must be {{url: https://..., [md5: 32 hex digits], [stated: text], "
+                           f"[note: text]}}, got {raw!r}")
+    return {k: str(raw[k]) for k in ("url", "md5", "stated", "note") if k in raw}
+
+
+def _reference(where: str, raw: object) -> dict[str, Any] | None:
+    """The optional `reference` entry: what the default dpot-reference ingest of the complete set stores."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not {"frames", "first_frame", "split", "grid"} <= set(raw) <= _REFERENCE_KEYS:
+        raise CatalogError(f"{where}: reference must give frames, first_frame, split and grid (and optionally "
+                           f"counts, t_test), got {raw!r}")
+    _int_or_none(where, "reference.frames", raw["frames"])
+    _int_or_none(where, "reference.t_test", raw.get("t_test"))
+    grid = raw["grid"]
+    if not isinstance(grid, list) or not all(isinstance(g, int) and g > 0 for g in grid):
+        raise CatalogError(f"{where}: reference.grid must be the stored [y, x] or [z, y, x], got {grid!r}")
+    counts = raw.get("counts")
+    if counts is not None and (not isinstance(counts, dict) or not set(counts) <= set(SPLITS)
+                               or not all(isinstance(v, int) and v >= 0 for v in counts.values())):
+        raise CatalogError(f"{where}: reference.counts must map {SPLITS} to counts, got {counts!r}")
+    return dict(raw)
 
 
 def load_catalog(path: str | Path | None = None) -> Catalog:

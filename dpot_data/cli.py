@@ -206,7 +206,8 @@ def _ingest_command(source: str, help_text: str) -> None:
     def command(
         files: List[str] = typer.Argument(..., help="Raw files of this source (paths or fsspec URLs)."),
         out: str = typer.Option(..., "--out", help="Output folder or fsspec URL (manifest.json, data.zarr, shards/)."),
-        resolution: int = typer.Option(128, "--resolution", help="Target size of each spatial axis (0: native)."),
+        resolution: Optional[int] = typer.Option(None, "--resolution", help="Target size of each spatial axis (0: "
+                                                 "native). Default per source: 128 for 2D data, native for 3D."),
         channels: Optional[int] = typer.Option(None, "--channels", help="Pad channels up to this count (default 4, "
                                                "or the native count when larger: 5 for 3D compressible NS)."),
         fill: float = typer.Option(1.0, "--fill", help="Value of padded channels."),
@@ -241,11 +242,13 @@ def _ingest_command(source: str, help_text: str) -> None:
                                       "the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
-        options = dict(resolution=resolution or None, channels=channels, fill=fill, resample=resample,
+        options = dict(channels=channels, fill=fill, resample=resample,
                        mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
                        split=split, convention=convention, seed=seed, name=name, shard_size=shard_size,
                        segment=segment, block=block, overwrite=overwrite, progress=progress, stats=stats,
                        workers=workers, scheduler=scheduler, nonfinite=nonfinite)
+        if resolution is not None:  # else IngestOptions' default: per source
+            options["resolution"] = resolution or None
         runs, failed = _run_ingest(source, files, out, options, dataset)
         _report_ingest(runs, failed)
 
@@ -359,7 +362,6 @@ def catalog_command(
     the published download location and MD5 where there is one, and whether DPOT pre-trains on them; with a NAME, the
     ingest command for it; with --check DIR, what a download folder holds."""
     import json
-    from dataclasses import asdict
 
     from dpot_data.catalog import CatalogError, load_catalog
 
@@ -379,12 +381,11 @@ def catalog_command(
     if pretrain:
         entries = [e for e in entries if e.pretrain]
     if as_json:
-        typer.echo(json.dumps([{**asdict(e), "manifest_name": e.manifest_name} for e in entries], indent=1,
-                              default=str))
+        typer.echo(json.dumps([_catalog_facts(e) for e in entries], indent=1, default=str))
         return
     if name is not None:
         (e,) = entries
-        for key, value in asdict(e).items():
+        for key, value in _catalog_facts(e).items():
             typer.echo(f"{key:<12} {value}")
         typer.echo(f"ingest:      dpot-data ingest --dataset {e.name} {e.files[0]} --out out/{e.manifest_name}")
         return
@@ -396,9 +397,19 @@ def catalog_command(
         table.add_column(column)
     for e in entries:
         table.add_row(e.name, e.source, e.files[0] + (f" (+{e.file_count - 1})" if (e.file_count or 1) > 1 else ""),
-                      str(e.samples or "-"), str(e.frames or f"pieces of {e.segment}"),
+                      str(e.samples or "-"), str((e.reference or {}).get("frames") or e.frames or e.segment),
                       "x".join(map(str, e.grid)), ", ".join(e.channels), "yes" if e.pretrain else "")
     Console(width=200).print(table)
+
+
+def _catalog_facts(entry: object) -> dict:
+    """One catalog entry as `catalog --json` prints it: the published set's facts, then what each convention's
+    ingest stores (`conventions`, the default dpot-reference first), so that frames and split are never ambiguous."""
+    from dataclasses import asdict
+
+    facts = {k: v for k, v in asdict(entry).items() if k not in ("frames", "segment", "split", "reference")}
+    return {**facts, "manifest_name": entry.manifest_name, "published_frames": entry.frames,
+            "default_convention": "dpot-reference", "conventions": entry.conventions()}
 
 
 def _check_downloads(folder: Path, md5: bool, as_json: bool) -> int:
@@ -424,7 +435,7 @@ def _check_downloads(folder: Path, md5: bool, as_json: bool) -> int:
         for path in sorted(p for q in paths for p in ([q] if q.is_file() else sorted(q.rglob("*"))) if p.is_file()):
             item: dict = {"path": str(path), "bytes": path.stat().st_size}
             published = entry.download if entry.download and path.name == entry.files[0] else None
-            if md5 and published:
+            if md5 and published and "md5" in published:
                 h = hashlib.md5()
                 with open(path, "rb") as fh:
                     for block in iter(lambda: fh.read(1 << 22), b""):

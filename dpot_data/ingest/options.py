@@ -14,13 +14,17 @@ CONVENTIONS = ("dpot-reference", "canonical")
 MODEL_LAYOUTS = ("xy", "yx")
 NONFINITE = ("skip", "raise")  # IngestOptions.nonfinite -> the readers' check_finite: True (scan) or "raise"
 NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command"})
+PER_SOURCE = "per-source"
+RESOLUTION_HELP = "per source: 128 per axis for 2D data, the native grid for 3D data"
 
 
 @dataclass
 class IngestOptions:
     """How to turn a ReadResult into shards. `split`: train fraction, or (train, valid) fractions, rest is test."""
 
-    resolution: int | None = 128  # target size of every spatial axis; None or 0 keeps the native grid
+    # target size of every spatial axis; None or 0 keeps the native grid; PER_SOURCE (the default) is the
+    # reference's choice for the data (`default_resolution`)
+    resolution: int | str | None = PER_SOURCE
     channels: int | None = None  # pad to this many channels; None: 4, or the native count when larger (3D CNS: 5)
     fill: float = 1.0
     resample: str = "auto"  # auto | fourier | bilinear | bilinear-antialias | bicubic
@@ -63,6 +67,17 @@ class IngestOutcome:
     warnings: list[str] = field(default_factory=list)  # where the files differ from that catalog dataset
 
 
+def default_resolution(resolution: int | str | None, space_dims: int) -> int | None:
+    """The target size per axis, None for the native grid. PER_SOURCE follows the reference DPOT: 2D data is resized
+    to 128 (what it pre-trains on), 3D data keeps its native grid (finetune3d.py resizes each sample at train time),
+    so a small or 3D grid is never blown up by default."""
+    if resolution == PER_SOURCE:
+        return 128 if space_dims == 2 else None
+    if resolution is not None and (isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 0):
+        raise InputError("--resolution", f"expected a grid size >= 0 or {PER_SOURCE!r}, got {resolution!r}")
+    return resolution or None
+
+
 def parse_split(text: str | float | Sequence[float]) -> tuple[float, ...]:
     """"0.9" → (0.9,) train/test; "0.8,0.1" → train/valid, rest test. Fractions in [0, 1] summing to at most 1."""
     if isinstance(text, str):
@@ -92,6 +107,7 @@ def check_options(opts: IngestOptions) -> tuple[str, ...]:
         raise InputError("--mask-resample", f"expected one of {', '.join(MASK_METHODS)}, got {opts.mask_resample!r}")
     if opts.nonfinite not in NONFINITE:
         raise InputError("--nonfinite", f"expected one of {', '.join(NONFINITE)}, got {opts.nonfinite!r}")
+    default_resolution(opts.resolution, 2)  # a bad --resolution is refused before anything is read
     if opts.shard_size < 1:
         raise InputError("--shard-size", f"expected a positive byte count, got {opts.shard_size}")
     return formats

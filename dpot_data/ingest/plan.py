@@ -14,7 +14,8 @@ import numpy as np
 
 import dpot_data
 from dpot_data.errors import InputError
-from dpot_data.ingest.options import MODEL_LAYOUTS, IngestOptions, check_options, parse_split
+from dpot_data.ingest.options import (MODEL_LAYOUTS, IngestOptions, check_options, default_resolution,
+                                      parse_split)
 from dpot_data.sources.base import DATASET_NAME, SPLITS, ReadResult, check_result
 from dpot_data.transform import ANTIALIASED, choose_method
 
@@ -115,7 +116,8 @@ def plan_grid(result: ReadResult, opts: IngestOptions) -> Grid:
     ds = result.data
     dims = list(ds["fields"].dims[3:])
     native = tuple(int(ds.sizes[d]) for d in dims)
-    target = native if not opts.resolution else (int(opts.resolution),) * len(dims)
+    size = default_resolution(opts.resolution, len(dims))
+    target = native if not size else (size,) * len(dims)
     if target == native:
         return Grid(dims, native, target, "none", "none", False)
     try:

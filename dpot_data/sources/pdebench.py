@@ -315,7 +315,7 @@ def _read_cfd(paths: list[Path], *, name: str | None, block: int | None, check: 
                "model_layout": "xy"},  # the reference's H, W = raw X, Y: as stored
     )
     split = None
-    if convention == "dpot-reference" and dims == 2:
+    if convention == "dpot-reference":  # 2D and 3D alike (the reference's preprocess.py, docs/sources.md)
         split, data.attrs["split_rule"] = reference_split(positions)
     return ReadResult(data=data, inputs=used, skipped=skipped, split=split)
 

@@ -130,6 +130,22 @@ def write_cfd(out: str | Path, *, m: float = 1.0, eta: float = 0.1, zeta: float 
     return path
 
 
+def write_cfd_published(out: str | Path, published_name: str, *, n: int = 2, frames: int = 21, res: int = 8,
+                        seed: int = 0) -> Path:
+    """A compressible-NS file under a published name (e.g. the downstream sets
+    3D_CFD_Turb_M1.0_Eta1e-08_Zeta1e-08_periodic_Train.hdf5, 64³, and
+    2D_CFD_Turb_M1.0_Eta1e-08_Zeta1e-08_periodic_512_Train.hdf5, 512²) on a small `res` grid: kind, M, η, ζ and the
+    dimension come from the name, so a reader and the catalog take it for that dataset."""
+    from dpot_data.sources.pdebench import parse_cfd_name
+
+    parsed = parse_cfd_name(Path(published_name))
+    if parsed is None:
+        raise ValueError(f"{published_name}: not a published PDEBench compressible-NS file name")
+    return write_cfd(out, m=float(parsed["M"]), eta=float(parsed["eta"]), zeta=float(parsed["zeta"]),
+                     kind=str(parsed["kind"]), n=n, frames=frames, res=res, dims=int(parsed["dims"]), seed=seed,
+                     name=published_name)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # diffusion–reaction and shallow water: one group per sample
 
