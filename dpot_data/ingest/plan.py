@@ -18,6 +18,7 @@ from dpot_data.ingest.options import (MODEL_LAYOUTS, IngestOptions, check_option
                                       parse_split)
 from dpot_data.sources.base import DATASET_NAME, SPLITS, ReadResult, check_result
 from dpot_data.transform import ANTIALIASED, choose_method
+from dpot_data.units import array_units
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class IngestPlan:
     entry: dict[str, Any]  # the manifest entry without shards, zarr, inputs and stats
     model_layout: str
     warnings: list[str] = field(default_factory=list)
+    units: dict[str, Any] = field(default_factory=dict)  # CF units per stored array (dpot_data.units)
 
     @property
     def native_channels(self) -> int:
@@ -249,6 +251,7 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
                      blocks, identity, {}, layout)
     out.entry = _entry(result, opts, out, rule, segment, dt, short)
     out.warnings = _warnings(result, out, rule)
+    out.units = array_units(ds.attrs["source"], channels, channel_valid.tolist(), grid.dims, list(sample_params))
     return out
 
 

@@ -99,7 +99,7 @@ def zarr_layout(p: IngestPlan, fill: float, attrs: dict[str, Any]) -> ZarrLayout
                       fill_value=float(fill), coords=p.coords, time=p.time,
                       samples=np.array([x.id for x in p.pieces], dtype=str),
                       splits=np.array([x.split for x in p.pieces], dtype=str), sample_params=p.sample_params,
-                      attrs=attrs)
+                      attrs=attrs, units=p.units)
 
 
 def _meta(p: IngestPlan, piece: Piece, index: int) -> dict[str, Any]:

@@ -113,6 +113,8 @@ class ZarrLayout:
     sample_params: dict[str, np.ndarray] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     codec: str = field(default_factory=lambda: CODEC_NAME)  # a key of CODECS
+    # CF `units` by array name, and "channel_units" (one per channel) for `fields` (dpot_data.units.array_units)
+    units: dict[str, Any] = field(default_factory=dict)
 
     @property
     def spatial_dims(self) -> list[str]:
@@ -139,13 +141,17 @@ class ZarrDatasetWriter:
         """Create the group, its arrays and every per-sample and coordinate array (the data arrays stay empty)."""
         layout = self.layout
         root = zarr.open_group(str(self.store_path), mode="a", zarr_format=3)
+        root.attrs.update(_root_attrs(root.attrs.asdict(), layout.group))
         self.group = root.create_group(layout.group, overwrite=True, attributes=_json_safe(layout.attrs))
         space = layout.spatial_dims
         shape = layout.spatial_shape
         c = len(layout.channels)
         self.fields = self._array("fields", (self.n, layout.frames, c, *shape), (1, layout.frames, c, *shape),
                                   "float32", ["sample", "time", "channel", *space], np.nan,
-                                  {"coordinates": "split", "pad_fill_value": layout.fill_value})
+                                  {"coordinates": " ".join(["split", "channel_valid", *layout.sample_params]),  # labels
+                                   "pad_fill_value": layout.fill_value,
+                                   **({"channel_units": layout.units["channel_units"]}
+                                      if "channel_units" in layout.units else {})})
         self.mask = self._array("mask", (self.n, *shape), (1, *shape), "uint8", ["sample", *space], 0,
                                 {"flag_values": [0, 1], "flag_meanings": "solid fluid"})
         self._put("channel_valid", np.asarray(layout.channel_valid, dtype=bool), ["channel"])
@@ -186,7 +192,8 @@ class ZarrDatasetWriter:
 
     def _array(self, name: str, shape: tuple, chunks: tuple, dtype: str, dims: list[str], fill: Any,
                extra: Mapping[str, Any] | None = None) -> zarr.Array:
-        attrs = {"long_name": LONG_NAMES.get(name, name), **(extra or {})}
+        units = self.layout.units.get(name) if np.dtype(dtype).kind in "biuf" else None
+        attrs = {"long_name": LONG_NAMES.get(name, name), **({"units": units} if units else {}), **(extra or {})}
         return self.group.create_array(name, shape=shape, chunks=chunks, dtype=dtype,
                                        compressors=CODECS[self.layout.codec][0], chunk_key_encoding=CHUNK_KEYS,
                                        fill_value=fill, dimension_names=dims, attributes=_json_safe(attrs))
@@ -251,6 +258,14 @@ class ZarrDatasetWriter:
             zarr.consolidate_metadata(str(self.store_path))
         fsync_tree(self.store_path)
         return digests
+
+
+def _root_attrs(existing: Mapping[str, Any], group: str) -> dict[str, Any]:
+    """Attributes of the store's root group: it holds no arrays, so it names its dataset groups and how to open one
+    (`xarray.open_zarr(store)` without `group=` shows these)."""
+    datasets = sorted({*existing.get("datasets", []), group})
+    return {"title": "dpot Zarr store: one group per dataset (docs/format.md)", "datasets": datasets,
+            "open_with": f"xarray.open_dataset(STORE, engine='zarr', group='{datasets[0]}')"}
 
 
 def fsync_tree(root: str | Path) -> None:
