@@ -67,9 +67,11 @@ class Entry:
     def conventions(self) -> dict[str, dict[str, Any]]:
         """What each convention's ingest gives for the complete public set: frames per stored trajectory, the first
         stored frame, the split rule (and counts), the grid; `dpot-reference` is the default of `dpot-data ingest`."""
-        split = (f"seeded by trajectory (seed {self.split.seed}): "
-                 + ", ".join(f"{k} {v:g}" for k, v in self.split.ratios.items()) if self.split.rule == "random"
-                 else "from the files: train, valid and test files")
+        ratios = self.split.ratios
+        # the rule as the manifest records it (dpot_data.ingest.plan.split_rule; tests/test_catalog_conventions.py)
+        split = (f"by trajectory: numpy default_rng({self.split.seed}).permutation over sorted trajectory ids; "
+                 f"train {ratios.get('train', 0):g}, valid {ratios.get('valid', 0):g}, test rest (counts rounded "
+                 "half up)" if self.split.rule == "random" else "from the files: train, valid and test files")
         first = ("the initial vorticity `a`, then the frames of `u`" if self.source == "fno"
                  else "as under dpot-reference" if self.reference is not None else "the first frame of the files")
         canonical = {"frames": self.frames if self.frames is not None else self.segment, "first_frame": first,
