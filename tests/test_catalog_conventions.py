@@ -115,6 +115,8 @@ def test_catalog_reference_is_what_the_default_ingest_plans(name: str, tmp_path:
     raw = _raw(entry, tmp_path / "raw")
     p = _plan(entry, raw, IngestOptions())  # the defaults of `dpot-data ingest`
     assert p.frames == ref["frames"]
+    if entry.source == "fno":  # frame 0 is u at t = 1: `a` (t = 0) is left out, as `first_frame` says
+        assert p.time[0] == 1.0 and "`a` is left out" in ref["first_frame"]
     assert p.entry["splits"]["rule"] == ref["split"]
     assert p.entry["convention"] == {**p.entry["convention"], "name": "dpot-reference", "deviations": {}}
     if len(entry.grid) == 3:  # 3D: the native grid is kept (here the small synthetic one), as the catalog states
@@ -129,6 +131,8 @@ def test_catalog_reference_is_what_the_default_ingest_plans(name: str, tmp_path:
     canonical = entry.conventions()["canonical"]
     p = _plan(entry, raw, IngestOptions(convention="canonical"))
     assert p.frames == canonical["frames"]  # FNO: `a` kept as frame 0, one more than under dpot-reference
+    if entry.source == "fno":
+        assert p.time[0] == 0.0 and canonical["first_frame"].startswith("the initial vorticity `a`")
     assert p.entry["splits"]["rule"] == canonical["split"]
     assert list(p.grid.target) == (list(p.grid.native) if len(entry.grid) == 3 else canonical["grid"])
 
