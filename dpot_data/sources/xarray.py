@@ -1,0 +1,283 @@
+"""Bring your own data (docs/sources.md, "Your own data"): any grid dataset xarray opens, as one canonical dataset.
+
+Inputs: NetCDF files (h5netcdf, or scipy for NetCDF-3), HDF5 files (h5py-written ones name their axes with
+`axes`, e.g. "NTYX"), Zarr stores, or `.npy`/`.npz` arrays with `axes` (e.g. "NTYXC"); several inputs are
+concatenated along the sample dimension (a file without one is one trajectory). Variables and dimensions come
+from the options or are guessed (`dpot_data.sources._xr_choose`); one line says what was chosen (a warning of
+category `Chosen`, also kept in the provenance).
+
+Values are cast to float32 as they are read. NaN cells (land, obstacles, missing values) become mask 0 and are
+stored as 0: a cell NaN in any frame or channel of a trajectory is masked for the whole trajectory (the mask has no
+time axis), the way CFDBench obstacle cells are. ±Inf is refused (InputError naming the file, variable and
+trajectory). Units, long names, standard names and per-dimension periodicity go into `parameters`, hence into the
+store's attributes and the manifest; the dataset is periodic when every spatial dimension is (or `periodic=True`).
+
+Memory: a block task opens the input itself and reads only its trajectories (NetCDF/HDF5/Zarr slices, .npy memory
+maps); a `.npz` member is read whole by numpy, so large arrays belong in .npy, NetCDF or Zarr.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Sequence
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from dpot_data.errors import InputError
+from dpot_data.sources._blocks import SampleBlocks, as_path, auto_block, check_sizes, distinct_files, text_path, \
+    to_dask, unique_names
+from dpot_data.sources._xr_choose import Choice, choose, periodic_dim, space_values, time_values
+from dpot_data.sources._xr_open import Opener, check_numpy_file, file_bytes, kind_of, open_checked, parse_axes
+from dpot_data.sources.base import ReadResult
+
+READER_VERSION = "1"
+_MASK_CACHE = 32  # masks of blocks read but not yet asked for (one per block in flight is what is needed)
+
+
+class Chosen(UserWarning):
+    """The one line saying which variables and dimensions the xarray source chose."""
+
+
+class _Blocks(SampleBlocks):
+    """(n, T, C, *space) float32 of one input: a block opens the input, reads its trajectories of each chosen
+    variable, masks NaN cells (stored as 0) and keeps the block's mask for `_MaskBlocks`, so nothing is read twice."""
+
+    def __init__(self, opener: Opener, choice: Choice, shape: tuple[int, ...]) -> None:
+        self.opener, self.choice, self.shape = opener, choice, shape
+        self._masks: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_masks", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _masks=OrderedDict(), _lock=threading.Lock())
+
+    def _read(self, n0: int, n1: int) -> np.ndarray:
+        """The raw block as float32 (NaN kept), variable by variable into one preallocated array."""
+        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
+        ds = open_checked(self.opener).rename(self.choice.rename)
+        try:
+            dims = ("sample", "time", *("z", "y", "x")[3 - len(self.choice.space):])
+            for c, var in enumerate(self.choice.variables):
+                arr = ds[var]
+                arr = arr.isel(sample=slice(n0, n1)) if "sample" in arr.dims else arr.expand_dims("sample")
+                with np.errstate(over="ignore", invalid="ignore"):
+                    out[:, :, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
+        finally:
+            ds.close()
+        return out
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        out = self._read(n0, n1)
+        nan = np.isnan(out)
+        if np.isinf(out).any():
+            i, t, c = (int(v[0]) for v in np.nonzero(np.isinf(out))[:3])
+            raise InputError(self.opener.path, f"{self.choice.variables[c]}: trajectory {n0 + i} holds +-Inf (first: "
+                                               f"frame {t}); expected finite values, or NaN for masked cells")
+        mask = (~nan.any(axis=(1, 2))).astype(np.uint8)
+        out[nan] = 0.0
+        with self._lock:
+            self._masks[(n0, n1)] = mask
+            while len(self._masks) > _MASK_CACHE:
+                self._masks.popitem(last=False)
+        return out
+
+    def mask(self, n0: int, n1: int) -> np.ndarray:
+        """(n1 - n0, *space) uint8 mask of a block: the one its read left behind, else read again."""
+        with self._lock:
+            found = self._masks.pop((n0, n1), None)
+        if found is None:
+            self.block(n0, n1)
+            with self._lock:
+                found = self._masks.pop((n0, n1))
+        return found
+
+
+class _MaskBlocks(SampleBlocks):
+    """(n, *space) uint8 mask of a `_Blocks`, block by block."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, fields: _Blocks) -> None:
+        self.fields = fields
+        self.shape = (fields.shape[0], *fields.shape[3:])
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        return self.fields.mask(n0, n1)
+
+
+def _openers(paths: Sequence[Path], axes: tuple[str, ...] | None, names: tuple[str, ...]) -> list[Opener]:
+    """One Opener per input (UTF-8 names, each file once, distinct names); .npy/.npz need `axes`."""
+    out = []
+    for p in paths:
+        text_path(p)
+        if not p.exists():
+            raise InputError(p, "not found")
+        kind = kind_of(p)
+        if kind is None:
+            raise InputError(p, "expected a NetCDF (.nc), HDF5 (.h5) or .npy/.npz file, or a Zarr store folder")
+        if kind in ("npy", "npz"):
+            check_numpy_file(p, kind, axes)
+        out.append(Opener(str(p), kind, axes, names))
+    return out
+
+
+def _inputs(paths: Sequence[str | Path]) -> list[Path]:
+    """Paths as given; a folder that is not a Zarr store replaced by the inputs inside it (sorted)."""
+    out: list[Path] = []
+    for p in map(as_path, paths):
+        if p.is_dir() and kind_of(p) is None:
+            found = sorted(q for q in p.iterdir() if kind_of(q) is not None)
+            if not found:
+                raise InputError(p, "expected NetCDF, HDF5, .npy/.npz files or Zarr stores inside")
+            out.extend(found)
+        else:
+            out.append(p)
+    if not out:
+        raise InputError("<no files>", "expected at least one NetCDF, HDF5, Zarr or .npy/.npz input")
+    out = distinct_files(out)
+    unique_names(out)
+    return out
+
+
+def _file_shape(ds: xr.Dataset, choice: Choice, where: str) -> tuple[int, ...]:
+    """(trajectories, T, C, *space) of one input under the choice, checked against the limits."""
+    renamed = {choice.rename.get(str(k), str(k)): int(v) for k, v in ds.sizes.items()}
+    space = tuple(renamed[d] for d in ("z", "y", "x")[3 - len(choice.space):])
+    n = renamed.get("sample", 1) if choice.sample else 1
+    check_sizes(where, ",".join(choice.variables), trajectories=n, frames=renamed["time"], space=space,
+                channels=len(choice.variables))
+    return (n, renamed["time"], len(choice.variables), *space)
+
+
+def _same_layout(ds: xr.Dataset, choice: Choice, first: tuple[int, ...], where: str, first_name: str) -> None:
+    """Every input holds the chosen variables with the first input's frames and grid."""
+    missing = [v for v in choice.variables if v not in ds.variables]
+    if missing:
+        raise InputError(where, f"expected the variables {', '.join(choice.variables)} like {first_name}; "
+                                f"{', '.join(missing)} missing")
+    shape = _file_shape(ds, choice, where)
+    if shape[1:] != first[1:]:
+        raise InputError(where, f"expected {first[1]} frames on a {'x'.join(map(str, first[3:]))} grid like "
+                                f"{first_name}, found {shape[1]} frames on {'x'.join(map(str, shape[3:]))}")
+
+
+def _attrs_of(ds: xr.Dataset, choice: Choice, periodic: bool | None) -> tuple[dict, str, dict]:
+    """(parameters, boundary, provenance extras): units, long and standard names of variables and dimensions, and
+    the periodicity of each spatial dimension."""
+    keep = ("units", "long_name", "standard_name")
+    variables = {v: {k: str(ds[v].attrs[k]) for k in keep if k in ds[v].attrs} for v in choice.variables}
+    canonical = ("z", "y", "x")[3 - len(choice.space):]
+    dims = {}
+    for d, c in zip(choice.space, canonical):
+        attrs = ds[d].attrs if d in ds.variables else {}
+        dims[c] = {"name": d, "periodic": periodic_dim(ds, d), **{k: str(attrs[k]) for k in keep if k in attrs}}
+    _times, time_units = time_values(ds, choice.time)
+    dims["time"] = {"name": choice.time, **({"units": time_units} if time_units else {})}
+    all_periodic = all(dims[c]["periodic"] for c in canonical)
+    boundary = "periodic" if (all_periodic if periodic is None else periodic) else "non-periodic"
+    params = {"variables": variables, "dims": dims, "periodic_dims": [c for c in canonical if dims[c]["periodic"]]}
+    globals_ = {k: str(v) for k, v in ds.attrs.items() if isinstance(v, (str, int, float, np.number))}
+    return params, boundary, {"global_attrs": dict(list(globals_.items())[:32])}
+
+
+def dataset_name(path: Path) -> str:
+    """A manifest dataset name from an input's name: lower case, runs of other characters as "-"."""
+    stem = path.name.split(".")[0] if not path.is_dir() else path.name.removesuffix(".zarr")
+    name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-")
+    return name or "data"
+
+
+def _parts(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice,
+           block: int | None) -> tuple[da.Array, da.Array, list[str], list[dict]]:
+    """Lazy fields and mask of all inputs, the trajectory ids and what each input looked like."""
+    first = _file_shape(datasets[0], choice, openers[0].path)
+    blk = auto_block(math.prod(first[1:]) * 4, block)
+    fields, masks, ids, files = [], [], [], []
+    for op, ds in zip(openers, datasets):
+        _same_layout(ds, choice, first, op.path, Path(openers[0].path).name)
+        shape = _file_shape(ds, choice, op.path)
+        blocks = _Blocks(op, choice, shape)
+        token = (op, choice, shape, file_bytes(Path(op.path)), Path(op.path).stat().st_mtime_ns)
+        fields.append(to_dask(blocks, blk, "xarray", *token))
+        masks.append(to_dask(_MaskBlocks(blocks), blk, "xarray-mask", *token))
+        name = Path(op.path).name
+        ids.extend(f"{name}#{i}" for i in range(shape[0]))
+        files.append({"name": name, "container": op.kind, "trajectories": shape[0],
+                      "dtypes": {v: str(ds[v].dtype) for v in choice.variables},
+                      "dims": {v: list(map(str, ds[v].dims)) for v in choice.variables}})
+    join = (lambda xs: da.concatenate(xs, axis=0)) if len(fields) > 1 else (lambda xs: xs[0])
+    return join(fields), join(masks), ids, files
+
+
+def _split_list(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """"u,v" or ["u", "v"] -> ("u", "v"); None or empty -> None."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = tuple(s.strip() for s in items if s and s.strip())
+    return out or None
+
+
+def _open_all(paths: Sequence[str | Path], axes: str | None,
+              names: tuple[str, ...]) -> tuple[list[Opener], list[xr.Dataset]]:
+    """Openers of the inputs and each one opened lazily (metadata only)."""
+    openers = _openers(_inputs(paths), parse_axes(axes), names)
+    return openers, [open_checked(op) for op in openers]
+
+
+def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str | Sequence[str] | None = None,
+         time_dim: str | None = None, space_dims: str | Sequence[str] | None = None, sample_dim: str | None = None,
+         axes: str | None = None, periodic: bool | None = None, block: int | None = None,
+         check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
+    """Open NetCDF / HDF5 / Zarr / .npy / .npz inputs lazily as one canonical dataset (module docstring).
+
+    `variables`, `time_dim`, `space_dims` ((z,) y, x order), `sample_dim` choose what the guess would; `axes` names
+    the axes of .npy/.npz arrays and of HDF5 datasets without dimension names (letters N, T, C, Z, Y, X); with a C
+    axis, `variables` names its components. `periodic` overrides the periodicity found in the coordinates.
+    `check_finite` and `convention` are accepted for the common reader interface: NaN cells are always masked and
+    Inf always refused, and no reference convention exists for user data (the seeded split applies).
+    """
+    chosen_vars = _split_list(variables)
+    openers, datasets = _open_all(paths, axes, chosen_vars if axes and "C" in axes.upper() else ())
+    try:
+        first = openers[0].path
+        var_option = None if axes and "C" in axes.upper() else chosen_vars
+        choice = choose(datasets[0], first, variables=var_option, time_dim=time_dim,
+                        space_dims=_split_list(space_dims), sample_dim=sample_dim)
+        fields, mask, ids, files = _parts(openers, datasets, choice, block)
+        data = _dataset(datasets[0], choice, fields, mask, ids, periodic)
+    finally:
+        for ds in datasets:
+            ds.close()
+    line = choice.line(first if len(openers) == 1 else f"{first} (+{len(openers) - 1} more)")
+    warnings.warn(line, Chosen, stacklevel=2)
+    data.attrs["dataset"] = name or dataset_name(Path(first))
+    data.attrs["provenance"] = {"reader": "dpot_data.sources.xarray", "reader_version": READER_VERSION,
+                                "chosen": line, "files": files, **data.attrs["provenance"]}
+    return ReadResult(data=data, inputs=[Path(op.path) for op in openers if Path(op.path).is_file()])
+
+
+def _dataset(ds: xr.Dataset, choice: Choice, fields: da.Array, mask: da.Array, ids: list[str],
+             periodic: bool | None) -> xr.Dataset:
+    """The canonical dataset of the chosen variables (attrs: parameters with units, names and periodicity)."""
+    canonical = ("z", "y", "x")[3 - len(choice.space):]
+    params, boundary, extra = _attrs_of(ds, choice, periodic)
+    times, _units = time_values(ds, choice.time)
+    dt = float(times[1] - times[0]) if len(times) > 1 and np.allclose(np.diff(times), times[1] - times[0]) else None
+    coords = {"sample": np.array(ids, dtype=str), "time": times, "channel": np.array(choice.variables),
+              **{c: space_values(ds, d) for d, c in zip(choice.space, canonical)}}
+    return xr.Dataset(
+        {"fields": (("sample", "time", "channel", *canonical), fields), "mask": (("sample", *canonical), mask)},
+        coords=coords,
+        attrs={"source": "xarray", "dataset": "data", "boundary": boundary, "parameters": params, "dt": dt,
+               "provenance": extra, "model_layout": "yx"},  # the model's (H, W) are the stored (y, x)
+    )
