@@ -174,3 +174,26 @@ def test_inf_is_refused_naming_the_trajectory(tmp_path):
     result, _ = _read([tmp_path / "inf.nc"])
     with pytest.raises(InputError, match=r"u: trajectory 1 holds \+-Inf \(first: frame 2\)"):
         result.data["fields"].values
+
+
+def test_zarr_store_and_netcdf_at_fsspec_urls(netcdf, tmp_path):
+    import uuid
+
+    import fsspec
+
+    from dpot_data.ingest import run_ingest
+
+    tag = uuid.uuid4().hex[:8]
+    data = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    xr.Dataset({"u": (("sample", "time", "y", "x"), data)}).to_zarr(f"memory://zin-{tag}/s.zarr", mode="w")
+    fsspec.filesystem("memory").pipe(f"/zin-{tag}/ocean.nc", netcdf.read_bytes())
+    opts = IngestOptions(resolution=None, formats=("zarr",), split=(1.0,), stats=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr_entry = run_ingest("xarray", [f"memory://zin-{tag}/s.zarr"], tmp_path / "z", opts,
+                                workdir=tmp_path / "w1").manifest["datasets"][0]
+        nc_entry = run_ingest("xarray", [f"memory://zin-{tag}/ocean.nc"], tmp_path / "n", opts,
+                              workdir=tmp_path / "w2").manifest["datasets"][0]
+    group = zarr.open_group(str(tmp_path / "z" / "data.zarr" / zarr_entry["name"]), mode="r")
+    np.testing.assert_array_equal(group["fields"][:, :, 0], data)
+    assert nc_entry["trajectories"] == 2 and nc_entry["channels"][:2] == ["u", "v"]
