@@ -197,3 +197,16 @@ def test_zarr_store_and_netcdf_at_fsspec_urls(netcdf, tmp_path):
     group = zarr.open_group(str(tmp_path / "z" / "data.zarr" / zarr_entry["name"]), mode="r")
     np.testing.assert_array_equal(group["fields"][:, :, 0], data)
     assert nc_entry["trajectories"] == 2 and nc_entry["channels"][:2] == ["u", "v"]
+
+
+def test_single_npy_trajectory_named_by_vars_and_h5_components(tmp_path):
+    rng = np.random.default_rng(4)
+    one = rng.standard_normal((3, 4, 5))  # T Y X: one trajectory
+    np.save(tmp_path / "one.npy", one)
+    result, _ = _read([tmp_path / "one.npy"], axes="TYX", variables="u")
+    assert list(result.data["channel"].values) == ["u"] and list(result.data["sample"].values) == ["one.npy#0"]
+    np.testing.assert_array_equal(result.data["fields"].values[0, :, 0], one.astype(np.float32))
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["q"] = rng.standard_normal((2, 3, 4, 5, 2))
+    result, _ = _read([tmp_path / "c.h5"], axes="NTYXC")
+    assert list(result.data["channel"].values) == ["q_0", "q_1"]

@@ -64,7 +64,7 @@ class Opener:
         if self.kind in ("netcdf", "hdf5"):
             ds = xr.open_dataset(self.path, engine="h5netcdf" if _is_hdf5(self.path) else None, chunks=None,
                                  decode_times=False, **({"phony_dims": "sort"} if _is_hdf5(self.path) else {}))
-            return _named_axes(ds, self.axes) if self.axes else ds
+            return _named_axes(ds, self.axes, self.names) if self.axes else ds
         if self.kind == "npy":
             data = np.load(self.path, mmap_mode="r", allow_pickle=False)
             return _split_channels(_numpy_arrays({"data": data}, self.axes), self.names, single=True)
@@ -78,7 +78,7 @@ def _is_hdf5(path: str) -> bool:
         return fh.read(8) == b"\x89HDF\r\n\x1a\n"
 
 
-def _named_axes(ds: xr.Dataset, axes: tuple[str, ...]) -> xr.Dataset:
+def _named_axes(ds: xr.Dataset, axes: tuple[str, ...], names: tuple[str, ...] = ()) -> xr.Dataset:
     """The variables of an HDF5 file without dimension names whose rank is len(axes), their axes named by --axes
     (a C axis split into one variable per component, "<name>_<k>")."""
     arrays = {str(k): v.reset_coords(drop=True).rename(dict(zip(v.dims, axes)))
@@ -87,7 +87,7 @@ def _named_axes(ds: xr.Dataset, axes: tuple[str, ...]) -> xr.Dataset:
         found = {str(k): tuple(v.shape) for k, v in ds.data_vars.items()}
         raise InputError(ds.encoding.get("source", "<file>"), f"expected datasets of {len(axes)} axes "
                                                               f"({', '.join(axes)}) as --axes says; found {found}")
-    return _split_channels(arrays, (), single=False)
+    return _split_channels(arrays, names, single=False)
 
 
 def _split_channels(arrays: dict[str, xr.DataArray], names: tuple[str, ...], single: bool) -> xr.Dataset:
@@ -96,7 +96,7 @@ def _split_channels(arrays: dict[str, xr.DataArray], names: tuple[str, ...], sin
     out: dict[str, xr.DataArray] = {}
     for key, arr in arrays.items():
         if "channel" not in arr.dims:
-            out[key] = arr
+            out[names[0] if single and names else key] = arr
             continue
         for k in range(arr.sizes["channel"]):
             label = names[k] if k < len(names) else (f"c{k}" if single else f"{key}_{k}")

@@ -247,10 +247,11 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
     Inf always refused, and no reference convention exists for user data (the seeded split applies).
     """
     chosen_vars = _split_list(variables)
-    openers, datasets = _open_all(paths, axes, chosen_vars if axes and "C" in axes.upper() else ())
+    named = bool(axes) and "C" in axes.upper()  # --vars names the components of the C axis
+    openers, datasets = _open_all(paths, axes, chosen_vars or ())
     try:
         first = openers[0].path
-        var_option = None if axes and "C" in axes.upper() else chosen_vars
+        var_option = None if named or all(op.kind == "npy" for op in openers) else chosen_vars
         choice = choose(datasets[0], first, variables=var_option, time_dim=time_dim,
                         space_dims=_split_list(space_dims), sample_dim=sample_dim)
         fields, mask, ids, files = _parts(openers, datasets, choice, block)
