@@ -405,6 +405,9 @@ _ingest_command("xarray", "Your own grid data: NetCDF, HDF5, Zarr stores (anythi
                                          "without dimension names: letters N (sample), T, C, Z, Y, X, e.g. NTYXC."),
                     "periodic": typer.Option(None, "--periodic/--non-periodic", help="Override the periodicity found "
                                              "in the coordinates (default: periodic when every spatial axis is)."),
+                    "concat": typer.Option(None, "--concat", help="Several inputs are more trajectories (sample, "
+                                           "the default) or more frames of the same ones (time: files split by "
+                                           "time, given in time order, as xarray.open_mfdataset combines them)."),
                 })
 _ingest_command("the_well", "The Well (PolymathicAI) HDF5 files or folders (a dataset's data/ with train/, valid/, "
                 "test/): fields as channels (vector/tensor components velocity_x, ...), constant fields broadcast over "

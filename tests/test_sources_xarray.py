@@ -210,3 +210,24 @@ def test_single_npy_trajectory_named_by_vars_and_h5_components(tmp_path):
         f["q"] = rng.standard_normal((2, 3, 4, 5, 2))
     result, _ = _read([tmp_path / "c.h5"], axes="NTYXC")
     assert list(result.data["channel"].values) == ["q_0", "q_1"]
+
+
+def test_files_split_by_time_concatenate_along_time(tmp_path):
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((2, 6, 4, 5))
+    paths = []
+    for k in range(3):
+        part = xr.Dataset({"u": (("member", "time", "y", "x"), data[:, 2 * k:2 * k + 2])},
+                          coords={"time": np.arange(2 * k, 2 * k + 2) * 0.5})
+        paths.append(tmp_path / f"part{k}.nc")
+        part.to_netcdf(paths[-1], engine="h5netcdf")
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["ingest", "xarray", *map(str, paths), "--concat", "time", "--resolution", "0",
+                                      "--split", "1", "--format", "zarr", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    entry = json.loads((out / "manifest.json").read_text())["datasets"][0]
+    assert entry["frames"] == 6 and entry["trajectories"] == 2 and entry["dt"] == 0.5
+    group = zarr.open_group(str(out / "data.zarr" / entry["name"]), mode="r")
+    np.testing.assert_array_equal(group["fields"][:, :, 0], data.astype(np.float32))
+    with pytest.raises(InputError, match="expected times increasing across the inputs"):
+        xsrc.read([paths[1], paths[0], paths[2]], concat="time")

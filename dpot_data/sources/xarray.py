@@ -49,8 +49,9 @@ class _Blocks(SampleBlocks):
     """(n, T, C, *space) float32 of one input: a block opens the input, reads its trajectories of each chosen
     variable, masks NaN cells (stored as 0) and keeps the block's mask for `_MaskBlocks`, so nothing is read twice."""
 
-    def __init__(self, opener: Opener, choice: Choice, shape: tuple[int, ...]) -> None:
-        self.opener, self.choice, self.shape = opener, choice, shape
+    def __init__(self, openers: list[Opener], frames: list[int], choice: Choice, shape: tuple[int, ...]) -> None:
+        self.openers, self.frames, self.choice, self.shape = openers, frames, choice, shape
+        self.opener = openers[0]
         self._masks: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
@@ -61,18 +62,22 @@ class _Blocks(SampleBlocks):
         self.__dict__.update(state, _masks=OrderedDict(), _lock=threading.Lock())
 
     def _read(self, n0: int, n1: int) -> np.ndarray:
-        """The raw block as float32 (NaN kept), variable by variable into one preallocated array."""
+        """The raw block as float32 (NaN kept), input by input (several: frames concatenated along time) and
+        variable by variable into one preallocated array."""
         out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
-        ds = open_checked(self.opener).rename(self.choice.rename)
-        try:
-            dims = ("sample", "time", *("z", "y", "x")[3 - len(self.choice.space):])
-            for c, var in enumerate(self.choice.variables):
-                arr = ds[var]
-                arr = arr.isel(sample=slice(n0, n1)) if "sample" in arr.dims else arr.expand_dims("sample")
-                with np.errstate(over="ignore", invalid="ignore"):
-                    out[:, :, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
-        finally:
-            ds.close()
+        dims = ("sample", "time", *("z", "y", "x")[3 - len(self.choice.space):])
+        t0 = 0
+        for opener, frames in zip(self.openers, self.frames):
+            ds = open_checked(opener).rename(self.choice.rename)
+            try:
+                for c, var in enumerate(self.choice.variables):
+                    arr = ds[var]
+                    arr = arr.isel(sample=slice(n0, n1)) if "sample" in arr.dims else arr.expand_dims("sample")
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        out[:, t0:t0 + frames, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
+            finally:
+                ds.close()
+            t0 += frames
         return out
 
     def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
@@ -80,7 +85,8 @@ class _Blocks(SampleBlocks):
         nan = np.isnan(out)
         if np.isinf(out).any():
             i, t, c = (int(v[0]) for v in np.nonzero(np.isinf(out))[:3])
-            raise InputError(self.opener.path, f"{self.choice.variables[c]}: trajectory {n0 + i} holds +-Inf (first: "
+            where = self.openers[int(np.searchsorted(np.cumsum(self.frames), t, side="right"))].path
+            raise InputError(where, f"{self.choice.variables[c]}: trajectory {n0 + i} holds +-Inf (first: "
                                                f"frame {t}); expected finite values, or NaN for masked cells")
         mask = (~nan.any(axis=(1, 2))).astype(np.uint8)
         out[nan] = 0.0
@@ -158,16 +164,21 @@ def _file_shape(ds: xr.Dataset, choice: Choice, where: str) -> tuple[int, ...]:
     return (n, renamed["time"], len(choice.variables), *space)
 
 
-def _same_layout(ds: xr.Dataset, choice: Choice, first: tuple[int, ...], where: str, first_name: str) -> None:
-    """Every input holds the chosen variables with the first input's frames and grid."""
+def _same_layout(ds: xr.Dataset, choice: Choice, first: tuple[int, ...], where: str, first_name: str,
+                 time: bool = True) -> None:
+    """Every input holds the chosen variables with the first input's grid, and its frames (`time`) or its
+    trajectories (not `time`: inputs concatenated along time)."""
     missing = [v for v in choice.variables if v not in ds.variables]
     if missing:
         raise InputError(where, f"expected the variables {', '.join(choice.variables)} like {first_name}; "
                                 f"{', '.join(missing)} missing")
     shape = _file_shape(ds, choice, where)
-    if shape[1:] != first[1:]:
+    if time and shape[1:] != first[1:]:
         raise InputError(where, f"expected {first[1]} frames on a {'x'.join(map(str, first[3:]))} grid like "
                                 f"{first_name}, found {shape[1]} frames on {'x'.join(map(str, shape[3:]))}")
+    if not time and (shape[0], *shape[2:]) != (first[0], *first[2:]):
+        raise InputError(where, f"expected {first[0]} trajectories on a {'x'.join(map(str, first[3:]))} grid like "
+                                f"{first_name} (--concat time), found {shape[0]} on {'x'.join(map(str, shape[3:]))}")
 
 
 def _attrs_of(ds: xr.Dataset, choice: Choice, periodic: bool | None) -> tuple[dict, str, dict]:
@@ -196,24 +207,49 @@ def dataset_name(path: Path) -> str:
     return name or "data"
 
 
-def _parts(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice,
-           block: int | None) -> tuple[da.Array, da.Array, list[str], list[dict]]:
+def _groups(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice,
+            concat: str) -> list[list[tuple[Opener, xr.Dataset]]]:
+    """Inputs grouped into trajectories: each input its own (concat "sample"), or all inputs one run of frames
+    (concat "time": the same trajectories and grid in every input, frames in the order given)."""
+    pairs = list(zip(openers, datasets))
+    if concat == "sample":
+        return [[pair] for pair in pairs]
+    if concat != "time":
+        raise InputError("--concat", f"expected sample or time, got {concat!r}")
+    return [pairs]
+
+
+def _group_shape(group: list[tuple[Opener, xr.Dataset]], choice: Choice,
+                 first: tuple[int, ...] | None, first_name: str) -> tuple[tuple[int, ...], list[int]]:
+    """(trajectories, frames, C, *space) of a group of inputs and the frames of each; every input checked against
+    the first (variables, trajectories, grid)."""
+    shapes = []
+    for op, ds in group:
+        ref = first or (shapes[0] if shapes else None)
+        if ref is not None:
+            _same_layout(ds, choice, ref, op.path, first_name, time=len(group) == 1)
+        shapes.append(_file_shape(ds, choice, op.path))
+    frames = [s[1] for s in shapes]
+    return (shapes[0][0], sum(frames), *shapes[0][2:]), frames
+
+
+def _parts(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice, block: int | None,
+           concat: str) -> tuple[da.Array, da.Array, list[str], list[dict]]:
     """Lazy fields and mask of all inputs, the trajectory ids and what each input looked like."""
-    first = _file_shape(datasets[0], choice, openers[0].path)
+    groups = _groups(openers, datasets, choice, concat)
+    first_name = Path(openers[0].path).name
+    first, _ = _group_shape(groups[0], choice, None, first_name)
     blk = auto_block(math.prod(first[1:]) * 4, block)
-    fields, masks, ids, files = [], [], [], []
-    for op, ds in zip(openers, datasets):
-        _same_layout(ds, choice, first, op.path, Path(openers[0].path).name)
-        shape = _file_shape(ds, choice, op.path)
-        blocks = _Blocks(op, choice, shape)
-        token = (op, choice, shape, file_bytes(Path(op.path)), Path(op.path).stat().st_mtime_ns)
-        fields.append(to_dask(blocks, blk, "xarray", *token))
-        masks.append(to_dask(_MaskBlocks(blocks), blk, "xarray-mask", *token))
-        name = Path(op.path).name
-        ids.extend(f"{name}#{i}" for i in range(shape[0]))
-        files.append({"name": name, "container": op.kind, "trajectories": shape[0],
-                      "dtypes": {v: str(ds[v].dtype) for v in choice.variables},
-                      "dims": {v: list(map(str, ds[v].dims)) for v in choice.variables}})
+    fields, masks, ids = [], [], []
+    for group in groups:
+        shape, frames = _group_shape(group, choice, first, first_name)
+        blocks = _Blocks([op for op, _ in group], frames, choice, shape)
+        token = [(op, file_bytes(Path(op.path)), Path(op.path).stat().st_mtime_ns) for op, _ in group]
+        fields.append(to_dask(blocks, blk, "xarray", token, choice, shape))
+        masks.append(to_dask(_MaskBlocks(blocks), blk, "xarray-mask", token, choice, shape))
+        ids.extend(f"{Path(group[0][0].path).name}#{i}" for i in range(shape[0]))
+    files = [{"name": Path(op.path).name, "container": op.kind, "dtypes": {v: str(ds[v].dtype) for v in choice.variables},
+              "dims": {v: list(map(str, ds[v].dims)) for v in choice.variables}} for op, ds in zip(openers, datasets)]
     join = (lambda xs: da.concatenate(xs, axis=0)) if len(fields) > 1 else (lambda xs: xs[0])
     return join(fields), join(masks), ids, files
 
@@ -236,13 +272,15 @@ def _open_all(paths: Sequence[str | Path], axes: str | None,
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str | Sequence[str] | None = None,
          time_dim: str | None = None, space_dims: str | Sequence[str] | None = None, sample_dim: str | None = None,
-         axes: str | None = None, periodic: bool | None = None, block: int | None = None,
+         axes: str | None = None, periodic: bool | None = None, concat: str = "sample", block: int | None = None,
          check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
     """Open NetCDF / HDF5 / Zarr / .npy / .npz inputs lazily as one canonical dataset (module docstring).
 
     `variables`, `time_dim`, `space_dims` ((z,) y, x order), `sample_dim` choose what the guess would; `axes` names
     the axes of .npy/.npz arrays and of HDF5 datasets without dimension names (letters N, T, C, Z, Y, X); with a C
     axis, `variables` names its components. `periodic` overrides the periodicity found in the coordinates.
+    `concat`: several inputs are more trajectories ("sample") or more frames of the same trajectories ("time", in
+    the order given, as xarray.open_mfdataset combines files split by time).
     `check_finite` and `convention` are accepted for the common reader interface: NaN cells are always masked and
     Inf always refused, and no reference convention exists for user data (the seeded split applies).
     """
@@ -254,8 +292,8 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
         var_option = None if named or all(op.kind == "npy" for op in openers) else chosen_vars
         choice = choose(datasets[0], first, variables=var_option, time_dim=time_dim,
                         space_dims=_split_list(space_dims), sample_dim=sample_dim)
-        fields, mask, ids, files = _parts(openers, datasets, choice, block)
-        data = _dataset(datasets[0], choice, fields, mask, ids, periodic)
+        fields, mask, ids, files = _parts(openers, datasets, choice, block, concat)
+        data = _dataset(datasets if concat == "time" else datasets[:1], choice, fields, mask, ids, periodic)
     finally:
         for ds in datasets:
             ds.close()
@@ -267,12 +305,25 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
     return ReadResult(data=data, inputs=[Path(op.path) for op in openers if Path(op.path).is_file()])
 
 
-def _dataset(ds: xr.Dataset, choice: Choice, fields: da.Array, mask: da.Array, ids: list[str],
+def _times(datasets: list[xr.Dataset], choice: Choice) -> np.ndarray:
+    """The frame times of the inputs (one, or several concatenated along time: then increasing, or InputError)."""
+    parts = [time_values(ds, choice.time)[0] for ds in datasets]
+    times = np.concatenate(parts)
+    if len(parts) > 1 and not (np.diff(times) > 0).all():
+        where = datasets[int(np.searchsorted(np.cumsum([len(p) for p in parts]), np.argmin(np.diff(times)),
+                                             side="right"))].encoding.get("source", "<input>")
+        raise InputError(where, "expected times increasing across the inputs in the order given (--concat time); "
+                                "give the files in time order")
+    return times
+
+
+def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask: da.Array, ids: list[str],
              periodic: bool | None) -> xr.Dataset:
     """The canonical dataset of the chosen variables (attrs: parameters with units, names and periodicity)."""
+    ds = datasets[0]
     canonical = ("z", "y", "x")[3 - len(choice.space):]
     params, boundary, extra = _attrs_of(ds, choice, periodic)
-    times, _units = time_values(ds, choice.time)
+    times = _times(datasets, choice)
     dt = float(times[1] - times[0]) if len(times) > 1 and np.allclose(np.diff(times), times[1] - times[0]) else None
     coords = {"sample": np.array(ids, dtype=str), "time": times, "channel": np.array(choice.variables),
               **{c: space_values(ds, d) for d, c in zip(choice.space, canonical)}}
