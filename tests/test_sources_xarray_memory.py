@@ -5,7 +5,6 @@ machine: 105 MB -> 435 MB peak, 420 MB -> ~440 MB, 840 MB -> 450 MB (benchmarks/
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -51,4 +50,3 @@ def test_peak_memory_does_not_grow_with_the_file(tmp_path):
     assert big > 3 * small
     assert peak - base < big / 4, (base, peak, big)
     print(f"input {big / 1e6:.0f} MB: peak RSS {peak / 1e6:.0f} MB (small input: {base / 1e6:.0f} MB)")
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 < big  # the test itself never held it either
