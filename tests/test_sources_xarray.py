@@ -231,3 +231,14 @@ def test_files_split_by_time_concatenate_along_time(tmp_path):
     np.testing.assert_array_equal(group["fields"][:, :, 0], data.astype(np.float32))
     with pytest.raises(InputError, match="expected times increasing across the inputs"):
         xsrc.read([paths[1], paths[0], paths[2]], concat="time")
+
+
+def test_cf_bounds_variables_are_coordinates_not_channels(tmp_path):
+    ds = xr.Dataset({"tas": (("time", "lat", "lon"), np.ones((3, 4, 5)), {"units": "K"}),
+                     "time_bnds": (("time", "bnds"), np.zeros((3, 2)))},
+                    coords={"time": ("time", np.arange(3.0), {"units": "days since 2000-01-01", "bounds": "time_bnds"}),
+                            "lat": np.arange(4.0), "lon": np.arange(5.0)})
+    ds.to_netcdf(tmp_path / "tas.nc", engine="h5netcdf")
+    result, chosen = _read([tmp_path / "tas.nc"])
+    assert list(result.data["channel"].values) == ["tas"] and "one trajectory per file" in chosen
+    assert result.data.attrs["parameters"]["dims"]["time"]["units"] == "days since 2000-01-01"

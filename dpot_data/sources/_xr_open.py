@@ -60,10 +60,11 @@ class Opener:
 
     def __call__(self) -> xr.Dataset:
         if self.kind == "zarr":
-            return xr.open_zarr(self.path, chunks=None, consolidated=None, decode_times=False)
+            return xr.open_zarr(self.path, chunks=None, consolidated=None, decode_times=False, decode_coords="all")
         if self.kind in ("netcdf", "hdf5"):
             ds = xr.open_dataset(self.path, engine="h5netcdf" if _is_hdf5(self.path) else None, chunks=None,
-                                 decode_times=False, **({"phony_dims": "sort"} if _is_hdf5(self.path) else {}))
+                                 decode_times=False, decode_coords="all",  # CF bounds and grid mappings: coordinates
+                                 **({"phony_dims": "sort"} if _is_hdf5(self.path) else {}))
             return _named_axes(ds, self.axes, self.names) if self.axes else ds
         if self.kind == "npy":
             data = np.load(self.path, mmap_mode="r", allow_pickle=False)
