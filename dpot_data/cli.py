@@ -405,6 +405,9 @@ _ingest_command("xarray", "Your own grid data: NetCDF, HDF5, Zarr stores (anythi
                                          "without dimension names: letters N (sample), T, C, Z, Y, X, e.g. NTYXC."),
                     "periodic": typer.Option(None, "--periodic/--non-periodic", help="Override the periodicity found "
                                              "in the coordinates (default: periodic when every spatial axis is)."),
+                    "window": typer.Option(None, "--window", help="Cut every trajectory into samples of this many "
+                                           "consecutive frames (one long run streams in bounded memory; the frames "
+                                           "past the last whole window are left out)."),
                     "concat": typer.Option(None, "--concat", help="Several inputs are more trajectories (sample, "
                                            "the default) or more frames of the same ones (time: files split by "
                                            "time, given in time order, as xarray.open_mfdataset combines them)."),

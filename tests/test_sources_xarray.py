@@ -242,3 +242,17 @@ def test_cf_bounds_variables_are_coordinates_not_channels(tmp_path):
     result, chosen = _read([tmp_path / "tas.nc"])
     assert list(result.data["channel"].values) == ["tas"] and "one trajectory per file" in chosen
     assert result.data.attrs["parameters"]["dims"]["time"]["units"] == "days since 2000-01-01"
+
+
+def test_window_cuts_one_long_run_into_samples(tmp_path):
+    rng = np.random.default_rng(6)
+    run = rng.standard_normal((11, 4, 5))  # one trajectory of 11 frames, no sample dimension
+    xr.Dataset({"u": (("time", "y", "x"), run)}, coords={"time": 10.0 + np.arange(11)}).to_netcdf(
+        tmp_path / "long.nc", engine="h5netcdf")
+    result, _ = _read([tmp_path / "long.nc"], window="3", block=2)  # blocks of 2 windows: reads span windows
+    ds = result.data
+    assert list(ds["sample"].values) == ["long.nc#0/w0", "long.nc#0/w1", "long.nc#0/w2"]
+    assert ds["time"].values.tolist() == [0.0, 1.0, 2.0] and ds.attrs["provenance"]["window"] == 3
+    np.testing.assert_array_equal(ds["fields"].values[:, :, 0], run[:9].reshape(3, 3, 4, 5).astype(np.float32))
+    with pytest.raises(InputError, match="--window: expected 1 to 11 frames"):
+        xsrc.read([tmp_path / "long.nc"], window=12)

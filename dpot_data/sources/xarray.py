@@ -46,11 +46,16 @@ class Chosen(UserWarning):
 
 
 class _Blocks(SampleBlocks):
-    """(n, T, C, *space) float32 of one input: a block opens the input, reads its trajectories of each chosen
-    variable, masks NaN cells (stored as 0) and keeps the block's mask for `_MaskBlocks`, so nothing is read twice."""
+    """(n, T, C, *space) float32 of one input (or inputs split by time): a block opens the input, reads its
+    trajectories of each chosen variable, masks NaN cells (stored as 0) and keeps the block's mask for
+    `_MaskBlocks`, so nothing is read twice. With `window` w, every trajectory is cut into T // w samples of w
+    frames (n * (T // w), w, C, *space), and a block reads only its windows' frames."""
 
-    def __init__(self, openers: list[Opener], frames: list[int], choice: Choice, shape: tuple[int, ...]) -> None:
-        self.openers, self.frames, self.choice, self.shape = openers, frames, choice, shape
+    def __init__(self, openers: list[Opener], frames: list[int], choice: Choice, shape: tuple[int, ...],
+                 window: int | None = None) -> None:
+        self.openers, self.frames, self.choice, self.window = openers, frames, choice, window
+        self.per = shape[1] // window if window else 1
+        self.shape = (shape[0] * self.per, window, *shape[2:]) if window else shape
         self.opener = openers[0]
         self._masks: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
@@ -61,23 +66,38 @@ class _Blocks(SampleBlocks):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _masks=OrderedDict(), _lock=threading.Lock())
 
-    def _read(self, n0: int, n1: int) -> np.ndarray:
-        """The raw block as float32 (NaN kept), input by input (several: frames concatenated along time) and
-        variable by variable into one preallocated array."""
-        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
+    def _frames(self, s0: int, s1: int, f0: int, f1: int) -> np.ndarray:
+        """Trajectories s0..s1-1, frames f0..f1-1 as float32 (NaN kept): input by input (several: frames
+        concatenated along time), variable by variable, into one preallocated array."""
+        out = np.empty((s1 - s0, f1 - f0, *self.shape[2:]), dtype=np.float32)
         dims = ("sample", "time", *("z", "y", "x")[3 - len(self.choice.space):])
         t0 = 0
         for opener, frames in zip(self.openers, self.frames):
-            ds = open_checked(opener).rename(self.choice.rename)
-            try:
-                for c, var in enumerate(self.choice.variables):
-                    arr = ds[var]
-                    arr = arr.isel(sample=slice(n0, n1)) if "sample" in arr.dims else arr.expand_dims("sample")
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        out[:, t0:t0 + frames, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
-            finally:
-                ds.close()
+            a, b = max(f0, t0), min(f1, t0 + frames)
+            if a < b:
+                ds = open_checked(opener).rename(self.choice.rename)
+                try:
+                    for c, var in enumerate(self.choice.variables):
+                        arr = ds[var].isel(time=slice(a - t0, b - t0))
+                        arr = arr.isel(sample=slice(s0, s1)) if "sample" in arr.dims else arr.expand_dims("sample")
+                        with np.errstate(over="ignore", invalid="ignore"):
+                            out[:, a - f0:b - f0, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
+                finally:
+                    ds.close()
             t0 += frames
+        return out
+
+    def _read(self, n0: int, n1: int) -> np.ndarray:
+        """Samples n0..n1-1: whole trajectories, or (with `window`) the windows of each trajectory they cover."""
+        if not self.window:
+            return self._frames(n0, n1, 0, self.shape[1])
+        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
+        w = self.window
+        for traj in range(n0 // self.per, (n1 - 1) // self.per + 1):
+            a, b = max(n0, traj * self.per), min(n1, (traj + 1) * self.per)
+            wa, wb = a - traj * self.per, b - traj * self.per
+            frames = self._frames(traj, traj + 1, wa * w, wb * w)[0]
+            out[a - n0:b - n0] = frames.reshape(wb - wa, w, *frames.shape[1:])
         return out
 
     def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
@@ -85,7 +105,8 @@ class _Blocks(SampleBlocks):
         nan = np.isnan(out)
         if np.isinf(out).any():
             i, t, c = (int(v[0]) for v in np.nonzero(np.isinf(out))[:3])
-            where = self.openers[int(np.searchsorted(np.cumsum(self.frames), t, side="right"))].path
+            where = self.openers[0 if self.window else int(np.searchsorted(np.cumsum(self.frames), t,
+                                                                            side="right"))].path
             raise InputError(where, f"{self.choice.variables[c]}: trajectory {n0 + i} holds +-Inf (first: "
                                                f"frame {t}); expected finite values, or NaN for masked cells")
         mask = (~nan.any(axis=(1, 2))).astype(np.uint8)
@@ -154,14 +175,17 @@ def _inputs(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def _file_shape(ds: xr.Dataset, choice: Choice, where: str) -> tuple[int, ...]:
-    """(trajectories, T, C, *space) of one input under the choice, checked against the limits."""
+def _file_shape(ds: xr.Dataset, choice: Choice, where: str, window: int | None = None) -> tuple[int, ...]:
+    """(trajectories, T, C, *space) of one input under the choice, checked against the limits (with `window`: the
+    bytes of one window, not of a whole trajectory)."""
     renamed = {choice.rename.get(str(k), str(k)): int(v) for k, v in ds.sizes.items()}
     space = tuple(renamed[d] for d in ("z", "y", "x")[3 - len(choice.space):])
-    n = renamed.get("sample", 1) if choice.sample else 1
-    check_sizes(where, ",".join(choice.variables), trajectories=n, frames=renamed["time"], space=space,
+    n, t = (renamed.get("sample", 1) if choice.sample else 1), renamed["time"]
+    key = ",".join(choice.variables)
+    check_sizes(where, key, frames=t)
+    check_sizes(where, key, trajectories=n * (t // window if window else 1), frames=min(t, window or t), space=space,
                 channels=len(choice.variables))
-    return (n, renamed["time"], len(choice.variables), *space)
+    return (n, t, len(choice.variables), *space)
 
 
 def _same_layout(ds: xr.Dataset, choice: Choice, first: tuple[int, ...], where: str, first_name: str,
@@ -219,8 +243,8 @@ def _groups(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice,
     return [pairs]
 
 
-def _group_shape(group: list[tuple[Opener, xr.Dataset]], choice: Choice,
-                 first: tuple[int, ...] | None, first_name: str) -> tuple[tuple[int, ...], list[int]]:
+def _group_shape(group: list[tuple[Opener, xr.Dataset]], choice: Choice, first: tuple[int, ...] | None,
+                 first_name: str, window: int | None = None) -> tuple[tuple[int, ...], list[int]]:
     """(trajectories, frames, C, *space) of a group of inputs and the frames of each; every input checked against
     the first (variables, trajectories, grid)."""
     shapes = []
@@ -228,26 +252,31 @@ def _group_shape(group: list[tuple[Opener, xr.Dataset]], choice: Choice,
         ref = first or (shapes[0] if shapes else None)
         if ref is not None:
             _same_layout(ds, choice, ref, op.path, first_name, time=len(group) == 1)
-        shapes.append(_file_shape(ds, choice, op.path))
+        shapes.append(_file_shape(ds, choice, op.path, window))
     frames = [s[1] for s in shapes]
+    if window is not None and not 1 <= window <= sum(frames):
+        raise InputError("--window", f"expected 1 to {sum(frames)} frames (the frames of {first_name}), got {window}")
     return (shapes[0][0], sum(frames), *shapes[0][2:]), frames
 
 
 def _parts(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice, block: int | None,
-           concat: str) -> tuple[da.Array, da.Array, list[str], list[dict]]:
-    """Lazy fields and mask of all inputs, the trajectory ids and what each input looked like."""
+           concat: str, window: int | None) -> tuple[da.Array, da.Array, list[str], list[dict]]:
+    """Lazy fields and mask of all inputs, the sample ids ("<file>#<trajectory>", with `window`
+    "<file>#<trajectory>/w<k>") and what each input looked like."""
     groups = _groups(openers, datasets, choice, concat)
     first_name = Path(openers[0].path).name
-    first, _ = _group_shape(groups[0], choice, None, first_name)
-    blk = auto_block(math.prod(first[1:]) * 4, block)
+    first, _ = _group_shape(groups[0], choice, None, first_name, window)
+    blk = auto_block(math.prod(first[2:]) * (window or first[1]) * 4, block)
     fields, masks, ids = [], [], []
     for group in groups:
-        shape, frames = _group_shape(group, choice, first, first_name)
-        blocks = _Blocks([op for op, _ in group], frames, choice, shape)
+        shape, frames = _group_shape(group, choice, first, first_name, window)
+        blocks = _Blocks([op for op, _ in group], frames, choice, shape, window)
         token = [(op, file_bytes(Path(op.path)), Path(op.path).stat().st_mtime_ns) for op, _ in group]
-        fields.append(to_dask(blocks, blk, "xarray", token, choice, shape))
-        masks.append(to_dask(_MaskBlocks(blocks), blk, "xarray-mask", token, choice, shape))
-        ids.extend(f"{Path(group[0][0].path).name}#{i}" for i in range(shape[0]))
+        fields.append(to_dask(blocks, blk, "xarray", token, choice, shape, window))
+        masks.append(to_dask(_MaskBlocks(blocks), blk, "xarray-mask", token, choice, shape, window))
+        name = Path(group[0][0].path).name
+        ids.extend(f"{name}#{i // blocks.per}/w{i % blocks.per}" if window else f"{name}#{i}"
+                   for i in range(blocks.shape[0]))
     files = [{"name": Path(op.path).name, "container": op.kind, "dtypes": {v: str(ds[v].dtype) for v in choice.variables},
               "dims": {v: list(map(str, ds[v].dims)) for v in choice.variables}} for op, ds in zip(openers, datasets)]
     join = (lambda xs: da.concatenate(xs, axis=0)) if len(fields) > 1 else (lambda xs: xs[0])
@@ -263,6 +292,19 @@ def _split_list(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return out or None
 
 
+def _window(value: int | str | None) -> int | None:
+    """--window as a positive int (the CLI hands it over as text)."""
+    if value is None:
+        return None
+    try:
+        window = int(value)
+    except ValueError:
+        window = 0
+    if window < 1:
+        raise InputError("--window", f"expected a positive number of frames, got {value!r}")
+    return window
+
+
 def _open_all(paths: Sequence[str | Path], axes: str | None,
               names: tuple[str, ...]) -> tuple[list[Opener], list[xr.Dataset]]:
     """Openers of the inputs and each one opened lazily (metadata only)."""
@@ -272,7 +314,8 @@ def _open_all(paths: Sequence[str | Path], axes: str | None,
 
 def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str | Sequence[str] | None = None,
          time_dim: str | None = None, space_dims: str | Sequence[str] | None = None, sample_dim: str | None = None,
-         axes: str | None = None, periodic: bool | None = None, concat: str = "sample", block: int | None = None,
+         axes: str | None = None, periodic: bool | None = None, concat: str = "sample", window: int | None = None,
+         block: int | None = None,
          check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
     """Open NetCDF / HDF5 / Zarr / .npy / .npz inputs lazily as one canonical dataset (module docstring).
 
@@ -280,11 +323,14 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
     the axes of .npy/.npz arrays and of HDF5 datasets without dimension names (letters N, T, C, Z, Y, X); with a C
     axis, `variables` names its components. `periodic` overrides the periodicity found in the coordinates.
     `concat`: several inputs are more trajectories ("sample") or more frames of the same trajectories ("time", in
-    the order given, as xarray.open_mfdataset combines files split by time).
+    the order given, as xarray.open_mfdataset combines files split by time). `window` w: every trajectory becomes
+    T // w samples of w consecutive frames (a long run, a reanalysis: one trajectory of any length streams in
+    bounded memory); the frames past the last whole window are left out.
     `check_finite` and `convention` are accepted for the common reader interface: NaN cells are always masked and
     Inf always refused, and no reference convention exists for user data (the seeded split applies).
     """
     chosen_vars = _split_list(variables)
+    window = _window(window)
     named = bool(axes) and "C" in axes.upper()  # --vars names the components of the C axis
     openers, datasets = _open_all(paths, axes, chosen_vars or ())
     try:
@@ -292,8 +338,9 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
         var_option = None if named or all(op.kind == "npy" for op in openers) else chosen_vars
         choice = choose(datasets[0], first, variables=var_option, time_dim=time_dim,
                         space_dims=_split_list(space_dims), sample_dim=sample_dim)
-        fields, mask, ids, files = _parts(openers, datasets, choice, block, concat)
-        data = _dataset(datasets if concat == "time" else datasets[:1], choice, fields, mask, ids, periodic)
+        fields, mask, ids, files = _parts(openers, datasets, choice, block, concat, window)
+        data = _dataset(datasets if concat == "time" else datasets[:1], choice, fields, mask, ids, periodic,
+                        window)
     finally:
         for ds in datasets:
             ds.close()
@@ -301,7 +348,8 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
     warnings.warn(line, Chosen, stacklevel=2)
     data.attrs["dataset"] = name or dataset_name(Path(first))
     data.attrs["provenance"] = {"reader": "dpot_data.sources.xarray", "reader_version": READER_VERSION,
-                                "chosen": line, "files": files, **data.attrs["provenance"]}
+                                "chosen": line, "files": files, "concat": concat, "window": window,
+                                **data.attrs["provenance"]}
     return ReadResult(data=data, inputs=[Path(op.path) for op in openers if Path(op.path).is_file()])
 
 
@@ -318,12 +366,13 @@ def _times(datasets: list[xr.Dataset], choice: Choice) -> np.ndarray:
 
 
 def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask: da.Array, ids: list[str],
-             periodic: bool | None) -> xr.Dataset:
+             periodic: bool | None, window: int | None = None) -> xr.Dataset:
     """The canonical dataset of the chosen variables (attrs: parameters with units, names and periodicity)."""
     ds = datasets[0]
     canonical = ("z", "y", "x")[3 - len(choice.space):]
     params, boundary, extra = _attrs_of(ds, choice, periodic)
     times = _times(datasets, choice)
+    times = times[:window] - times[0] if window else times  # a window's frames, from 0
     dt = float(times[1] - times[0]) if len(times) > 1 and np.allclose(np.diff(times), times[1] - times[0]) else None
     coords = {"sample": np.array(ids, dtype=str), "time": times, "channel": np.array(choice.variables),
               **{c: space_values(ds, d) for d, c in zip(choice.space, canonical)}}
