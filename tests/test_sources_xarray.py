@@ -256,3 +256,36 @@ def test_window_cuts_one_long_run_into_samples(tmp_path):
     np.testing.assert_array_equal(ds["fields"].values[:, :, 0], run[:9].reshape(3, 3, 4, 5).astype(np.float32))
     with pytest.raises(InputError, match="--window: expected 1 to 11 frames"):
         xsrc.read([tmp_path / "long.nc"], window=12)
+
+
+def test_interrupted_ingest_of_a_netcdf_file_resumes_to_the_same_bytes(tmp_path):
+    path = write_netcdf(tmp_path / "raw", members=4, frames=3, ny=8, nx=8)
+    opts = IngestOptions(resolution=16, workers=1, shard_size=1, split=(1.0,), command="test")
+
+    def read(hook=None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = xsrc.read([path], block=1)
+        if hook is not None:
+            def fn(block, block_info=None):
+                if block_info:
+                    hook(block_info[0]["chunk-location"][0])
+                return block
+            result.data["fields"] = (result.data["fields"].dims, result.data["fields"].data.map_blocks(fn))
+        return result
+
+    def explode(chunk):
+        if chunk == 2:
+            raise RuntimeError("disk on fire")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = ingest(read(), tmp_path / "ref", opts).manifest["datasets"][0]
+        with pytest.raises(RuntimeError, match="disk on fire"):
+            ingest(read(explode), tmp_path / "out", opts)
+        computed: list[int] = []
+        outcome = ingest(read(computed.append), tmp_path / "out", opts)
+    assert "resumed an interrupted ingest" in outcome.notes[0] and 0 not in computed
+    got = outcome.manifest["datasets"][0]
+    assert [s["sha256"] for s in got["shards"]] == [s["sha256"] for s in reference["shards"]]
+    assert got["zarr"] == reference["zarr"] and got["stats"] == reference["stats"]
