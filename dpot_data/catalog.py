@@ -18,7 +18,7 @@ CATALOG_ENV = "DPOT_CATALOG"
 # packaged with dpot_data (the checkout's top-level manifests/ is a link to this folder: one copy)
 DEFAULT_CATALOG = Path(__file__).resolve().parent / "manifests" / "catalog.yaml"
 CATALOG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
-SOURCES = ("fno", "pdebench", "pdearena", "cfdbench")
+SOURCES = ("fno", "pdebench", "pdearena", "cfdbench", "the_well", "xarray")
 _KEYS = {"name", "source", "dpot_name", "files", "file_count", "channels", "frames", "segment", "samples", "grid",
          "boundary", "split", "pretrain", "weight", "rollout", "parameters", "uncertain", "notes",
          "download", "reference"}
@@ -395,6 +395,8 @@ def match(paths: Sequence[str | Path], *, dataset: str | None = None, source: st
     if source is None:
         found = detect(paths)
         source, inputs = found.source, list(found.paths)
+    elif source == "xarray":  # a Zarr store is a folder: the reader expands what it is given itself
+        inputs = [Path(p) for p in paths]
     else:
         inputs = expand(paths)
         if source == "cfdbench":

@@ -200,8 +200,38 @@ def synth_cfdbench_command(
     typer.echo(f"{out}: {len(folders)} cases")
 
 
-def _ingest_command(source: str, help_text: str) -> None:
-    """Register `dpot-data ingest <source>` with the options every source shares (the reader is found by name)."""
+@synth_app.command("xarray")
+def synth_xarray_command(
+    out: Path = _OUT, members: int = typer.Option(3, "--members", help="Ensemble members (trajectories)."),
+    frames: int = typer.Option(6, "--frames", help="Frames."), ny: int = typer.Option(24, "--ny", help="Latitudes."),
+    nx: int = typer.Option(32, "--nx", help="Longitudes (periodic, 360 degrees)."),
+    land: bool = typer.Option(True, "--land/--no-land", help="NaN over a block of land cells."), seed: int = _SEED,
+) -> None:
+    """A CF-style NetCDF-4 file written by xarray: u, v (member, time, lat, lon) with units and long names."""
+    from dpot_data.synth.gridded import write_netcdf
+
+    _echo_paths(write_netcdf(out, members=members, frames=frames, ny=ny, nx=nx, land=land, seed=seed))
+
+
+@synth_app.command("the-well")
+def synth_the_well_command(
+    out: Path = _OUT, n: int = typer.Option(2, "--n", help="Trajectories per file."),
+    frames: int = typer.Option(5, "--frames", help="Frames."), res: int = typer.Option(16, "--res", help="Grid side."),
+    dims: int = typer.Option(2, "--dims", help="2 or 3 spatial dimensions."),
+    periodic: bool = typer.Option(True, "--periodic/--wall", help="Boundary conditions."), seed: int = _SEED,
+) -> None:
+    """A Well-layout dataset (h5py): OUT/data/{train,valid,test}/waves_alpha_*.hdf5, scalar, vector, tensor fields."""
+    from dpot_data.synth.gridded import write_the_well
+
+    if dims not in (2, 3):
+        raise typer.BadParameter("--dims: expected 2 or 3")
+    _echo_paths(write_the_well(out, n=n, frames=frames, res=res, dims=dims, periodic=periodic, seed=seed))
+
+
+def _ingest_command(source: str, help_text: str, command_name: Optional[str] = None,
+                    extra: Optional[dict] = None) -> None:
+    """Register `dpot-data ingest <source>` with the options every source shares (the reader is found by name);
+    `extra`: {reader option: typer.Option} of options only this source's reader takes (passed to it by name)."""
 
     def command(
         files: List[str] = typer.Argument(..., help="Raw files of this source (paths or fsspec URLs)."),
@@ -241,6 +271,7 @@ def _ingest_command(source: str, help_text: str) -> None:
                                       "(no scan, values checked as they are read: faster; the ingest stops naming "
                                       "the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        **reader: object,
     ) -> None:
         options = dict(channels=channels, fill=fill, resample=resample,
                        mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
@@ -249,14 +280,30 @@ def _ingest_command(source: str, help_text: str) -> None:
                        workers=workers, scheduler=scheduler, nonfinite=nonfinite)
         if resolution is not None:  # else IngestOptions' default: per source
             options["resolution"] = resolution or None
-        runs, failed = _run_ingest(source, files, out, options, dataset)
+        runs, failed = _run_ingest(source, files, out, options, dataset,
+                                   {k: v for k, v in reader.items() if v is not None})
         _report_ingest(runs, failed)
 
     command.__doc__ = help_text
-    ingest_app.command(source)(command)
+    command.__signature__ = _with_options(command, extra or {})  # type: ignore[attr-defined]
+    ingest_app.command(command_name or source)(command)
 
 
-def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: Optional[str]) -> tuple[list, list]:
+def _with_options(function: object, extra: dict) -> "inspect.Signature":
+    """The function's signature with its **kwargs replaced by the `extra` options (each an Optional[str] option,
+    or Optional[bool] where the option's default is a bool flag pair), so that typer offers them."""
+    import inspect
+
+    sig = inspect.signature(function, eval_str=True)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    for key, option in extra.items():
+        kind = Optional[bool] if "/" in (option.param_decls or ("",))[0] else Optional[str]
+        params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
+    return sig.replace(parameters=params)
+
+
+def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: Optional[str],
+                reader: Optional[dict] = None) -> tuple[list, list]:
     """Run `dpot-data ingest <source>` (every source, corpus and auto): the outcomes and the datasets that failed.
     Ingest warnings are printed as "warning:" lines as they happen; bad input is one error line and exit code 2."""
     import contextlib
@@ -267,11 +314,11 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
     # the local input files are hashed from here on, beside the imports below (half a second)
     hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
     with contextlib.closing(hashes):
-        return _run_ingest_with(source, files, out, given, dataset, hashes)
+        return _run_ingest_with(source, files, out, given, dataset, hashes, reader or {})
 
 
 def _run_ingest_with(source: str, files: List[str], out: str, given: dict, dataset: Optional[str],
-                     hashes: object) -> tuple[list, list]:
+                     hashes: object, reader: dict) -> tuple[list, list]:
     """`_run_ingest` once the input hashing has started."""
     import warnings
 
@@ -290,7 +337,7 @@ def _run_ingest_with(source: str, files: List[str], out: str, given: dict, datas
                 return _run_corpus(files, out, options, dataset, split is None)
             files, out = [_absolute(f) for f in files], _absolute(out)  # workers may run elsewhere
             return [run_ingest(None if source == "auto" else source, files, out, options, dataset=dataset,
-                               catalog=True, catalog_split=split is None, hashes=hashes)], []
+                               catalog=True, catalog_split=split is None, hashes=hashes, **reader)], []
         except (InputError, CatalogError) as exc:
             raise _fail(exc) from None
 
@@ -347,6 +394,30 @@ _ingest_command("corpus", "Folders of downloaded raw files of several datasets: 
                 "pre-training sets.")
 _ingest_command("auto", "Raw files of any source, detected from names or content; with --dataset NAME the catalog "
                 "entry gives the source, name and split. Warns where the files differ from the catalog.")
+_ingest_command("xarray", "Your own grid data: NetCDF, HDF5, Zarr stores (anything xarray opens) or .npy/.npz arrays "
+                "(with --axes). Variables and dimensions are guessed from CF attributes and common names (one line "
+                "says what was chosen) or named with the options below; NaN cells become mask 0.", extra={
+                    "variables": typer.Option(None, "--vars", help="Comma list of variables (channels), e.g. u,v; "
+                                              "with a C axis in --axes: the names of its components."),
+                    "time_dim": typer.Option(None, "--time-dim", help="The time dimension (default: guessed)."),
+                    "space_dims": typer.Option(None, "--space-dims", help="Spatial dimensions in (z,) y, x order, "
+                                               "e.g. lat,lon (default: guessed)."),
+                    "sample_dim": typer.Option(None, "--sample-dim", help="The trajectory dimension, e.g. member "
+                                               "(default: guessed; none: one trajectory per file)."),
+                    "axes": typer.Option(None, "--axes", help="Axis order of .npy/.npz arrays and of HDF5 datasets "
+                                         "without dimension names: letters N (sample), T, C, Z, Y, X, e.g. NTYXC."),
+                    "periodic": typer.Option(None, "--periodic/--non-periodic", help="Override the periodicity found "
+                                             "in the coordinates (default: periodic when every spatial axis is)."),
+                    "window": typer.Option(None, "--window", help="Cut every trajectory into samples of this many "
+                                           "consecutive frames (one long run streams in bounded memory; the frames "
+                                           "past the last whole window are left out)."),
+                    "concat": typer.Option(None, "--concat", help="Several inputs are more trajectories (sample, "
+                                           "the default) or more frames of the same ones (time: files split by "
+                                           "time, given in time order, as xarray.open_mfdataset combines them)."),
+                })
+_ingest_command("the_well", "The Well (PolymathicAI) HDF5 files or folders (a dataset's data/ with train/, valid/, "
+                "test/): fields as channels (vector/tensor components velocity_x, ...), constant fields broadcast over "
+                "time, the folder split kept, boundary conditions recorded.", command_name="the-well")
 
 
 @app.command("catalog")

@@ -26,13 +26,19 @@ def read_json(path: str | os.PathLike[str], limit: int = LIMITS.max_manifest_byt
 
 def localize(path: str | os.PathLike[str], cache: str | os.PathLike[str]) -> str:
     """A local path for an input: itself when local, else a streamed copy in `cache` under the same file name
-    (readers parse parameters out of file names). A copy of the same size already there is reused."""
+    (readers parse parameters out of file names). A copy of the same size already there is reused; a folder (a Zarr
+    store) is copied whole."""
     if is_local(path):
         return local_path(path)
     fsys, remote = filesystem(path)
     name = remote.rstrip("/").rsplit("/", 1)[-1]
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
     target = os.path.join(os.fspath(cache), digest, name)
+    if fsys.isdir(remote):  # a folder input (a Zarr store): copied whole, once
+        if not os.path.isdir(target):
+            fsys.get(remote.rstrip("/") + "/", target + ".part/", recursive=True)
+            os.replace(target + ".part", target)
+        return target
     size = fsys.size(remote)
     if os.path.isfile(target) and os.path.getsize(target) == size:
         return target

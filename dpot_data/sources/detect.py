@@ -1,7 +1,7 @@
 """Tell which source a set of raw files (or folders) comes from, by name first and by content when names are silent.
 
-Used by `dpot-data ingest auto` and `dpot-data ingest --dataset`: FNO `.mat` files, PDEBench and PDEArena HDF5
-files, CFDBench case trees. A folder is expanded to the raw files inside it (a CFDBench tree stays a folder).
+Used by `dpot-data ingest auto` and `dpot-data ingest --dataset`: FNO `.mat` files, PDEBench, PDEArena and The Well
+HDF5 files, CFDBench case trees. A folder is expanded to the raw files inside it (a CFDBench tree stays a folder).
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def source_of(path: Path) -> tuple[str | None, str]:
                     group = f[sorted(keys & {"train", "valid", "test"})[0]]
                     if isinstance(group, h5py.Group) and {"u", "vx", "vy"} <= set(group.keys()):
                         return "pdearena", "content"
+                if {"dimensions", "t0_fields", "t1_fields"} <= keys:
+                    return "the_well", "content"
                 if "density" in keys or any(isinstance(f[k], h5py.Group) and "data" in f[k] for k in keys):
                     return "pdebench", "content"
         except OSError:

@@ -1,0 +1,384 @@
+"""Bring your own data (docs/sources.md, "Your own data"): any grid dataset xarray opens, as one canonical dataset.
+
+Inputs: NetCDF files (h5netcdf, or scipy for NetCDF-3), HDF5 files (h5py-written ones name their axes with
+`axes`, e.g. "NTYX"), Zarr stores, or `.npy`/`.npz` arrays with `axes` (e.g. "NTYXC"); several inputs are
+concatenated along the sample dimension (a file without one is one trajectory). Variables and dimensions come
+from the options or are guessed (`dpot_data.sources._xr_choose`); one line says what was chosen (a warning of
+category `Chosen`, also kept in the provenance).
+
+Values are cast to float32 as they are read. NaN cells (land, obstacles, missing values) become mask 0 and are
+stored as 0: a cell NaN in any frame or channel of a trajectory is masked for the whole trajectory (the mask has no
+time axis), the way CFDBench obstacle cells are. ±Inf is refused (InputError naming the file, variable and
+trajectory). Units, long names, standard names and per-dimension periodicity go into `parameters`, hence into the
+store's attributes and the manifest; the dataset is periodic when every spatial dimension is (or `periodic=True`).
+
+Memory: a block task opens the input itself and reads only its trajectories (NetCDF/HDF5/Zarr slices, .npy memory
+maps); a `.npz` member is read whole by numpy, so large arrays belong in .npy, NetCDF or Zarr.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Sequence
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from dpot_data.errors import InputError
+from dpot_data.sources._blocks import SampleBlocks, as_path, auto_block, check_sizes, distinct_files, text_path, \
+    to_dask, unique_names
+from dpot_data.sources._xr_choose import Choice, choose, periodic_dim, space_values, time_values
+from dpot_data.sources._xr_open import Opener, check_numpy_file, file_bytes, kind_of, open_checked, parse_axes
+from dpot_data.sources.base import ReadResult
+
+READER_VERSION = "1"
+_MASK_CACHE = 32  # masks of blocks read but not yet asked for (one per block in flight is what is needed)
+
+
+class Chosen(UserWarning):
+    """The one line saying which variables and dimensions the xarray source chose."""
+
+
+class _Blocks(SampleBlocks):
+    """(n, T, C, *space) float32 of one input (or inputs split by time): a block opens the input, reads its
+    trajectories of each chosen variable, masks NaN cells (stored as 0) and keeps the block's mask for
+    `_MaskBlocks`, so nothing is read twice. With `window` w, every trajectory is cut into T // w samples of w
+    frames (n * (T // w), w, C, *space), and a block reads only its windows' frames."""
+
+    def __init__(self, openers: list[Opener], frames: list[int], choice: Choice, shape: tuple[int, ...],
+                 window: int | None = None) -> None:
+        self.openers, self.frames, self.choice, self.window = openers, frames, choice, window
+        self.per = shape[1] // window if window else 1
+        self.shape = (shape[0] * self.per, window, *shape[2:]) if window else shape
+        self.opener = openers[0]
+        self._masks: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_masks", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _masks=OrderedDict(), _lock=threading.Lock())
+
+    def _frames(self, s0: int, s1: int, f0: int, f1: int) -> np.ndarray:
+        """Trajectories s0..s1-1, frames f0..f1-1 as float32 (NaN kept): input by input (several: frames
+        concatenated along time), variable by variable, into one preallocated array."""
+        out = np.empty((s1 - s0, f1 - f0, *self.shape[2:]), dtype=np.float32)
+        dims = ("sample", "time", *("z", "y", "x")[3 - len(self.choice.space):])
+        t0 = 0
+        for opener, frames in zip(self.openers, self.frames):
+            a, b = max(f0, t0), min(f1, t0 + frames)
+            if a < b:
+                ds = open_checked(opener).rename(self.choice.rename)
+                try:
+                    for c, var in enumerate(self.choice.variables):
+                        arr = ds[var].isel(time=slice(a - t0, b - t0))
+                        arr = arr.isel(sample=slice(s0, s1)) if "sample" in arr.dims else arr.expand_dims("sample")
+                        with np.errstate(over="ignore", invalid="ignore"):
+                            out[:, a - f0:b - f0, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
+                finally:
+                    ds.close()
+            t0 += frames
+        return out
+
+    def _read(self, n0: int, n1: int) -> np.ndarray:
+        """Samples n0..n1-1: whole trajectories, or (with `window`) the windows of each trajectory they cover."""
+        if not self.window:
+            return self._frames(n0, n1, 0, self.shape[1])
+        out = np.empty((n1 - n0,) + self.shape[1:], dtype=np.float32)
+        w = self.window
+        for traj in range(n0 // self.per, (n1 - 1) // self.per + 1):
+            a, b = max(n0, traj * self.per), min(n1, (traj + 1) * self.per)
+            wa, wb = a - traj * self.per, b - traj * self.per
+            frames = self._frames(traj, traj + 1, wa * w, wb * w)[0]
+            out[a - n0:b - n0] = frames.reshape(wb - wa, w, *frames.shape[1:])
+        return out
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        out = self._read(n0, n1)
+        nan = np.isnan(out)
+        if np.isinf(out).any():
+            i, t, c = (int(v[0]) for v in np.nonzero(np.isinf(out))[:3])
+            where = self.openers[0 if self.window else int(np.searchsorted(np.cumsum(self.frames), t,
+                                                                            side="right"))].path
+            raise InputError(where, f"{self.choice.variables[c]}: trajectory {n0 + i} holds +-Inf (first: "
+                                               f"frame {t}); expected finite values, or NaN for masked cells")
+        mask = (~nan.any(axis=(1, 2))).astype(np.uint8)
+        out[nan] = 0.0
+        with self._lock:
+            self._masks[(n0, n1)] = mask
+            while len(self._masks) > _MASK_CACHE:
+                self._masks.popitem(last=False)
+        return out
+
+    def mask(self, n0: int, n1: int) -> np.ndarray:
+        """(n1 - n0, *space) uint8 mask of a block: the one its read left behind, else read again."""
+        with self._lock:
+            found = self._masks.pop((n0, n1), None)
+        if found is None:
+            self.block(n0, n1)
+            with self._lock:
+                found = self._masks.pop((n0, n1))
+        return found
+
+
+class _MaskBlocks(SampleBlocks):
+    """(n, *space) uint8 mask of a `_Blocks`, block by block."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, fields: _Blocks) -> None:
+        self.fields = fields
+        self.shape = (fields.shape[0], *fields.shape[3:])
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        return self.fields.mask(n0, n1)
+
+
+def _openers(paths: Sequence[Path], axes: tuple[str, ...] | None, names: tuple[str, ...]) -> list[Opener]:
+    """One Opener per input (UTF-8 names, each file once, distinct names); .npy/.npz need `axes`."""
+    out = []
+    for p in paths:
+        text_path(p)
+        if not p.exists():
+            raise InputError(p, "not found")
+        kind = kind_of(p)
+        if kind is None:
+            raise InputError(p, "expected a NetCDF (.nc), HDF5 (.h5) or .npy/.npz file, or a Zarr store folder")
+        if kind in ("npy", "npz"):
+            check_numpy_file(p, kind, axes)
+        out.append(Opener(str(p), kind, axes, names))
+    return out
+
+
+def _inputs(paths: Sequence[str | Path]) -> list[Path]:
+    """Paths as given; a folder that is not a Zarr store replaced by the inputs inside it (sorted)."""
+    out: list[Path] = []
+    for p in map(as_path, paths):
+        if p.is_dir() and kind_of(p) is None:
+            found = sorted(q for q in p.iterdir() if kind_of(q) is not None)
+            if not found:
+                raise InputError(p, "expected NetCDF, HDF5, .npy/.npz files or Zarr stores inside")
+            out.extend(found)
+        else:
+            out.append(p)
+    if not out:
+        raise InputError("<no files>", "expected at least one NetCDF, HDF5, Zarr or .npy/.npz input")
+    out = distinct_files(out)
+    unique_names(out)
+    return out
+
+
+def _file_shape(ds: xr.Dataset, choice: Choice, where: str, window: int | None = None) -> tuple[int, ...]:
+    """(trajectories, T, C, *space) of one input under the choice, checked against the limits (with `window`: the
+    bytes of one window, not of a whole trajectory)."""
+    renamed = {choice.rename.get(str(k), str(k)): int(v) for k, v in ds.sizes.items()}
+    space = tuple(renamed[d] for d in ("z", "y", "x")[3 - len(choice.space):])
+    n, t = (renamed.get("sample", 1) if choice.sample else 1), renamed["time"]
+    key = ",".join(choice.variables)
+    check_sizes(where, key, frames=t)
+    check_sizes(where, key, trajectories=n * (t // window if window else 1), frames=min(t, window or t), space=space,
+                channels=len(choice.variables))
+    return (n, t, len(choice.variables), *space)
+
+
+def _same_layout(ds: xr.Dataset, choice: Choice, first: tuple[int, ...], where: str, first_name: str,
+                 time: bool = True) -> None:
+    """Every input holds the chosen variables with the first input's grid, and its frames (`time`) or its
+    trajectories (not `time`: inputs concatenated along time)."""
+    missing = [v for v in choice.variables if v not in ds.variables]
+    if missing:
+        raise InputError(where, f"expected the variables {', '.join(choice.variables)} like {first_name}; "
+                                f"{', '.join(missing)} missing")
+    shape = _file_shape(ds, choice, where)
+    if time and shape[1:] != first[1:]:
+        raise InputError(where, f"expected {first[1]} frames on a {'x'.join(map(str, first[3:]))} grid like "
+                                f"{first_name}, found {shape[1]} frames on {'x'.join(map(str, shape[3:]))}")
+    if not time and (shape[0], *shape[2:]) != (first[0], *first[2:]):
+        raise InputError(where, f"expected {first[0]} trajectories on a {'x'.join(map(str, first[3:]))} grid like "
+                                f"{first_name} (--concat time), found {shape[0]} on {'x'.join(map(str, shape[3:]))}")
+
+
+def _attrs_of(ds: xr.Dataset, choice: Choice, periodic: bool | None) -> tuple[dict, str, dict]:
+    """(parameters, boundary, provenance extras): units, long and standard names of variables and dimensions, and
+    the periodicity of each spatial dimension."""
+    keep = ("units", "long_name", "standard_name")
+    variables = {v: {k: str(ds[v].attrs[k]) for k in keep if k in ds[v].attrs} for v in choice.variables}
+    canonical = ("z", "y", "x")[3 - len(choice.space):]
+    dims = {}
+    for d, c in zip(choice.space, canonical):
+        attrs = ds[d].attrs if d in ds.variables else {}
+        dims[c] = {"name": d, "periodic": periodic_dim(ds, d), **{k: str(attrs[k]) for k in keep if k in attrs}}
+    _times, time_units = time_values(ds, choice.time)
+    dims["time"] = {"name": choice.time, **({"units": time_units} if time_units else {})}
+    all_periodic = all(dims[c]["periodic"] for c in canonical)
+    boundary = "periodic" if (all_periodic if periodic is None else periodic) else "non-periodic"
+    params = {"variables": variables, "dims": dims, "periodic_dims": [c for c in canonical if dims[c]["periodic"]]}
+    globals_ = {k: str(v) for k, v in ds.attrs.items() if isinstance(v, (str, int, float, np.number))}
+    return params, boundary, {"global_attrs": dict(list(globals_.items())[:32])}
+
+
+def dataset_name(path: Path) -> str:
+    """A manifest dataset name from an input's name: lower case, runs of other characters as "-"."""
+    stem = path.name.split(".")[0] if not path.is_dir() else path.name.removesuffix(".zarr")
+    name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-")
+    return name or "data"
+
+
+def _groups(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice,
+            concat: str) -> list[list[tuple[Opener, xr.Dataset]]]:
+    """Inputs grouped into trajectories: each input its own (concat "sample"), or all inputs one run of frames
+    (concat "time": the same trajectories and grid in every input, frames in the order given)."""
+    pairs = list(zip(openers, datasets))
+    if concat == "sample":
+        return [[pair] for pair in pairs]
+    if concat != "time":
+        raise InputError("--concat", f"expected sample or time, got {concat!r}")
+    return [pairs]
+
+
+def _group_shape(group: list[tuple[Opener, xr.Dataset]], choice: Choice, first: tuple[int, ...] | None,
+                 first_name: str, window: int | None = None) -> tuple[tuple[int, ...], list[int]]:
+    """(trajectories, frames, C, *space) of a group of inputs and the frames of each; every input checked against
+    the first (variables, trajectories, grid)."""
+    shapes = []
+    for op, ds in group:
+        ref = first or (shapes[0] if shapes else None)
+        if ref is not None:
+            _same_layout(ds, choice, ref, op.path, first_name, time=len(group) == 1)
+        shapes.append(_file_shape(ds, choice, op.path, window))
+    frames = [s[1] for s in shapes]
+    if window is not None and not 1 <= window <= sum(frames):
+        raise InputError("--window", f"expected 1 to {sum(frames)} frames (the frames of {first_name}), got {window}")
+    return (shapes[0][0], sum(frames), *shapes[0][2:]), frames
+
+
+def _parts(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice, block: int | None,
+           concat: str, window: int | None) -> tuple[da.Array, da.Array, list[str], list[dict]]:
+    """Lazy fields and mask of all inputs, the sample ids ("<file>#<trajectory>", with `window`
+    "<file>#<trajectory>/w<k>") and what each input looked like."""
+    groups = _groups(openers, datasets, choice, concat)
+    first_name = Path(openers[0].path).name
+    first, _ = _group_shape(groups[0], choice, None, first_name, window)
+    blk = auto_block(math.prod(first[2:]) * (window or first[1]) * 4, block)
+    fields, masks, ids = [], [], []
+    for group in groups:
+        shape, frames = _group_shape(group, choice, first, first_name, window)
+        blocks = _Blocks([op for op, _ in group], frames, choice, shape, window)
+        token = [(op, file_bytes(Path(op.path)), Path(op.path).stat().st_mtime_ns) for op, _ in group]
+        fields.append(to_dask(blocks, blk, "xarray", token, choice, shape, window))
+        masks.append(to_dask(_MaskBlocks(blocks), blk, "xarray-mask", token, choice, shape, window))
+        name = Path(group[0][0].path).name
+        ids.extend(f"{name}#{i // blocks.per}/w{i % blocks.per}" if window else f"{name}#{i}"
+                   for i in range(blocks.shape[0]))
+    files = [{"name": Path(op.path).name, "container": op.kind, "dtypes": {v: str(ds[v].dtype) for v in choice.variables},
+              "dims": {v: list(map(str, ds[v].dims)) for v in choice.variables}} for op, ds in zip(openers, datasets)]
+    join = (lambda xs: da.concatenate(xs, axis=0)) if len(fields) > 1 else (lambda xs: xs[0])
+    return join(fields), join(masks), ids, files
+
+
+def _split_list(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """"u,v" or ["u", "v"] -> ("u", "v"); None or empty -> None."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = tuple(s.strip() for s in items if s and s.strip())
+    return out or None
+
+
+def _window(value: int | str | None) -> int | None:
+    """--window as a positive int (the CLI hands it over as text)."""
+    if value is None:
+        return None
+    try:
+        window = int(value)
+    except ValueError:
+        window = 0
+    if window < 1:
+        raise InputError("--window", f"expected a positive number of frames, got {value!r}")
+    return window
+
+
+def _open_all(paths: Sequence[str | Path], axes: str | None,
+              names: tuple[str, ...]) -> tuple[list[Opener], list[xr.Dataset]]:
+    """Openers of the inputs and each one opened lazily (metadata only)."""
+    openers = _openers(_inputs(paths), parse_axes(axes), names)
+    return openers, [open_checked(op) for op in openers]
+
+
+def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str | Sequence[str] | None = None,
+         time_dim: str | None = None, space_dims: str | Sequence[str] | None = None, sample_dim: str | None = None,
+         axes: str | None = None, periodic: bool | None = None, concat: str = "sample", window: int | None = None,
+         block: int | None = None,
+         check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
+    """Open NetCDF / HDF5 / Zarr / .npy / .npz inputs lazily as one canonical dataset (module docstring).
+
+    `variables`, `time_dim`, `space_dims` ((z,) y, x order), `sample_dim` choose what the guess would; `axes` names
+    the axes of .npy/.npz arrays and of HDF5 datasets without dimension names (letters N, T, C, Z, Y, X); with a C
+    axis, `variables` names its components. `periodic` overrides the periodicity found in the coordinates.
+    `concat`: several inputs are more trajectories ("sample") or more frames of the same trajectories ("time", in
+    the order given, as xarray.open_mfdataset combines files split by time). `window` w: every trajectory becomes
+    T // w samples of w consecutive frames (a long run, a reanalysis: one trajectory of any length streams in
+    bounded memory); the frames past the last whole window are left out.
+    `check_finite` and `convention` are accepted for the common reader interface: NaN cells are always masked and
+    Inf always refused, and no reference convention exists for user data (the seeded split applies).
+    """
+    chosen_vars = _split_list(variables)
+    window = _window(window)
+    named = bool(axes) and "C" in axes.upper()  # --vars names the components of the C axis
+    openers, datasets = _open_all(paths, axes, chosen_vars or ())
+    try:
+        first = openers[0].path
+        var_option = None if named or all(op.kind == "npy" for op in openers) else chosen_vars
+        choice = choose(datasets[0], first, variables=var_option, time_dim=time_dim,
+                        space_dims=_split_list(space_dims), sample_dim=sample_dim)
+        fields, mask, ids, files = _parts(openers, datasets, choice, block, concat, window)
+        data = _dataset(datasets if concat == "time" else datasets[:1], choice, fields, mask, ids, periodic,
+                        window)
+    finally:
+        for ds in datasets:
+            ds.close()
+    line = choice.line(first if len(openers) == 1 else f"{first} (+{len(openers) - 1} more)")
+    warnings.warn(line, Chosen, stacklevel=2)
+    data.attrs["dataset"] = name or dataset_name(Path(first))
+    data.attrs["provenance"] = {"reader": "dpot_data.sources.xarray", "reader_version": READER_VERSION,
+                                "chosen": line, "files": files, "concat": concat, "window": window,
+                                **data.attrs["provenance"]}
+    return ReadResult(data=data, inputs=[Path(op.path) for op in openers if Path(op.path).is_file()])
+
+
+def _times(datasets: list[xr.Dataset], choice: Choice) -> np.ndarray:
+    """The frame times of the inputs (one, or several concatenated along time: then increasing, or InputError)."""
+    parts = [time_values(ds, choice.time)[0] for ds in datasets]
+    times = np.concatenate(parts)
+    if len(parts) > 1 and not (np.diff(times) > 0).all():
+        where = datasets[int(np.searchsorted(np.cumsum([len(p) for p in parts]), np.argmin(np.diff(times)),
+                                             side="right"))].encoding.get("source", "<input>")
+        raise InputError(where, "expected times increasing across the inputs in the order given (--concat time); "
+                                "give the files in time order")
+    return times
+
+
+def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask: da.Array, ids: list[str],
+             periodic: bool | None, window: int | None = None) -> xr.Dataset:
+    """The canonical dataset of the chosen variables (attrs: parameters with units, names and periodicity)."""
+    ds = datasets[0]
+    canonical = ("z", "y", "x")[3 - len(choice.space):]
+    params, boundary, extra = _attrs_of(ds, choice, periodic)
+    times = _times(datasets, choice)
+    times = times[:window] - times[0] if window else times  # a window's frames, from 0
+    dt = float(times[1] - times[0]) if len(times) > 1 and np.allclose(np.diff(times), times[1] - times[0]) else None
+    coords = {"sample": np.array(ids, dtype=str), "time": times, "channel": np.array(choice.variables),
+              **{c: space_values(ds, d) for d, c in zip(choice.space, canonical)}}
+    return xr.Dataset(
+        {"fields": (("sample", "time", "channel", *canonical), fields), "mask": (("sample", *canonical), mask)},
+        coords=coords,
+        attrs={"source": "xarray", "dataset": "data", "boundary": boundary, "parameters": params, "dt": dt,
+               "provenance": extra, "model_layout": "yx"},  # the model's (H, W) are the stored (y, x)
+    )
