@@ -26,8 +26,23 @@ class _IngestGroup(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            _refuse_unknown_source(args[0], sorted(self.commands))
             args = ["auto", *args]
         return super().parse_args(ctx, args)
+
+
+def _refuse_unknown_source(word: str, sources: list[str]) -> None:
+    """A first argument that is a bare word (no path separator, suffix or URL) naming no file is a misspelled source:
+    one line naming the sources (and the closest one), exit code 2."""
+    import difflib
+
+    if word.startswith("-") or any(c in word for c in "/\\.:*?[") or Path(word).exists():
+        return
+    close = difflib.get_close_matches(word, sources, n=1)
+    hint = f"did you mean `dpot-data ingest {close[0]}`? " if close else ""
+    typer.echo(f"error: {word}: neither a source nor an existing file; {hint}sources: {', '.join(sources)} "
+               "(or give only files: the source is detected)", err=True)
+    raise typer.Exit(code=2)
 
 
 ingest_app = typer.Typer(help="Read raw files of one source and write shards, a Zarr store and a manifest. Without a "

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from dpot_train.config import TrainConfig, apply_overrides, load_config
+from dpot_train.config import TrainConfig, apply_overrides, find_config, load_config
 
 
 def _fail(exc: Exception) -> None:
@@ -21,7 +21,8 @@ def _fail(exc: Exception) -> None:
 def launch_cmd(
     manifest: list[str] = typer.Option([], "--manifest", help="Folder holding manifest.json (repeat for several)."),
     out: Optional[str] = typer.Option(None, "--out", help="RUN_DIR: config.yaml, checkpoints/, eval.json, logs."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML run config; the options below override it."),
+    config: Optional[str] = typer.Option(None, "--config", help="YAML run config: a file, or a shipped one by name "
+                                         "(pretrain-ti, demo, ...); the options below override it."),
     mixture: Optional[str] = typer.Option(None, "--mixture",
                                           help="Mixture YAML (dataset -> weight), a packaged mixture by name "
                                                "(dpot-pretrain-ti), or inline 'a=1,b=2'."),
@@ -74,7 +75,7 @@ def launch_cmd(
 
     try:
         if config is not None:
-            cfg = load_config(config)
+            cfg = load_config(find_config(config))
         elif resume and out and (Path(out) / "config.yaml").exists():
             cfg = load_config(Path(out) / "config.yaml")
         else:
@@ -97,6 +98,9 @@ def launch_cmd(
         cfg = apply_overrides(cfg, overrides)
         if out is None and config is None:
             raise ValueError("--out RUN_DIR is required")
+        if resume and not cfg.data.manifests and not (Path(cfg.out) / "config.yaml").exists():
+            raise ValueError(f"--resume: there is no run to resume at {cfg.out} (no {Path(cfg.out) / 'config.yaml'}); "
+                             "start one with --manifest DIR --out RUN_DIR, or name the run's folder with --out")
         given = None if nproc_per_node is None and nnodes is None else \
             Topology(nproc_per_node or 1, nnodes or 1, node_rank, rdzv_endpoint, rdzv_timeout)
         topo = resume_layout(Path(cfg.out), given) if resume else (given or Topology())
