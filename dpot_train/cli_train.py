@@ -151,3 +151,5 @@ def evaluate_cmd(
         return
     write_eval(result, out)
     print_table(result)
+    typer.echo(f"wrote {out}: L2RE per dataset, model vs the persistence baseline "
+               f"({result['recipe']} recipe, {split} split)")
