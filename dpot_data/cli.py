@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import click
 import typer
+
+from dpot_format.cli_help import TidyGroup, add_version_option
 from typer.core import TyperGroup
 
 app = typer.Typer(
@@ -17,7 +19,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=TidyGroup,
 )
+add_version_option(app, "dpot-data")
 synth_app = typer.Typer(help="Write small raw files in the exact published layout of each source.", no_args_is_help=True)
 
 

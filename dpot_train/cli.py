@@ -6,13 +6,17 @@ from pathlib import Path
 
 import typer
 
+from dpot_format.cli_help import TidyGroup, add_version_option
+
 app = typer.Typer(
     name="dpot-train",
     help="Train and evaluate DPOT on dpot-data shards (DDP via torchrun), and inspect models and checkpoints.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=TidyGroup,
 )
+add_version_option(app, "dpot-train")
 model_app = typer.Typer(help="Inspect DPOT presets and checkpoints.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
