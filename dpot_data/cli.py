@@ -259,12 +259,18 @@ def _ingest_command(source: str, help_text: str) -> None:
                                       "(no scan, values checked as they are read: faster; the ingest stops naming "
                                       "the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be read (files, source, dataset, "
+                                     "trajectories, frames, native grid) and written (stored shape, channels, split "
+                                     "counts, formats, approximate bytes) without writing anything."),
     ) -> None:
         options = dict(resolution=resolution or None, channels=channels, fill=fill, resample=resample,
                        mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
                        split=split, convention=convention, seed=seed, name=name, shard_size=shard_size,
                        segment=segment, block=block, overwrite=overwrite, progress=progress, stats=stats,
                        workers=workers, scheduler=scheduler, nonfinite=nonfinite)
+        if dry_run:
+            _dry_run(source, files, out, options, dataset)
+            return
         runs, failed = _run_ingest(source, files, out, options, dataset)
         _report_ingest(runs, failed)
 
@@ -309,6 +315,34 @@ def _run_ingest_with(source: str, files: List[str], out: str, given: dict, datas
                                catalog=True, catalog_split=split is None, hashes=hashes)], []
         except (InputError, CatalogError) as exc:
             raise _fail(exc) from None
+
+
+def _dry_run(source: str, files: List[str], out: str, given: dict, dataset: Optional[str]) -> None:
+    """`ingest --dry-run`: the plan of one dataset's ingest into OUT, printed; nothing is written."""
+    import warnings
+
+    from dpot_data.catalog import CatalogError
+    from dpot_data.errors import InputError
+    from dpot_data.ingest import IngestOptions, parse_split
+    from dpot_data.ingest.dry_run import dry_run
+
+    if source == "corpus":
+        raise _fail(InputError("--dry-run", "expected one dataset's files (`ingest corpus` plans each dataset; "
+                                            "dry-run them one at a time with --dataset NAME)"))
+    split = given.pop("split")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *_a, **_k: typer.echo(f"warning: {message}", err=True)
+        try:
+            options = IngestOptions(**{**given, "shard_size": _parse_bytes(given["shard_size"])},
+                                    split=parse_split(split) if split else None)
+            lines = dry_run(source, [_absolute(f) for f in files], options, dataset=dataset,
+                            catalog_split=split is None)
+        except (InputError, CatalogError) as exc:
+            raise _fail(exc) from None
+    for line in lines:
+        typer.echo(line)
+    typer.echo(f"dry run: nothing was written; without --dry-run the output goes to {out}")
 
 
 def _run_corpus(files: List[str], out: str, options: object, dataset: Optional[str],
