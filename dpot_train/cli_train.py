@@ -40,7 +40,8 @@ def launch_cmd(
     mixture_partial: bool = typer.Option(False, "--mixture-partial",
                                          help="Train on the mixture's datasets that the manifests hold, shares "
                                               "renormalised over them (default: a missing one is an error)."),
-    model: Optional[str] = typer.Option(None, "--model", help=_default("model", "Model preset (tiny, Ti, S, M, L, H).")),
+    model: Optional[str] = typer.Option(None, "--model",
+                                        help=_default("model", "Model preset (tiny, Ti, S, M, L, H).")),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the --init checkpoint "
                                "(unsafe; only for files you trust)."),
@@ -61,7 +62,8 @@ def launch_cmd(
                                                             "Loader workers per process (0: none).")),
     worker_kind: Optional[str] = typer.Option(None, "--worker-kind",
                                               help=_default("data.worker_kind", "Loader workers: thread or process.")),
-    ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every", help=_default("ckpt_every", "Checkpoint every N steps.")),
+    ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every",
+                                             help=_default("ckpt_every", "Checkpoint every N steps.")),
     log_every: Optional[int] = typer.Option(None, "--log-every", help=_default("log_every", "Log every N steps.")),
     loss: Optional[str] = typer.Option(None, "--loss", help=_default("loss", "valid or all (the reference's loss).")),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="dpot (loss and noise over valid channels and fluid "
