@@ -245,8 +245,9 @@ def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
     inferred = infer_config(state)
     lost = sorted(k for k, v in config.to_dict().items() if inferred.to_dict().get(k) != v)
     if lost:
+        said = ", ".join(f"{k}={inferred.to_dict().get(k)}" for k in lost)
         raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
-                              f"(inferred from the weights: {', '.join(f'{k}={inferred.to_dict().get(k)}' for k in lost)})")
+                              f"(the weights alone say {said})")
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp")
