@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import click
 import typer
+
+from dpot_format.cli_help import TidyGroup, add_version_option
 from typer.core import TyperGroup
 
 app = typer.Typer(
@@ -17,7 +19,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=TidyGroup,
 )
+add_version_option(app, "dpot-data")
 synth_app = typer.Typer(help="Write small raw files in the exact published layout of each source.", no_args_is_help=True)
 
 
@@ -26,8 +30,23 @@ class _IngestGroup(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            _refuse_unknown_source(args[0], sorted(self.commands))
             args = ["auto", *args]
         return super().parse_args(ctx, args)
+
+
+def _refuse_unknown_source(word: str, sources: list[str]) -> None:
+    """A first argument that is a bare word (no path separator, suffix or URL) naming no file is a misspelled source:
+    one line naming the sources (and the closest one), exit code 2."""
+    import difflib
+
+    if word.startswith("-") or any(c in word for c in "/\\.:*?[") or Path(word).exists():
+        return
+    close = difflib.get_close_matches(word, sources, n=1)
+    hint = f"did you mean `dpot-data ingest {close[0]}`? " if close else ""
+    typer.echo(f"error: {word}: neither a source nor an existing file; {hint}sources: {', '.join(sources)} "
+               "(or give only files: the source is detected)", err=True)
+    raise typer.Exit(code=2)
 
 
 ingest_app = typer.Typer(help="Read raw files of one source and write shards, a Zarr store and a manifest. Without a "
@@ -271,6 +290,9 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
                                       "(no scan, values checked as they are read: faster; the ingest stops naming "
                                       "the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be read (files, source, dataset, "
+                                     "trajectories, frames, native grid) and written (stored shape, channels, split "
+                                     "counts, formats, approximate bytes) without writing anything."),
         **reader: object,
     ) -> None:
         options = dict(channels=channels, fill=fill, resample=resample,
@@ -280,8 +302,11 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
                        workers=workers, scheduler=scheduler, nonfinite=nonfinite)
         if resolution is not None:  # else IngestOptions' default: per source
             options["resolution"] = resolution or None
-        runs, failed = _run_ingest(source, files, out, options, dataset,
-                                   {k: v for k, v in reader.items() if v is not None})
+        reader_options = {k: v for k, v in reader.items() if v is not None}
+        if dry_run:
+            _dry_run(source, files, out, options, dataset, reader_options)
+            return
+        runs, failed = _run_ingest(source, files, out, options, dataset, reader_options)
         _report_ingest(runs, failed)
 
     command.__doc__ = help_text
@@ -340,6 +365,34 @@ def _run_ingest_with(source: str, files: List[str], out: str, given: dict, datas
                                catalog=True, catalog_split=split is None, hashes=hashes, **reader)], []
         except (InputError, CatalogError) as exc:
             raise _fail(exc) from None
+
+
+def _dry_run(source: str, files: List[str], out: str, given: dict, dataset: Optional[str], reader: dict) -> None:
+    """`ingest --dry-run`: the plan of one dataset's ingest into OUT, printed; nothing is written."""
+    import warnings
+
+    from dpot_data.catalog import CatalogError
+    from dpot_data.errors import InputError
+    from dpot_data.ingest import IngestOptions, parse_split
+    from dpot_data.ingest.dry_run import dry_run
+
+    if source == "corpus":
+        raise _fail(InputError("--dry-run", "expected one dataset's files (`ingest corpus` plans each dataset; "
+                                            "dry-run them one at a time with --dataset NAME)"))
+    split = given.pop("split")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *_a, **_k: typer.echo(f"warning: {message}", err=True)
+        try:
+            options = IngestOptions(**{**given, "shard_size": _parse_bytes(given["shard_size"])},
+                                    split=parse_split(split) if split else None)
+            lines = dry_run(source, [_absolute(f) for f in files], options, dataset=dataset,
+                            catalog_split=split is None, reader=reader)
+        except (InputError, CatalogError) as exc:
+            raise _fail(exc) from None
+    for line in lines:
+        typer.echo(line)
+    typer.echo(f"dry run: nothing was written; without --dry-run the output goes to {out}")
 
 
 def _run_corpus(files: List[str], out: str, options: object, dataset: Optional[str],

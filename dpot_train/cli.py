@@ -6,13 +6,17 @@ from pathlib import Path
 
 import typer
 
+from dpot_format.cli_help import TidyGroup, add_version_option
+
 app = typer.Typer(
     name="dpot-train",
     help="Train and evaluate DPOT on dpot-data shards (DDP via torchrun), and inspect models and checkpoints.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=TidyGroup,
 )
+add_version_option(app, "dpot-train")
 model_app = typer.Typer(help="Inspect DPOT presets and checkpoints.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
@@ -66,6 +70,24 @@ def model_info_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     typer.echo(json.dumps(info, indent=1) if as_json else format_info(info))
+
+
+@model_app.command("export")
+def model_export_cmd(
+    checkpoint: str = typer.Argument(..., help="A checkpoint of a run (RUN_DIR/checkpoints/step-*.pt)."),
+    out: Path = typer.Option(..., "--out", help="Where to write the weights (.pth)."),
+) -> None:
+    """Write a run checkpoint's weights in the released DPOT format, a bare {'model': state_dict}: what the
+    reference implementation loads, and what --init and evaluate treat as released weights (the reference recipe)."""
+    from dpot_train.model.checkpoint import export_released
+
+    try:
+        config = export_released(checkpoint, out)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    typer.echo(f"wrote {out}: {config.in_channels} channels, {config.img_size}x{config.img_size}, "
+               f"{config.in_timesteps} input frames ({{'model': state_dict}}, the released format)")
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from dpot_train.config import TrainConfig, apply_overrides, load_config
+from dpot_train.config import TrainConfig, apply_overrides, find_config, load_config
 
 
 def _fail(exc: Exception) -> None:
@@ -18,40 +18,63 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(code=2) from exc
 
 
+def _default(key: str, text: str = "") -> str:
+    """A launch option's help with its default: the run config's value (a --config file or a resumed run's wins)."""
+    value: object = TrainConfig().to_dict()
+    for part in key.split("."):
+        value = value[part]  # type: ignore[index]
+    from rich.markup import escape
+
+    return f"{text}  " + escape(f"[default: {value}]")  # escaped: --help renders rich markup
+
+
 def launch_cmd(
     manifest: list[str] = typer.Option([], "--manifest", help="Folder holding manifest.json (repeat for several)."),
     out: Optional[str] = typer.Option(None, "--out", help="RUN_DIR: config.yaml, checkpoints/, eval.json, logs."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML run config; the options below override it."),
+    config: Optional[str] = typer.Option(None, "--config", help="YAML run config: a file, or a shipped one by name "
+                                         "(pretrain-ti, demo, ...); the options below override it, and it (or a "
+                                         "resumed run's config.yaml) overrides their defaults."),
     mixture: Optional[str] = typer.Option(None, "--mixture",
                                           help="Mixture YAML (dataset -> weight), a packaged mixture by name "
                                                "(dpot-pretrain-ti), or inline 'a=1,b=2'."),
     mixture_partial: bool = typer.Option(False, "--mixture-partial",
                                          help="Train on the mixture's datasets that the manifests hold, shares "
                                               "renormalised over them (default: a missing one is an error)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model preset (tiny, Ti, S, M, L, H)."),
+    model: Optional[str] = typer.Option(None, "--model",
+                                        help=_default("model", "Model preset (tiny, Ti, S, M, L, H).")),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the --init checkpoint "
                                "(unsafe; only for files you trust)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Total optimiser steps."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (split over processes)."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate of the one-cycle schedule."),
-    noise: Optional[float] = typer.Option(None, "--noise", help="Noise epsilon (x + eps*||x||*N(0,1))."),
-    clip_grad: Optional[float] = typer.Option(None, "--clip-grad", help="Max gradient norm (0: no clipping)."),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="webdataset (default) or zarr."),
-    num_workers: Optional[int] = typer.Option(None, "--num-workers", help="Loader workers per process (0: none)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help=_default("steps", "Total optimiser steps.")),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size",
+                                             help=_default("batch_size", "Global batch (split over processes).")),
+    lr: Optional[float] = typer.Option(None, "--lr",
+                                       help=_default("optim.lr", "Peak learning rate of the one-cycle schedule.")),
+    noise: Optional[float] = typer.Option(None, "--noise",
+                                          help=_default("data.noise", "Noise epsilon (x + eps*||x||*N(0,1)).")),
+    clip_grad: Optional[float] = typer.Option(None, "--clip-grad",
+                                              help=_default("optim.clip_grad", "Max gradient norm (0: no clipping).")),
+    seed: Optional[int] = typer.Option(None, "--seed", help=_default("seed", "Seed of the model and data stream.")),
+    backend: Optional[str] = typer.Option(None, "--backend",
+                                          help=_default("data.backend", "webdataset or zarr.")),
+    num_workers: Optional[int] = typer.Option(None, "--num-workers",
+                                              help=_default("data.num_workers",
+                                                            "Loader workers per process (0: none).")),
     worker_kind: Optional[str] = typer.Option(None, "--worker-kind",
-                                              help="Loader workers: thread (default) or process."),
-    ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps."),
-    log_every: Optional[int] = typer.Option(None, "--log-every"),
-    loss: Optional[str] = typer.Option(None, "--loss", help="valid (default) or all (the reference's loss)."),
+                                              help=_default("data.worker_kind", "Loader workers: thread or process.")),
+    ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every",
+                                             help=_default("ckpt_every", "Checkpoint every N steps.")),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help=_default("log_every", "Log every N steps.")),
+    loss: Optional[str] = typer.Option(None, "--loss", help=_default("loss", "valid or all (the reference's loss).")),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="dpot (loss and noise over valid channels and fluid "
                                          "cells) or reference (the reference DPOT's loss, noise and evaluation); "
                                          "default: reference when --init names released weights, else dpot."),
     allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
                                                    help="Fine-tune released weights on shards of another convention."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
-    rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps", help="Rollout length of the final eval."),
+    device: Optional[str] = typer.Option(None, "--device", help=_default("device", "auto, cpu or cuda.")),
+    rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps",
+                                                help=_default("rollout_steps", "Rollout length of the final evaluation "
+                                                              "(0: to the end of each trajectory).")),
     deterministic: bool = typer.Option(False, "--deterministic",
                                        help="Deterministic CUDA kernels: a GPU run and its resume repeat bitwise."),
     audit: bool = typer.Option(False, "--audit", help="Write the trajectory ids each rank consumed."),
@@ -74,7 +97,7 @@ def launch_cmd(
 
     try:
         if config is not None:
-            cfg = load_config(config)
+            cfg = load_config(find_config(config))
         elif resume and out and (Path(out) / "config.yaml").exists():
             cfg = load_config(Path(out) / "config.yaml")
         else:
@@ -97,6 +120,9 @@ def launch_cmd(
         cfg = apply_overrides(cfg, overrides)
         if out is None and config is None:
             raise ValueError("--out RUN_DIR is required")
+        if resume and not cfg.data.manifests and not (Path(cfg.out) / "config.yaml").exists():
+            raise ValueError(f"--resume: there is no run to resume at {cfg.out} (no {Path(cfg.out) / 'config.yaml'}); "
+                             "start one with --manifest DIR --out RUN_DIR, or name the run's folder with --out")
         given = None if nproc_per_node is None and nnodes is None else \
             Topology(nproc_per_node or 1, nnodes or 1, node_rank, rdzv_endpoint, rdzv_timeout)
         topo = resume_layout(Path(cfg.out), given) if resume else (given or Topology())
@@ -147,3 +173,5 @@ def evaluate_cmd(
         return
     write_eval(result, out)
     print_table(result)
+    typer.echo(f"wrote {out}: L2RE per dataset, model vs the persistence baseline "
+               f"({result['recipe']} recipe, {split} split)")

@@ -167,6 +167,33 @@ def read_yaml(path: str | Path) -> Any:
         raise ValueError(f"{path}: not valid YAML: {exc}") from None
 
 
+def shipped_configs() -> dict[str, Path]:
+    """The run configs installed with the package (dpot_train/configs/<name>.yaml), by name."""
+    from importlib import resources
+
+    folder = resources.files("dpot_train").joinpath("configs")
+    if not folder.is_dir():
+        return {}
+    return {entry.name[:-len(".yaml")]: Path(str(entry)) for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+            if entry.name.endswith(".yaml") and entry.is_file()}
+
+
+def find_config(given: str | Path) -> Path:
+    """`--config`: a YAML file path, else a shipped config by name (`pretrain-ti`, `pretrain-ti.yaml`), so that an
+    installed copy finds them too; ValueError listing the shipped names otherwise."""
+    path = Path(given)
+    if path.exists():
+        return path  # load_config names the file if it is not a readable YAML mapping
+    if len(path.parts) > 1:
+        raise ValueError(f"--config {given}: no such file")
+    shipped = shipped_configs()
+    name = path.name[:-len(".yaml")] if path.name.endswith(".yaml") else path.name
+    if name in shipped:
+        return shipped[name]
+    raise ValueError(f"--config {given}: no such file, and no shipped config of that name; shipped: "
+                     f"{', '.join(shipped) or 'none'}")
+
+
 def load_config(path: str | Path) -> TrainConfig:
     """Read a YAML run config (safe loader, no aliases, size-bounded)."""
     d = read_yaml(path) or {}

@@ -116,6 +116,18 @@ def _reference_scores(predict: Any, ds: Any, reader: Any, split: str, t_in: int,
             "persistence": {"rollout_l2re": vals["persistence_rollout"], "step_l2re": vals["persistence_step"]}}
 
 
+def require_split(datasets: list[Any], split: str, remedy: str) -> None:
+    """ValueError naming every dataset without trajectories in `split` (checked from the manifests, before any data
+    is read), so that an evaluation that would have nothing to score stops with what to do instead."""
+    empty = [d for d in datasets if d.split_counts.get(split, 0) <= 0]
+    if empty:
+        names = ", ".join(f"{d.name!r} ({d.manifest}: "
+                          f"{', '.join(f'{k} {v}' for k, v in d.split_counts.items() if v) or 'no trajectories'})"
+                          for d in empty)
+        raise ValueError(f"no {split!r} trajectories to evaluate in dataset(s) {names}: re-ingest with a test split "
+                         f"(`dpot-data ingest ... --split 0.8 --overwrite`: 80% train, the rest test), or {remedy}")
+
+
 def _trained_recipe(checkpoint: str) -> str:
     """The recipe stored with one of our checkpoints ("dpot" when it names none)."""
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -165,6 +177,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     from dpot_train.model_setup import convention_problems, data_overrides, init_model, is_released
 
     datasets = read_manifests(manifests)
+    require_split(datasets, split, "evaluate another --split")
     released = is_released(checkpoint, trusted)
     if released and not allow_convention_mismatch:
         problems = convention_problems(datasets, checkpoint)

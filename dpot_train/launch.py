@@ -169,6 +169,25 @@ def check_outputs(data: DataConfig) -> None:
         raise DataError("\n".join(shown))
 
 
+def check_names(cfg: TrainConfig) -> None:
+    """What the manifests alone can refute, checked before any shard is hashed: each manifest readable, every mixture
+    name present, the evaluation split present (unless --no-eval), and released --init weights on data of their
+    convention."""
+    from dpot_train.evaluate import require_split
+
+    datasets = read_manifests(list(cfg.data.manifests))
+    weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
+    if cfg.eval_at_end:
+        require_split(datasets, cfg.eval_split, "pass --no-eval to train without the final evaluation")
+    if cfg.init and not cfg.allow_convention_mismatch:
+        from dpot_train.model_setup import convention_problems, is_released
+
+        if is_released(cfg.init, cfg.trust):
+            problems = convention_problems([d for d in datasets if weights[d.name] > 0], cfg.init)
+            if problems:
+                raise ValueError(problems[0])
+
+
 def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainConfig, Path]:
     """Check RUN_DIR and the data, write config.yaml; returns the config to run and its path."""
     validate_config(cfg)
@@ -193,17 +212,12 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainCo
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
     cfg = resolve_recipe(cfg)
-    datasets = read_manifests(list(cfg.data.manifests))  # each manifest readable, the mixture names them: first
-    resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
+    check_names(cfg)  # manifests readable, mixture names, splits, conventions: before the checksum pass
     check_outputs(cfg.data)  # docs/format.md on every output, sha256 included unless disabled
-    spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True)  # mixture, compatibility, trajectory index
-    if cfg.init and not cfg.allow_convention_mismatch:
-        from dpot_train.model_setup import convention_problems, is_released
-
-        if is_released(cfg.init, cfg.trust):
-            problems = convention_problems(spec.datasets, cfg.init)
-            if problems:
-                raise ValueError(problems[0])
+    prepare_stream(cfg.data, cfg.seed, validated=True)  # mixture, compatibility, trajectory index
+    if resume and has_ckpt and max(step for step, _ in found) >= cfg.steps:
+        rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
+        print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
     run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, cfg_path)
     layout = {k: v for k, v in asdict(topo).items() if k != "node_rank"}

@@ -184,6 +184,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]] = []  # read back at the next flush
     by_dataset = _DatasetLoss([d.name for d in spec.datasets], info.device) if len(spec.datasets) > 1 else None
     ddp_model.train()
+    last_loss = None  # stays None when a resume finds the run already at its last step
     try:
         while step < cfg.steps:
             batch = next(it)

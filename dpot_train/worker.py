@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from dpot_train.config import load_config
 
@@ -42,10 +43,27 @@ def main(argv: list[str] | None = None) -> int:
     from dpot_train.trainer import train
 
     try:
-        train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None)
+        summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None)
     finally:
         D.shutdown()
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(closing_lines(cfg.out, int(summary["step"]), "eval" in summary), flush=True)
     return 0
+
+
+def closing_lines(run: str, step: int, evaluated: bool) -> str:
+    """Where a finished run's results are, and how to look at them."""
+    from dpot_train.checkpoint import checkpoint_path
+
+    run_dir = os.path.normpath(run)
+    lines = [f"results in {run_dir}/:",
+             f"  checkpoints/   {checkpoint_path(Path(run_dir), step).name} (the newest; `dpot-train evaluate` "
+             "and `launch --resume` take it)"]
+    if evaluated:
+        lines.append("  eval.json      one-step and rollout L2RE per dataset, model vs persistence")
+    lines += ["  metrics.jsonl  loss, learning rate and gradient norm per logged step",
+              f"  tb/            TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tb')}"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -16,3 +16,6 @@ rm -rf "$OUT"
     --ckpt-every 300 --log-every 100 --no-eval --out "$OUT/run"
 "$BIN/dpot-train" evaluate "$OUT/run/checkpoints/step-$(printf %08d "$STEPS").pt" --manifest "$OUT/shards" \
     --out "$OUT/run/eval.json"
+echo "results in $OUT/run/: checkpoints/ (step-$(printf %08d "$STEPS").pt the last), eval.json (L2RE per dataset," \
+    "model vs persistence), metrics.jsonl, tb/"
+echo "  training curves: tensorboard --logdir $OUT/run/tb"

@@ -10,17 +10,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 
+SHARED_WHAT = ("reference fixtures (the shared/ folder beside the checkout: raw files in the published layouts, the "
+               "reference DPOT checkpoint and its golden outputs)")
+
+
+def require_shared(folder: Path) -> Path:
+    """`folder` when it exists; else the test is skipped with a reason that says what the folder is."""
+    if not folder.is_dir():
+        pytest.skip(f"{SHARED_WHAT} not found at {folder}; the golden-reference tests need it")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip(f"shared folder not found at {SHARED}: real-format fixtures and reference checkpoints live there")
-    return SHARED
+    return require_shared(SHARED)
 
 
 def _existing(path: Path, what: str) -> Path:
     """`path` when it is a folder; the test is skipped, saying what is missing, otherwise."""
     if not path.is_dir():
-        pytest.skip(f"{what} not found at {path}")
+        pytest.skip(f"{what} not found at {path} (in the shared/ folder beside the checkout); the golden-reference "
+                    "tests need it")
     return path
 
 

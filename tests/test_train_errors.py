@@ -76,7 +76,7 @@ def test_mixture_naming_an_unknown_dataset(shards: Path, tmp_path: Path) -> None
     mix = tmp_path / "mix.yaml"
     mix.write_text(f"{DATASET}: 1.0\npdebench-swe: 2.0\n")
     with pytest.raises(DataError, match=rf"names 1 dataset\(s\) absent from the given manifests: \['pdebench-swe'\]; "
-                                        rf"present: \['{DATASET}'\].*--mixture-partial"):
+                                        rf"the manifests hold: \['{DATASET}'\].*--mixture-partial"):
         _prepare(shards, mixture=str(mix))
 
 

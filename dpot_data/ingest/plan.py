@@ -296,7 +296,9 @@ def _warnings(result: ReadResult, p: IngestPlan, rule: str) -> list[str]:
     if not p.count("train"):
         out.append(f"{p.name}: the split leaves no training trajectory ({rule})")
     elif not p.count("test"):
-        out.append(f"{p.name}: the split leaves no test trajectory ({rule}); evaluation will have nothing to score")
+        out.append(f"{p.name}: the split leaves no test trajectory ({rule}), so there is nothing to evaluate on: "
+                   "re-run with --split 0.8 --overwrite (a seeded split: 80% train, the rest test), or train with "
+                   "`dpot-train launch --no-eval`")
     return out
 
 

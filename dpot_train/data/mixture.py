@@ -100,10 +100,13 @@ def resolve_weights(names: list[str], mixture: Mapping[str, float] | None,
         return {n: 1.0 for n in names}
     unknown = sorted(set(mixture) - set(names))
     if unknown and not partial:
-        present = sorted(set(mixture) & set(names))
-        raise DataError(f"the mixture names {len(unknown)} dataset(s) absent from the given manifests: {unknown}; "
-                        f"present: {present}. Add their manifests, or pass --mixture-partial to train on the present "
-                        "ones with their shares renormalised")
+        import difflib
+
+        close = {u: difflib.get_close_matches(u, names, n=1) for u in unknown}
+        hints = "".join(f" ({u!r}: did you mean {c[0]!r}?)" for u, c in close.items() if c)
+        raise DataError(f"the mixture names {len(unknown)} dataset(s) absent from the given manifests: {unknown}"
+                        f"{hints}; the manifests hold: {sorted(names)}. Fix the names, add their manifests, or pass "
+                        "--mixture-partial to train on the present ones with their shares renormalised")
     weights = {n: float(mixture.get(n, 0.0)) for n in names}
     if sum(weights.values()) <= 0:
         raise DataError(f"mixture gives no dataset a positive weight: {weights}")

@@ -231,3 +231,26 @@ def checkpoint_payload(model: Any, **extra: Any) -> dict[str, Any]:
         raise ValueError("'model' and 'config' are reserved checkpoint keys")
     core = unwrap_model(model)
     return {"model": core.state_dict(), "config": core.config.to_dict(), **extra}
+
+
+def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
+    """Write the weights of one of our checkpoints in the released format, a bare {'model': state_dict} (what the
+    reference code and `--init`/`evaluate` take as released weights); returns the config the weights imply.
+
+    Refused when the bare weights would not say the architecture back (a field only our config records)."""
+    state, config_dict, _ = load_state_dict_file(src)
+    if config_dict is None:
+        raise CheckpointError(f"{src}: already in the released format (no 'config' entry); nothing to export")
+    config = DPOTConfig.from_dict(config_dict)
+    inferred = infer_config(state)
+    lost = sorted(k for k, v in config.to_dict().items() if inferred.to_dict().get(k) != v)
+    if lost:
+        said = ", ".join(f"{k}={inferred.to_dict().get(k)}" for k in lost)
+        raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
+                              f"(the weights alone say {said})")
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    torch.save({"model": state}, tmp)
+    tmp.replace(dst)
+    return config
