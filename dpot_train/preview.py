@@ -24,7 +24,8 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
     """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
     (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res` per
     axis when > 0 (as `launch --res` does)."""
-    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res)
+    # any trajectory length: the frame range is checked below, not a training window
+    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0)
     datasets = load_datasets(cfg, split, verify=False)
     names = [d.name for d in datasets]
     if dataset is None:
