@@ -121,6 +121,8 @@ def validate_config(cfg: TrainConfig) -> None:
     if cfg.recipe not in (None, "dpot", "reference"):
         raise ValueError(f"--recipe must be dpot or reference, got {cfg.recipe!r}")
     check_schedule(cfg)
+    if not cfg.init and cfg.load != "all":
+        raise ValueError(f"--load {cfg.load}: names components of an --init checkpoint; pass --init CHECKPOINT")
     if cfg.init:
         from dpot_train.finetune import parse_components
         from dpot_train.model.checkpoint import load_state_dict_file

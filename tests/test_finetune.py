@@ -122,6 +122,16 @@ def test_component_names_are_checked() -> None:
         parse_components("")
 
 
+def test_launch_checks_load_before_torchrun(released_2d) -> None:
+    from dpot_train.launch import validate_config
+
+    with pytest.raises(ValueError, match="--load blocks: names components of an --init checkpoint"):
+        validate_config(TrainConfig(load="blocks"))
+    with pytest.raises(ValueError, match="unknown: mixer"):
+        validate_config(TrainConfig(init=str(released_2d[0]), load="mixer"))
+    validate_config(TrainConfig.from_dict({"init": str(released_2d[0]), "load": ["blocks", "time_agg"]}))
+
+
 def test_finetune_configs_hold_the_reference_values() -> None:
     two = load_config(Path(str(CONFIGS / "finetune-2d.yaml")))
     assert (two.data.res, two.model_overrides, two.optim.lr, two.optim.schedule, two.optim.warmup_pct, two.epochs,

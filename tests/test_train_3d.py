@@ -135,3 +135,17 @@ def test_evaluate_and_preview_read_3d_at_the_model_grid(shards_3d: Path, tmp_pat
     torch.save({"model": flat.state_dict()}, tmp_path / "tiny2d.pth")
     with pytest.raises(ValueError, match=r"a 2D model, but dataset 'pdebench-cfd3d-m1-rand' is 3D"):
         evaluate_checkpoint(str(tmp_path / "tiny2d.pth"), [str(shards_3d)], device="cpu")
+
+
+def test_launch_refuses_2d_and_3d_together_in_one_line(shards_3d: Path, fno_train_shards: Path,
+                                                      tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dpot_train.cli import app
+
+    result = CliRunner().invoke(app, ["launch", "--manifest", str(shards_3d), "--manifest", str(fno_train_shards),
+                                      "--out", str(tmp_path / "run"), "--dry-run", "--device", "cpu"])
+    assert result.exit_code == 2
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: 2D and 3D datasets in one run: dataset 'fno-ns")
+    assert not (tmp_path / "run").exists()  # nothing written

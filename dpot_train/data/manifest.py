@@ -185,13 +185,15 @@ def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: 
     """Datasets trained together must share dimension, channel count and grid (any grid when each window is resized
     to `res`), and hold enough frames per window."""
     first = datasets[0]
+    other = next((ds for ds in datasets if len(ds.dims) != len(first.dims)), None)
+    if other is not None:  # before any per-dataset check: the one line names the mix
+        raise DataError(f"2D and 3D datasets in one run: dataset {other.name!r} ({other.manifest}) is "
+                        f"{len(other.dims)}D, dataset {first.name!r} ({first.manifest}) is {len(first.dims)}D; "
+                        "train them separately")
     for ds in datasets:
         if len(ds.dims) not in (2, 3):
             raise DataError(f"{ds.manifest}: dataset {ds.name!r} has dims {ds.dims}; the trainer reads 2D and 3D "
                             "data")
-        if len(ds.dims) != len(first.dims):
-            raise DataError(f"2D and 3D datasets in one run: dataset {ds.name!r} ({ds.manifest}) is {len(ds.dims)}D, "
-                            f"dataset {first.name!r} ({first.manifest}) is {len(first.dims)}D; train them separately")
         if len(ds.channels) != len(first.channels):
             raise DataError(f"mismatched channel counts: dataset {ds.name!r} ({ds.manifest}) has {len(ds.channels)} "
                             f"channels {ds.channels}, dataset {first.name!r} ({first.manifest}) has "
