@@ -18,24 +18,20 @@ import torch
 from dpot_train.checkpoint import list_checkpoints
 from tests import train_runs
 
-STEPS, BATCH, T_IN = 16, 4, 3
+STEPS, BATCH, T_IN = 12, 4, 3
 
 
 @pytest.fixture(scope="module")
 def setup_3d(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """3D shards at their native 12^3 grid (6 trajectories of 6 frames: 4 train, 2 test), a released-format 2D
     tiny checkpoint ({"model": state_dict}, T_IN input frames) and a run config with t_in = T_IN."""
+    from dpot_data.ingest import IngestOptions, ingest_files
+    from dpot_data.synth.pdebench import write_cfd
     from dpot_train.model import build_model
 
-    base = tmp_path_factory.mktemp("e2e3d")
-    py = [sys.executable, "-m", "dpot_data"]
-    r = train_runs.run(py + ["synth", "pdebench-cfd3d", "--out", str(base / "raw"), "--n", "6", "--frames", "6",
-                             "--res", "12"])
-    assert r.returncode == 0, r.stderr
-    raw = sorted((base / "raw").glob("*.hdf5"))
-    r = train_runs.run(py + ["ingest", "pdebench", *map(str, raw), "--out", str(base / "s3d"), "--resolution", "0",
-                             "--split", "0.6,0", "--no-progress"])
-    assert r.returncode == 0, r.stderr
+    base = tmp_path_factory.mktemp("e2e3d")  # what `dpot-data synth pdebench-cfd3d` and `ingest --resolution 0` do
+    raw = write_cfd(base / "raw", dims=3, m=1.0, eta=1e-8, kind="Rand", n=6, frames=6, res=12, seed=0)
+    ingest_files("pdebench", [raw], base / "s3d", IngestOptions(resolution=None, split=(0.6, 0.0), seed=0))
     torch.manual_seed(7)
     ckpt = base / "released_2d.pth"
     torch.save({"model": build_model("tiny", img_size=32, in_timesteps=T_IN).state_dict()}, ckpt)
