@@ -97,7 +97,7 @@ def inject_noise(x: torch.Tensor, eps: float, positions: torch.Tensor, seed: int
             if valid[i][ch]:  # padded channels get no draw: they stay exactly the fill value
                 noise_cf[i, ch] = torch.randn(space_time, generator=g, device=x.device, dtype=torch.float32)
     noise = noise_cf.movedim(1, -1)  # (B, X, Y[, Z], T, C) view
-    xf = x.float()
+    xf = x.float().contiguous()  # one summation order for a view and its copy (the loader delivers views)
     noise *= eps * xf.pow(2).sum(dim=tuple(range(1, x.ndim - 1)), keepdim=True).sqrt()
     if mask is not None:
         noise *= mask.to(noise.dtype)[..., None, None]
