@@ -164,3 +164,20 @@ def test_step_schedule_halves_the_lr_every_decay_interval() -> None:
     assert lrs == pytest.approx([1e-3] * 3 + [5e-4] * 3 + [2.5e-4])
     with pytest.raises(ValueError, match="optim.schedule must be one of"):
         TrainConfig.from_dict({"optim": {"schedule": "cosine"}})
+
+
+def test_downstream_benchmark_trains_the_checkpoints_architecture_from_scratch(released_2d, tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import downstream
+
+    path, source = released_2d
+    cfg = load_config(downstream.scratch_config(path, tmp_path / "scratch.yaml", t_in=4))
+    assert cfg.data.t_in == 4 and cfg.init is None
+    fixed = data_overrides(5, (16, 16, 16), 4, 1)
+    scratch = build_model(cfg.model, **{**fixed, **cfg.model_overrides})
+    torch.manual_seed(0)
+    tuned, _ = finetune_model(str(path), fixed, "blocks", cfg.model_overrides)
+    assert scratch.config == tuned.config  # the same network; only the starting weights differ
+    assert scratch.config.replace(spatial_dims=2, img_size=32, in_channels=4, out_channels=4) == source.config
