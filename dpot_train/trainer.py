@@ -29,6 +29,7 @@ from dpot_train.data.stream import WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
 from dpot_train.metrics import per_sample_loss
 from dpot_train.finetune import finetune_model
+from dpot_train.model import DPOTConfig, build_model
 from dpot_train.model_setup import data_overrides, fresh_model
 
 
@@ -51,13 +52,17 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.opt
     return opt, sched
 
 
-def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...]) -> tuple[torch.nn.Module, str | None]:
+def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...], saved: dict[str, Any] | None = None
+                    ) -> tuple[torch.nn.Module, str | None]:
     """Seeded preset fitted to the data, or the --init weights (the --load components; the rest fresh) and the line
-    saying which; the unused dataset-classification head is frozen."""
+    saying which; on a resume, the model config `saved` in the run's checkpoint (its weights are loaded after, so
+    the --init file is not read again). The unused dataset-classification head is frozen."""
     fixed = data_overrides(channels, shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)
     torch.manual_seed(cfg.seed)
     line = None
-    if cfg.init:
+    if saved is not None:
+        model = build_model(DPOTConfig.from_dict(saved))
+    elif cfg.init:
         model, line = finetune_model(cfg.init, fixed, cfg.load, cfg.model_overrides, cfg.trust)
     else:
         model = fresh_model(cfg.model, cfg.model_overrides, fixed)
@@ -113,9 +118,10 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
     cfg = resolve_epochs(cfg, spec.epoch_length)
     ds0 = spec.datasets[0]
-    model, init_line = build_run_model(cfg, len(ds0.channels), ds0.shape)
+    model, init_line = build_run_model(cfg, len(ds0.channels), ds0.shape,
+                                       found[1].get("config") if found is not None else None)
     model = model.to(info.device)
-    if init_line and info.is_main and found is None:
+    if init_line and info.is_main:
         print(init_line, flush=True)
     opt, sched = build_optimizer(model, cfg)
     step, position = 0, 0
