@@ -36,21 +36,22 @@ def preview_cmd(
     start: int = typer.Option(0, "--start", help="First frame."),
     frames: int = typer.Option(None, "--frames", help="Number of frames (default: to the end)."),
     backend: str = typer.Option("webdataset", "--backend", help="webdataset or zarr."),
+    res: int = typer.Option(0, "--res", help="Resize to this grid side, as `launch --res` (0: the stored grid)."),
 ) -> None:
-    """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32, padded channels included,
-    in the manifest's convention (docs/conventions.md); no noise."""
+    """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32 ((X, Y, Z, T, C) for 3D),
+    padded channels included, in the manifest's convention (docs/conventions.md); no noise."""
     import numpy as np
 
     from dpot_train.preview import model_input
 
     try:
-        x = model_input(manifest, dataset, split, index, start, frames, backend)
+        x = model_input(manifest, dataset, split, index, start, frames, backend, res)
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, x, allow_pickle=False)
-    typer.echo(f"{out}: {x.dtype} {tuple(x.shape)} (H, W, T, C)")
+    typer.echo(f"{out}: {x.dtype} {tuple(x.shape)} {'(X, Y, Z, T, C)' if x.ndim == 5 else '(H, W, T, C)'}")
 
 
 @model_app.command("info")

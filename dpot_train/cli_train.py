@@ -43,6 +43,14 @@ def launch_cmd(
     model: Optional[str] = typer.Option(None, "--model",
                                         help=_default("model", "Model preset (tiny, Ti, S, M, L, H).")),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
+    load: Optional[str] = typer.Option(None, "--load", help="Components of --init to load: all (default) or a "
+                                       "comma-separated list of patch_embed, pos, blocks, time_agg, cls_head, "
+                                       "scale_feats, out; the rest starts fresh (a 2D checkpoint on 3D data: "
+                                       "blocks,time_agg)."),
+    res: Optional[int] = typer.Option(None, "--res", help="Resize every window to this grid side for this run "
+                                      "(trilinear 3D, bilinear 2D; 0: the stored grid)."),
+    epochs: Optional[float] = typer.Option(None, "--epochs", help="Train this many epochs: steps from the "
+                                           "dataset size and --batch-size (overrides --steps)."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the --init checkpoint "
                                "(unsafe; only for files you trust)."),
     steps: Optional[int] = typer.Option(None, "--steps", help=_default("steps", "Total optimiser steps.")),
@@ -103,7 +111,9 @@ def launch_cmd(
         else:
             cfg = TrainConfig()
         overrides = {
-            "out": out, "model": model, "init": init, "steps": steps, "batch_size": batch_size, "seed": seed,
+            "out": out, "model": model, "init": init, "load": load, "data.res": res,
+            "epochs": epochs if epochs is not None else (0 if steps is not None else None),  # --steps beats epochs
+            "steps": steps, "batch_size": batch_size, "seed": seed,
             "ckpt_every": ckpt_every, "log_every": log_every, "loss": loss, "device": device,
             "rollout_steps": rollout_steps, "optim.lr": lr, "optim.clip_grad": clip_grad, "data.noise": noise, "data.mixture": mixture,
             "data.mixture_partial": True if mixture_partial else None,
@@ -158,6 +168,8 @@ def evaluate_cmd(
                                          "our checkpoints)."),
     allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
                                                    help="Evaluate released weights on shards of another convention."),
+    res: Optional[int] = typer.Option(None, "--res", help="Resize trajectories to this grid side (default: the "
+                                      "run's --res; a 3D model's own grid)."),
 ) -> None:
     """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline;
     writes eval.json."""
@@ -167,7 +179,7 @@ def evaluate_cmd(
         result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
                                      backend=backend, device=device, max_trajectories=max_trajectories,
                                      verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
-                                     allow_convention_mismatch=allow_convention_mismatch)
+                                     allow_convention_mismatch=allow_convention_mismatch, res=res)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ class DataConfig:
     backend: str = "webdataset"  # "webdataset" or "zarr"
     t_in: int = 10
     t_out: int = 1
+    # grid side every window is resized to, per run (the shards keep their grid): trilinear for 3D, bilinear for 2D,
+    # as the reference's loaders do; 0 keeps the stored grid
+    res: int = 0
     noise: float = 5e-4  # epsilon of the noise injection x + eps * ||x|| * N(0, 1)
     num_workers: int = 0
     worker_kind: str = "thread"  # loader workers: "thread" (the default) or "process" (DataLoader worker processes)
@@ -32,19 +36,37 @@ class DataConfig:
             raise ValueError(f"data.worker_kind must be 'thread' or 'process', got {self.worker_kind!r}")
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"data.num_workers must be an integer >= 0, got {self.num_workers!r}")
+        if not isinstance(self.res, int) or isinstance(self.res, bool) or self.res < 0:
+            raise ValueError(f"data.res must be an integer >= 0 (0: the stored grid), got {self.res!r}")
+
+
+OPTIMIZERS = ("adamw", "adam")
+SCHEDULES = ("one_cycle", "step")
 
 
 @dataclass
 class OptimConfig:
-    """AdamW and the one-cycle schedule (paper values by default)."""
+    """Optimiser and learning-rate schedule: AdamW and one-cycle by default (paper values); the reference's
+    fine-tuning scripts use Adam (L2 weight decay) with one-cycle (2D) or step decay (3D)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.9)
     weight_decay: float = 1e-6
+    optimizer: str = "adamw"  # "adamw" (decoupled weight decay) or "adam" (decay added to the gradient)
+    schedule: str = "one_cycle"  # "one_cycle" (warm-up then cosine) or "step" (lr * decay_gamma every decay_every)
     warmup_pct: float = 0.2
     div_factor: float = 1e4  # initial lr = lr / div_factor
     final_div_factor: float = 1e4  # final lr = initial lr / final_div_factor
+    decay_every: int = 0  # step schedule: optimiser steps between decays (set from decay_every_epochs when given)
+    decay_every_epochs: float = 0.0  # step schedule: epochs between decays, converted with the dataset size
+    decay_gamma: float = 0.5  # step schedule: factor of each decay
     clip_grad: float = 1.0  # max global gradient norm; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optim.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
 
 
 @dataclass
@@ -55,6 +77,10 @@ class TrainConfig:
     model: str = "tiny"  # a preset name
     model_overrides: dict[str, Any] = field(default_factory=dict)  # model config fields to change (e.g. img_size)
     init: str | None = None  # checkpoint to fine-tune from (released format or one of ours)
+    # components of --init to load, the reference's names: "all" or a list of patch_embed, pos, blocks, time_agg,
+    # cls_head, scale_feats, out; what is not loaded (or cannot be: channels, patch size, dimension) starts fresh
+    load: str = "all"  # YAML may give a list; it is kept as the comma-separated string
+    epochs: float = 0  # > 0: steps = epochs x ceil(trajectory visits per epoch / batch_size), as the reference counts
     trust: bool = False  # allow arbitrary pickled objects in the --init checkpoint (unsafe; weights-only otherwise)
     steps: int = 1000
     batch_size: int = 8  # global batch: split evenly over the processes
@@ -79,6 +105,10 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.load, (list, tuple)):
+            self.load = ",".join(str(c) for c in self.load)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (lists, not tuples) that YAML and torch.load(weights_only=True) both accept."""
         return _plain(dataclasses.asdict(self))
@@ -93,6 +123,23 @@ class TrainConfig:
         cfg.data, cfg.optim = data, optim
         cfg.optim.betas = tuple(float(b) for b in cfg.optim.betas)  # type: ignore[assignment]
         return cfg
+
+
+def steps_per_epoch(epoch_length: int, batch_size: int) -> int:
+    """Optimiser steps of one epoch: the reference's len(train_loader), ceil(visits / batch)."""
+    return max(1, math.ceil(epoch_length / batch_size))
+
+
+def resolve_epochs(cfg: TrainConfig, epoch_length: int) -> TrainConfig:
+    """cfg with `steps` (and a step schedule's `decay_every`) computed from `epochs` and the data's epoch length;
+    unchanged when epochs is 0. Deterministic, so a resume resolves to the same numbers."""
+    per = steps_per_epoch(epoch_length, cfg.batch_size)
+    optim = cfg.optim
+    if optim.decay_every_epochs > 0:
+        optim = dataclasses.replace(optim, decay_every=max(1, round(optim.decay_every_epochs * per)))
+    if cfg.epochs <= 0:
+        return dataclasses.replace(cfg, optim=optim)
+    return dataclasses.replace(cfg, steps=max(1, math.ceil(cfg.epochs * per)), optim=optim)
 
 
 def _plain(x: Any) -> Any:

@@ -13,7 +13,7 @@ import torch
 from dpot_train.config import DataConfig
 from dpot_train.data.prepare import load_datasets
 from dpot_train.data.readers import make_reader
-from dpot_train.data.windows import to_model_layout
+from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
 
@@ -40,6 +40,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     step_l2re, the mean of the per-step errors inside it.
 
     rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
+    `data.res` > 0 resizes every trajectory to that grid first, as training did (2D and 3D alike).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
@@ -53,7 +54,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     for ds in datasets:
         if recipe == "reference":
             out["datasets"][ds.name] = _reference_scores(predict, ds, reader, split, t_in, rollout_steps,
-                                                         max_trajectories, batch_size)
+                                                         max_trajectories, batch_size, data.res)
             continue
         steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
         refs = reader.refs(ds, split)
@@ -63,12 +64,13 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
             arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
-            frames = torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout) for f, _ in arrays]))
-            mask = torch.from_numpy(np.stack([np.ascontiguousarray(m.T if ds.model_layout == "xy" else m)
-                                              for _, m in arrays]).astype(bool))
+            frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout)
+                                                              for f, _ in arrays])), data.res)
+            mask = resize_mask(torch.from_numpy(np.stack([np.ascontiguousarray(m.T if ds.model_layout == "xy" else m)
+                                                          for _, m in arrays]).astype(bool)), data.res)
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
-            true = frames[:, :, :, t_in:t_in + steps]
-            keep = predicted_entries(mask, cv, frames[:, :, :, :1])
+            true = frames[..., t_in:t_in + steps, :]
+            keep = predicted_entries(mask, cv, frames[..., :1, :])
             sums["model_rollout"].append(l2re(rollout(predict, frames, t_in, steps, keep), true, mask, cv))
             sums["model_one_step"].append(l2re(one_step(predict, frames, t_in, steps, keep), true, mask, cv))
             sums["persistence_rollout"].append(l2re(rollout(persistence, frames, t_in, steps), true, mask, cv))
@@ -82,30 +84,33 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     return out
 
 
-def _model_grid(ds: Any) -> tuple[tuple[int, int], list[int]]:
-    """(H, W) of the model's grid and of the native grid, in the model's orientation."""
+def _model_grid(ds: Any, res: int = 0) -> tuple[tuple[int, ...], list[int]]:
+    """(H, W[, D]) of the model's grid (`res` per axis when the run resizes) and of the native grid, in the model's
+    orientation."""
     shape, native = list(ds.shape), list(ds.entry.get("grid", {}).get("native_shape", ds.shape))
-    if ds.model_layout == "xy":  # stored (y, x): the model's H is x
+    if ds.model_layout == "xy":  # stored (y, x) or (z, y, x): the model's H is x
         shape, native = shape[::-1], native[::-1]
-    return (int(shape[0]), int(shape[1])), native
+    if res > 0:
+        shape = [res] * len(shape)
+    return tuple(int(s) for s in shape), native
 
 
 def _reference_scores(predict: Any, ds: Any, reader: Any, split: str, t_in: int, rollout_steps: int,
-                      max_trajectories: int, batch_size: int) -> dict[str, Any]:
+                      max_trajectories: int, batch_size: int, res: int = 0) -> dict[str, Any]:
     """One dataset under the reference recipe: model and persistence, rollout_l2re and step_l2re."""
     t_test = int(ds.convention.get("t_test", ds.frames - t_in))
     steps = min(t_test, ds.frames - t_in) if rollout_steps <= 0 else min(rollout_steps, t_test, ds.frames - t_in)
     refs = reader.refs(ds, split)
     if max_trajectories > 0:
         refs = refs[:max_trajectories]
-    shape, native = _model_grid(ds)
+    shape, native = _model_grid(ds, res)
     cells, channels = original_grid_cells(shape, native), ds.pred_channels
     found: dict[str, list[torch.Tensor]] = {k: [] for k in ("model_rollout", "model_step", "persistence_rollout",
                                                             "persistence_step")}
     for i in range(0, len(refs), batch_size):
         chunk = refs[i:i + batch_size]
-        frames = torch.from_numpy(np.stack([to_model_layout(reader.read(r, 0, t_in + steps)[0], ds.model_layout)
-                                            for r in chunk]))
+        frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(reader.read(r, 0, t_in + steps)[0],
+                                                                          ds.model_layout) for r in chunk])), res)
         for name, fn in (("model", predict), ("persistence", persistence)):
             whole, per_step = reference_rollout_errors(fn, frames, t_in, steps, cells, channels)
             found[f"{name}_rollout"].append(whole)
@@ -132,6 +137,12 @@ def _trained_recipe(checkpoint: str) -> str:
     """The recipe stored with one of our checkpoints ("dpot" when it names none)."""
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
     return str((ckpt.get("train_config") or {}).get("recipe") or "dpot")
+
+
+def _trained_res(checkpoint: str) -> int:
+    """The grid the run resized windows to (its data.res), 0 when none or for released weights."""
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return int(((ckpt.get("train_config") or {}).get("data") or {}).get("res") or 0)
 
 
 def write_eval(result: dict[str, Any], path: str | Path) -> None:
@@ -166,12 +177,13 @@ def print_table(result: dict[str, Any]) -> None:
 def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
-                        allow_convention_mismatch: bool = False) -> dict[str, Any]:
+                        allow_convention_mismatch: bool = False, res: int | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
 
     `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
     recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
-    dpot-reference are refused unless `allow_convention_mismatch`."""
+    dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
+    the run's data.res; for a 3D model without one, the model's own grid)."""
     from dpot_train.data.manifest import read_manifests
     from dpot_train.model import load_pretrained
     from dpot_train.model_setup import convention_problems, data_overrides, init_model, is_released
@@ -192,10 +204,16 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     if cfg.in_channels != len(datasets[0].channels):
         raise ValueError(f"{checkpoint}: the model reads {cfg.in_channels} channels but dataset "
                          f"{datasets[0].name!r} has {len(datasets[0].channels)} ({datasets[0].channels})")
-    if cfg.img_size != grid[0]:  # released weights at another grid: resample the positional embedding
+    if cfg.spatial_dims != len(grid):
+        raise ValueError(f"{checkpoint}: a {cfg.spatial_dims}D model, but dataset {datasets[0].name!r} is "
+                         f"{len(grid)}D (dims {datasets[0].dims})")
+    if res is None:  # the run's grid; a 3D model reads its own grid (the reference resizes every sample to it)
+        res = 0 if released else _trained_res(checkpoint)
+        res = cfg.img_size if res == 0 and cfg.spatial_dims == 3 else res
+    if res == 0 and cfg.img_size != grid[0]:  # released 2D weights at another grid: resample the positional embedding
         model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
-                      verify_checksums=verify_checksums)
+                      verify_checksums=verify_checksums, res=res)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,

@@ -16,10 +16,11 @@ import torch
 
 from dpot_train.checkpoint import UnreadableCheckpointsError, list_checkpoints, looks_complete
 from dpot_format.validate import validate_output
-from dpot_train.config import DataConfig, TrainConfig, load_config, save_config
+from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
 from dpot_train.data.manifest import DataError, expand_outputs, manifest_url, read_manifests
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
+from dpot_train.model_setup import data_overrides
 from dpot_train.trainer import RunDirError
 
 # Fields a resume may change: they do not alter the data stream or the optimisation.
@@ -64,6 +65,10 @@ def torchrun_command(config_path: Path, topo: Topology, resume: bool, checksums_
     if checksums_verified:
         cmd.append("--checksums-verified")
     return cmd
+
+
+# Fields computed from `epochs` and the data at launch: a resume recomputes them, so they are not compared.
+_FROM_EPOCHS = {"steps", "optim.decay_every"}
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -115,6 +120,25 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ValueError("steps, ckpt_every and log_every must be positive")
     if cfg.recipe not in (None, "dpot", "reference"):
         raise ValueError(f"--recipe must be dpot or reference, got {cfg.recipe!r}")
+    check_schedule(cfg)
+    if not cfg.init and cfg.load != "all":
+        raise ValueError(f"--load {cfg.load}: names components of an --init checkpoint; pass --init CHECKPOINT")
+    if cfg.init:
+        from dpot_train.finetune import parse_components
+        from dpot_train.model.checkpoint import load_state_dict_file
+
+        parse_components(cfg.load)
+        if not Path(cfg.init).is_file():
+            raise FileNotFoundError(f"--init checkpoint not found: {cfg.init}")
+        load_state_dict_file(cfg.init, trusted=cfg.trust)  # refuses pickled objects unless --trust
+
+
+def check_schedule(cfg: TrainConfig) -> None:
+    """The learning-rate schedule can be built for cfg.steps (one-cycle) or has a decay interval (step)."""
+    if cfg.optim.schedule == "step":
+        if cfg.optim.decay_every <= 0 and cfg.optim.decay_every_epochs <= 0:
+            raise ValueError("optim.schedule step needs optim.decay_every (steps) or optim.decay_every_epochs > 0")
+        return
     if not 0 < cfg.optim.warmup_pct < 1:
         raise ValueError(f"optim.warmup_pct must lie strictly between 0 and 1, got {cfg.optim.warmup_pct}")
     try:  # the same schedule the trainer builds, on a dummy parameter
@@ -124,12 +148,6 @@ def validate_config(cfg: TrainConfig) -> None:
     except (ZeroDivisionError, ValueError) as exc:
         raise ValueError(f"--steps {cfg.steps} with optim.warmup_pct {cfg.optim.warmup_pct}: the one-cycle schedule "
                          f"cannot be built ({type(exc).__name__}: {exc}); choose another --steps") from None
-    if cfg.init:
-        from dpot_train.model.checkpoint import load_state_dict_file
-
-        if not Path(cfg.init).is_file():
-            raise FileNotFoundError(f"--init checkpoint not found: {cfg.init}")
-        load_state_dict_file(cfg.init, trusted=cfg.trust)  # refuses pickled objects unless --trust
 
 
 def resume_layout(run: Path, topo: Topology | None) -> Topology:
@@ -204,7 +222,8 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainCo
             "Move them aside to start the run over, or restore a readable checkpoint to resume")
     if resume and cfg_path.exists():
         saved = absolute_paths(load_config(cfg_path))  # a run written before paths were stored absolute: from here
-        changed = [k for k in _diff(saved.to_dict(), cfg.to_dict()) if k not in _RESUMABLE]
+        derived = _FROM_EPOCHS if cfg.epochs > 0 else set()
+        changed = [k for k in _diff(saved.to_dict(), cfg.to_dict()) if k not in _RESUMABLE | derived]
         if changed and has_ckpt:
             raise RunDirError(f"--resume: {', '.join(changed)} differ from {cfg_path}; a resumed run keeps its "
                               "data, model and optimiser settings (start a new --out to change them)")
@@ -214,7 +233,11 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainCo
     cfg = resolve_recipe(cfg)
     check_names(cfg)  # manifests readable, mixture names, splits, conventions: before the checksum pass
     check_outputs(cfg.data)  # docs/format.md on every output, sha256 included unless disabled
-    prepare_stream(cfg.data, cfg.seed, validated=True)  # mixture, compatibility, trajectory index
+    spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True)  # mixture, compatibility, trajectory index
+    cfg = resolve_epochs(cfg, spec.epoch_length)
+    check_schedule(cfg)
+    ds0 = spec.datasets[0]
+    data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid it can read
     if resume and has_ckpt and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Relative L2 with channel-validity and geometry masks: the training loss, and one-step / rollout L2RE.
 
-Tensors are in the model layout (B, X, Y, T, C); `mask` is (B, X, Y) with True on fluid cells, `channel_valid`
-is (B, C). The relative error of a sample and channel is ||(pred - true) * m|| / ||true * m|| over (X, Y, T),
+Tensors are in the model layout (B, X, Y, T, C) (3D: (B, X, Y, Z, T, C)); `mask` is (B, X, Y[, Z]) with True on
+fluid cells, `channel_valid` is (B, C). The relative error of a sample and channel is ||(pred - true) * m|| /
+||true * m|| over space and time,
 averaged over the sample's valid channels; the loss is the mean of that over the batch (the reference sums).
 """
 
@@ -20,11 +21,12 @@ def relative_l2_per_channel(pred: torch.Tensor, true: torch.Tensor, mask: torch.
     diff = (pred - true).float()
     true = true.float()
     if mask is not None:
-        m = mask.to(diff.dtype)[:, :, :, None, None]
+        m = mask.to(diff.dtype)[..., None, None]
         diff = diff * m
         true = true * m
-    num = diff.pow(2).sum(dim=(1, 2, 3)).sqrt()
-    den = true.pow(2).sum(dim=(1, 2, 3)).sqrt()
+    space_time = tuple(range(1, diff.ndim - 1))
+    num = diff.pow(2).sum(dim=space_time).sqrt()
+    den = true.pow(2).sum(dim=space_time).sqrt()
     return num / (den + eps)
 
 
@@ -57,38 +59,38 @@ Predictor = Callable[[torch.Tensor], torch.Tensor]
 
 def predicted_entries(mask: torch.Tensor | None, channel_valid: torch.Tensor | None, like: torch.Tensor
                       ) -> torch.Tensor | None:
-    """(B, X, Y, 1, C) bool: fluid cells of valid channels, the entries a model's prediction is used for."""
+    """(B, X, Y[, Z], 1, C) bool: fluid cells of valid channels, the entries a model's prediction is used for."""
     if mask is None and channel_valid is None:
         return None
-    b, x, y, _, c = like.shape
-    keep = torch.ones(b, x, y, 1, c, dtype=torch.bool, device=like.device)
+    keep = torch.ones(*like.shape[:-2], 1, like.shape[-1], dtype=torch.bool, device=like.device)
     if mask is not None:
-        keep = keep & mask.to(like.device).bool()[:, :, :, None, None]
+        keep = keep & mask.to(like.device).bool()[..., None, None]
     if channel_valid is not None:
-        keep = keep & channel_valid.to(like.device).bool()[:, None, None, None, :]
+        cv = channel_valid.to(like.device).bool()
+        keep = keep & cv.view(cv.shape[0], *([1] * (like.ndim - 2)), cv.shape[1])
     return keep
 
 
 def rollout(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int,
             keep: torch.Tensor | None = None) -> torch.Tensor:
-    """Auto-regressive rollout from the first t_in true frames of (B, X, Y, T, C): returns (B, X, Y, steps, C).
+    """Auto-regressive rollout from the first t_in true frames of (B, *S, T, C): returns (B, *S, steps, C).
 
     `predict` maps (B, X, Y, t_in, C) to (B, X, Y, k, C) with k >= 1 new frames; they are appended and the window
     slides forward until `steps` frames are produced. Where `keep` (see predicted_entries) is False — padded
     channels and solid cells, which the loss never trains — the last input frame is carried over instead, so that
     untrained outputs are never fed back as inputs.
     """
-    window = frames[:, :, :, :t_in]
+    window = frames[..., :t_in, :]
     out: list[torch.Tensor] = []
     produced = 0
     while produced < steps:
         new = predict(window)
         if keep is not None:
-            new = torch.where(keep, new, window[:, :, :, -1:])
+            new = torch.where(keep, new, window[..., -1:, :])
         out.append(new)
-        produced += new.shape[3]
-        window = torch.cat([window, new], dim=3)[:, :, :, -t_in:]
-    return torch.cat(out, dim=3)[:, :, :, :steps]
+        produced += new.shape[-2]
+        window = torch.cat([window, new], dim=-2)[..., -t_in:, :]
+    return torch.cat(out, dim=-2)[..., :steps, :]
 
 
 def one_step(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int,
@@ -96,15 +98,15 @@ def one_step(predict: Predictor, frames: torch.Tensor, t_in: int, steps: int,
     """Teacher-forced next-frame predictions for frames t_in .. t_in + steps - 1 (each from the true previous t_in)."""
     preds = []
     for t in range(t_in, t_in + steps):
-        window = frames[:, :, :, t - t_in:t]
-        new = predict(window)[:, :, :, :1]
-        preds.append(new if keep is None else torch.where(keep, new, window[:, :, :, -1:]))
-    return torch.cat(preds, dim=3)
+        window = frames[..., t - t_in:t, :]
+        new = predict(window)[..., :1, :]
+        preds.append(new if keep is None else torch.where(keep, new, window[..., -1:, :]))
+    return torch.cat(preds, dim=-2)
 
 
 def persistence(window: torch.Tensor) -> torch.Tensor:
-    """Baseline predictor: the last input frame, (B, X, Y, 1, C)."""
-    return window[:, :, :, -1:]
+    """Baseline predictor: the last input frame, (B, *S, 1, C)."""
+    return window[..., -1:, :]
 
 
 def l2re(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
@@ -115,23 +117,24 @@ def l2re(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
 
 # ------------------------------------------------------------------------------------------ the reference's metric
 
-def original_grid_cells(shape: tuple[int, int], native: tuple[int, int] | list[int]) -> torch.Tensor:
-    """(H, W) bool: the cells that hold the native grid's points after an integer upsampling (every k-th cell from
-    0), all cells otherwise: the reference's test mask (it scores only values that were not interpolated)."""
-    cells = torch.zeros(shape, dtype=torch.bool)
+def original_grid_cells(shape: tuple[int, ...], native: tuple[int, ...] | list[int]) -> torch.Tensor:
+    """(H, W[, D]) bool: the cells that hold the native grid's points after an integer upsampling (every k-th cell
+    from 0), all cells otherwise: the reference's test mask (it scores only values that were not interpolated)."""
+    cells = torch.zeros(tuple(shape), dtype=torch.bool)
     steps = [s // n if n < s and s % n == 0 else 1 for s, n in zip(shape, native)]
-    cells[::steps[0], ::steps[1]] = True
+    cells[tuple(slice(None, None, k) for k in steps)] = True
     return cells
 
 
 def reference_l2re(pred: torch.Tensor, true: torch.Tensor, cells: torch.Tensor, channels: int) -> torch.Tensor:
-    """(B,) the reference's relative L2 of each sample: per channel over (H, W, T) on `cells`, averaged over the
-    first `channels` channels (the dataset's own, or its pred_channels)."""
-    m = cells.to(pred.device)[None, :, :, None, None]
+    """(B,) the reference's relative L2 of each sample: per channel over (H, W[, D], T) on `cells`, averaged over
+    the first `channels` channels (the dataset's own, or its pred_channels)."""
+    m = cells.to(pred.device)[None, ..., None, None]
     diff = ((pred - true).float() * m)[..., :channels]
     ref = (true.float() * m)[..., :channels]
-    num = diff.pow(2).sum(dim=(1, 2, 3)).sqrt()
-    den = ref.pow(2).sum(dim=(1, 2, 3)).sqrt()
+    space_time = tuple(range(1, diff.ndim - 1))
+    num = diff.pow(2).sum(dim=space_time).sqrt()
+    den = ref.pow(2).sum(dim=space_time).sqrt()
     return (num / den).mean(dim=1)
 
 
@@ -139,14 +142,14 @@ def reference_rollout_errors(predict: Predictor, frames: torch.Tensor, t_in: int
                              channels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference evaluation of a batch: an auto-regressive rollout from the first t_in frames that feeds every
     channel of each prediction back; returns (B,) errors over the whole rollout and (B, steps) per-step errors."""
-    window = frames[:, :, :, :t_in]
+    window = frames[..., :t_in, :]
     preds: list[torch.Tensor] = []
-    while sum(p.shape[3] for p in preds) < steps:
+    while sum(p.shape[-2] for p in preds) < steps:
         new = predict(window)
         preds.append(new)
-        window = torch.cat([window, new], dim=3)[:, :, :, -t_in:]
-    pred = torch.cat(preds, dim=3)[:, :, :, :steps]
-    true = frames[:, :, :, t_in:t_in + steps]
-    per_step = torch.stack([reference_l2re(pred[:, :, :, s:s + 1], true[:, :, :, s:s + 1], cells, channels)
+        window = torch.cat([window, new], dim=-2)[..., -t_in:, :]
+    pred = torch.cat(preds, dim=-2)[..., :steps, :]
+    true = frames[..., t_in:t_in + steps, :]
+    per_step = torch.stack([reference_l2re(pred[..., s:s + 1, :], true[..., s:s + 1, :], cells, channels)
                             for s in range(steps)], dim=1)
     return reference_l2re(pred, true, cells, channels), per_step

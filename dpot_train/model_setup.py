@@ -10,19 +10,25 @@ import torch.nn.functional as F
 from dpot_train.model import DPOTConfig, build_model, infer_config, load_state_dict_file, resolve_config
 
 
-def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int) -> dict[str, Any]:
-    """Model config fields the data fixes: grid side, channel count, input and output frames."""
-    if len(shape) != 2 or shape[0] != shape[1]:
-        raise ValueError(f"the model needs a square 2D grid; the data grid is {list(shape)}")
-    return {"img_size": int(shape[0]), "in_channels": channels, "out_channels": channels,
-            "in_timesteps": t_in, "out_timesteps": t_out}
+def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int, res: int = 0) -> dict[str, Any]:
+    """Model config fields the data fixes: dimension (2D or 3D), grid side (`res` when the run resizes windows),
+    channel count, input and output frames."""
+    grid = (res,) * len(shape) if res > 0 else tuple(shape)
+    if len(grid) not in (2, 3) or len(set(grid)) != 1:
+        raise ValueError(f"the model needs a square 2D or cubic 3D grid; the data grid is {list(shape)} "
+                         "(resize every window with --res N)")
+    return {"img_size": int(grid[0]), "in_channels": channels, "out_channels": channels,
+            "in_timesteps": t_in, "out_timesteps": t_out, "spatial_dims": len(grid)}
 
 
 def resize_pos_embed(pos: torch.Tensor, side: int) -> torch.Tensor:
-    """(1, D, n, n) positional embedding resampled bicubically to (1, D, side, side) (fine-tuning at another grid)."""
+    """(1, D, n, n) positional embedding resampled bicubically to (1, D, side, side) (fine-tuning at another grid);
+    a 3D (1, D, n, n, n) one trilinearly."""
     if pos.shape[-1] == side:
         return pos
-    return F.interpolate(pos.float(), size=(side, side), mode="bicubic", align_corners=False).to(pos.dtype)
+    nd = pos.ndim - 2
+    mode = "bicubic" if nd == 2 else "trilinear"
+    return F.interpolate(pos.float(), size=(side,) * nd, mode=mode, align_corners=False).to(pos.dtype)
 
 
 def fresh_model(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -> torch.nn.Module:
@@ -43,13 +49,20 @@ def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:
             for d in datasets if d.convention.get("name") != "dpot-reference"]
 
 
+def checkpoint_config(path: str, trusted: bool = False) -> tuple[dict[str, torch.Tensor], DPOTConfig]:
+    """The state dict of `path` and its model config (stored with our checkpoints, inferred for released ones)."""
+    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
+    return state, DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
+
+
 def init_model(path: str, fixed: dict[str, Any], trusted: bool = False) -> torch.nn.Module:
     """Weights of `path` (released `{'model': state_dict}` or ours) adapted to the data grid.
 
     Channels and frame counts must match the data; a different grid side resamples the positional embedding.
     """
-    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
-    config = DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
+    state, config = checkpoint_config(path, trusted)
+    if config.spatial_dims != fixed.get("spatial_dims", config.spatial_dims):
+        raise ValueError(f"--init {path}: a {config.spatial_dims}D model, the data is {fixed['spatial_dims']}D")
     for key in ("in_channels", "out_channels", "in_timesteps", "out_timesteps"):
         if getattr(config, key) != fixed[key]:
             raise ValueError(f"--init {path}: the checkpoint has {key}={getattr(config, key)} but the data/run "

@@ -1,7 +1,8 @@
 """Exactly what the model is handed for one stored trajectory: the public way to compare our inputs with others'.
 
 `model_input` reads frames of one trajectory through the same readers and layout rule as training and evaluation
-(the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32.
+(the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32, or
+(X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on.
 """
 
 from __future__ import annotations
@@ -9,19 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from dpot_train.config import DataConfig
 from dpot_train.data.manifest import DataError
 from dpot_train.data.prepare import load_datasets
 from dpot_train.data.readers import make_reader
-from dpot_train.data.windows import to_model_layout
+from dpot_train.data.windows import resize_frames, to_model_layout
 
 
 def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
-                start: int = 0, frames: int | None = None, backend: str = "webdataset") -> np.ndarray:
+                start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0) -> np.ndarray:
     """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
-    (default: the manifest's only dataset) as the model sees them: (H, W, T, C) float32."""
-    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False)
+    (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res` per
+    axis when > 0 (as `launch --res` does)."""
+    # any trajectory length: the frame range is checked below, not a training window
+    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0)
     datasets = load_datasets(cfg, split, verify=False)
     names = [d.name for d in datasets]
     if dataset is None:
@@ -40,4 +44,5 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
     if start < 0 or length < 1 or start + length > ds.frames:
         raise DataError(f"{ds.name}: frames [{start}, {start + length}) are outside its {ds.frames} frames")
     fields, _ = reader.read(refs[index], start, length)
-    return to_model_layout(fields, ds.model_layout)
+    x = to_model_layout(fields, ds.model_layout)
+    return resize_frames(torch.from_numpy(x)[None], res)[0].numpy() if res > 0 else x

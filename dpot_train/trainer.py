@@ -22,13 +22,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dpot_train import distributed as D
 from dpot_train.checkpoint import (FORMAT, checkpoint_path, latest_checkpoint, list_checkpoints, prune, rng_state,
                                    save_atomic, set_rng_state)
-from dpot_train.config import TrainConfig, save_config
+from dpot_train.config import TrainConfig, resolve_epochs, save_config
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import WindowStream
-from dpot_train.data.windows import inject_noise
+from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
 from dpot_train.metrics import per_sample_loss
-from dpot_train.model_setup import data_overrides, fresh_model, init_model
+from dpot_train.finetune import finetune_model
+from dpot_train.model import DPOTConfig, build_model
+from dpot_train.model_setup import data_overrides, fresh_model
 
 
 class RunDirError(RuntimeError):
@@ -36,26 +38,39 @@ class RunDirError(RuntimeError):
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW (paper betas and weight decay) and a one-cycle schedule that leaves beta1 alone (no momentum cycling)."""
+    """AdamW (paper betas and weight decay) or Adam (the reference's fine-tuning), and a one-cycle schedule that
+    leaves beta1 alone (no momentum cycling) or the reference's step decay."""
     params = [p for p in model.parameters() if p.requires_grad]
     o = cfg.optim
-    opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    kind = torch.optim.Adam if o.optimizer == "adam" else torch.optim.AdamW
+    opt = kind(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    if o.schedule == "step":
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=max(o.decay_every, 1), gamma=o.decay_gamma)
     sched = torch.optim.lr_scheduler.OneCycleLR(
         opt, max_lr=o.lr, total_steps=max(cfg.steps, 1), pct_start=o.warmup_pct, anneal_strategy="cos",
         cycle_momentum=False, div_factor=o.div_factor, final_div_factor=o.final_div_factor)
     return opt, sched
 
 
-def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...]) -> torch.nn.Module:
-    """Seeded preset fitted to the data, or the --init weights; the unused dataset-classification head is frozen."""
-    fixed = data_overrides(channels, shape, cfg.data.t_in, cfg.data.t_out)
+def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...], saved: dict[str, Any] | None = None
+                    ) -> tuple[torch.nn.Module, str | None]:
+    """Seeded preset fitted to the data, or the --init weights (the --load components; the rest fresh) and the line
+    saying which; on a resume, the model config `saved` in the run's checkpoint (its weights are loaded after, so
+    the --init file is not read again). The unused dataset-classification head is frozen."""
+    fixed = data_overrides(channels, shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)
     torch.manual_seed(cfg.seed)
-    model = init_model(cfg.init, fixed, cfg.trust) if cfg.init else fresh_model(cfg.model, cfg.model_overrides, fixed)
+    line = None
+    if saved is not None:
+        model = build_model(DPOTConfig.from_dict(saved))
+    elif cfg.init:
+        model, line = finetune_model(cfg.init, fixed, cfg.load, cfg.model_overrides, cfg.trust)
+    else:
+        model = fresh_model(cfg.model, cfg.model_overrides, fixed)
     cls_head = getattr(model, "cls_head", None)
     if cls_head is not None:  # never trained (loss weight 0 in the reference); frozen so DDP sees no unused grads
         for p in cls_head.parameters():
             p.requires_grad_(False)
-    return model
+    return model, line
 
 
 def set_determinism(enabled: bool) -> None:
@@ -101,8 +116,13 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
 
     verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
     spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
+    cfg = resolve_epochs(cfg, spec.epoch_length)
     ds0 = spec.datasets[0]
-    model = build_run_model(cfg, len(ds0.channels), ds0.shape).to(info.device)
+    model, init_line = build_run_model(cfg, len(ds0.channels), ds0.shape,
+                                       found[1].get("config") if found is not None else None)
+    model = model.to(info.device)
+    if init_line and info.is_main:
+        print(init_line, flush=True)
     opt, sched = build_optimizer(model, cfg)
     step, position = 0, 0
     if found is not None:
@@ -192,6 +212,9 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             y = batch["y"].to(info.device, non_blocking=True)
             mask = batch["mask"].to(info.device, non_blocking=True)
             cv = batch["channel_valid"].to(info.device, non_blocking=True)
+            if cfg.data.res > 0:  # the run's grid (the reference resizes in its loader, before the noise)
+                x, y = resize_frames(x, cfg.data.res), resize_frames(y, cfg.data.res)
+                mask = resize_mask(mask, cfg.data.res)
             if reference:  # the reference's noise touches every channel and cell
                 x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed)
             else:

@@ -20,8 +20,8 @@ def _names() -> list[str]:
 
 
 def test_one_config_per_preset_and_the_demo() -> None:
-    assert _names() == ["demo.yaml", "pretrain-h.yaml", "pretrain-l.yaml", "pretrain-m.yaml", "pretrain-s.yaml",
-                        "pretrain-ti.yaml"]
+    assert _names() == ["demo.yaml", "finetune-2d.yaml", "finetune-3d.yaml", "pretrain-h.yaml", "pretrain-l.yaml",
+                        "pretrain-m.yaml", "pretrain-s.yaml", "pretrain-ti.yaml"]
 
 
 @pytest.mark.parametrize("name", _names())

@@ -282,11 +282,8 @@ def _entry(result: ReadResult, opts: IngestOptions, p: IngestPlan, rule: str, se
 
 
 def _warnings(result: ReadResult, p: IngestPlan, rule: str) -> list[str]:
-    """What the user should know before the run: 3D data, a grid that grows, an empty train or test split."""
+    """What the user should know before the run: a grid that grows, an empty train or test split."""
     out = []
-    if len(result.data["fields"].dims) == 6:
-        out.append(f"{p.name}: 3D data; `dpot-train launch` trains on 2D data only (the library has DPOT3D and "
-                   "transfer_2d_to_3d for downstream use, docs/model.md)")
     grow = math.prod(p.grid.target) / math.prod(p.grid.native)
     if grow > 1:
         size = len(p.pieces) * p.frames * len(p.channels) * math.prod(p.grid.target) * 4

@@ -181,20 +181,26 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
             raise DataError("; ".join(lines) + more)
 
 
-def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str) -> None:
-    """Datasets trained together must share channel count and grid, and hold enough frames per window."""
+def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str, res: int = 0) -> None:
+    """Datasets trained together must share dimension, channel count and grid (any grid when each window is resized
+    to `res`), and hold enough frames per window."""
     first = datasets[0]
+    other = next((ds for ds in datasets if len(ds.dims) != len(first.dims)), None)
+    if other is not None:  # before any per-dataset check: the one line names the mix
+        raise DataError(f"2D and 3D datasets in one run: dataset {other.name!r} ({other.manifest}) is "
+                        f"{len(other.dims)}D, dataset {first.name!r} ({first.manifest}) is {len(first.dims)}D; "
+                        "train them separately")
     for ds in datasets:
-        if len(ds.dims) != 2:
-            raise DataError(f"{ds.manifest}: dataset {ds.name!r} is {len(ds.dims)}D (dims {ds.dims}); "
-                            "the trainer reads 2D datasets")
+        if len(ds.dims) not in (2, 3):
+            raise DataError(f"{ds.manifest}: dataset {ds.name!r} has dims {ds.dims}; the trainer reads 2D and 3D "
+                            "data")
         if len(ds.channels) != len(first.channels):
             raise DataError(f"mismatched channel counts: dataset {ds.name!r} ({ds.manifest}) has {len(ds.channels)} "
                             f"channels {ds.channels}, dataset {first.name!r} ({first.manifest}) has "
                             f"{len(first.channels)} {first.channels}; ingest them with the same --channels")
-        if ds.shape != first.shape:
+        if ds.shape != first.shape and res <= 0:
             raise DataError(f"mismatched grids: dataset {ds.name!r} is {list(ds.shape)}, dataset {first.name!r} is "
-                            f"{list(first.shape)}; ingest them to the same grid")
+                            f"{list(first.shape)}; ingest them to the same grid, or resize both with --res")
         if ds.frames < t_in + t_out:
             raise DataError(f"dataset {ds.name!r} has {ds.frames} frames per trajectory, fewer than "
                             f"t_in + t_out = {t_in + t_out}")

@@ -16,7 +16,7 @@ from dpot_train.data.stream import StreamSpec
 def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None) -> list[DatasetInfo]:
     """Read the manifests, check compatibility, verify the shards of `split` (size always, sha256 if enabled)."""
     datasets = read_manifests(list(cfg.manifests))
-    check_compatible(datasets, cfg.t_in, cfg.t_out, split)
+    check_compatible(datasets, cfg.t_in, cfg.t_out, split, cfg.res)
     verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify)
     return datasets
 
@@ -28,7 +28,7 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, valid
     datasets = read_manifests(list(cfg.manifests))
     weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.mixture), cfg.mixture_partial)
     datasets = [d for d in datasets if weights[d.name] > 0]
-    check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split)
+    check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split, cfg.res)
     if not validated:
         verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify)
     reader = make_reader(cfg.backend)

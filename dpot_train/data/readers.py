@@ -42,7 +42,8 @@ class TrajRef:
 
 
 class TrajectoryReader(Protocol):
-    """Reads frames [t0, t0 + length) of a trajectory as float32 (length, C, Y, X) and its uint8 mask (Y, X)."""
+    """Reads frames [t0, t0 + length) of a trajectory as float32 (length, C, [Z,] Y, X) and its uint8 mask
+    ([Z,] Y, X)."""
 
     def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]: ...
 
@@ -136,8 +137,8 @@ class WebDatasetReader:
             shape, fortran, dtype, offset = read_npy_header(f, f"{ref.url}: {ref.id} fields.npy")
         except FormatError as e:
             raise DataError(str(e)) from None
-        if fortran or dtype != np.float32 or len(shape) != 4:
-            raise DataError(f"{ref.url}: {ref.id} fields.npy must be float32 C-order (T, C, Y, X), "
+        if fortran or dtype != np.float32 or len(shape) not in (4, 5):
+            raise DataError(f"{ref.url}: {ref.id} fields.npy must be float32 C-order (T, C, Y, X) or (T, C, Z, Y, X), "
                             f"got {dtype} shape {shape} fortran={fortran}")
         if t0 < 0 or t0 + length > shape[0]:
             raise DataError(f"{ref.url}: {ref.id} has {shape[0]} frames, asked for [{t0}, {t0 + length})")

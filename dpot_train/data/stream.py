@@ -106,7 +106,7 @@ class EpochPlans:
 def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int
                 ) -> dict[str, Any]:
     """Read the window of the sample at `position`: frames (T, C, W, H) (the stored (T, C, Y, X), axes swapped for a
-    model_layout "yx" dataset) plus the model's (H, W, T, C) views x and y.
+    model_layout "yx" dataset; 3D: (T, C, Z, Y, X)) plus the model's (H, W[, Z], T, C) views x and y.
 
     No noise here: it is injected on the training device (windows.inject_noise), seeded by the same position.
     """
@@ -122,15 +122,18 @@ def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef
 
 
 def collate(samples: list[dict[str, Any]], t_in: int) -> dict[str, Any]:
-    """Batch: x (B, X, Y, T_in, C), y (B, X, Y, T_out, C), mask (B, X, Y), channel_valid (B, C), ids.
+    """Batch: x (B, X, Y[, Z], T_in, C), y (B, X, Y[, Z], T_out, C), mask (B, X, Y[, Z]), channel_valid (B, C), ids.
 
-    Windows are stacked in their stored (T, C, Y, X) order (a plain copy) and x, y, mask are permuted views of that.
+    Windows are stacked in their stored (T, C, [Z,] Y, X) order (a plain copy) and x, y, mask are permuted views.
     """
-    frames = torch.from_numpy(np.stack([s["frames"] for s in samples])).permute(0, 4, 3, 1, 2)  # (B, X, Y, T, C)
-    mask = torch.from_numpy(np.stack([s["mask_yx"] for s in samples]).astype(bool)).permute(0, 2, 1)
+    stacked = torch.from_numpy(np.stack([s["frames"] for s in samples]))  # (B, T, C, *stored space)
+    space = list(range(stacked.ndim - 1, 2, -1))  # stored space axes reversed: (X, Y) or (X, Y, Z)
+    frames = stacked.permute(0, *space, 1, 2)  # (B, X, Y[, Z], T, C)
+    masks = torch.from_numpy(np.stack([s["mask_yx"] for s in samples]).astype(bool))
+    mask = masks.permute(0, *range(masks.ndim - 1, 0, -1))
     return {
-        "x": frames[:, :, :, :t_in],
-        "y": frames[:, :, :, t_in:],
+        "x": frames[..., :t_in, :],
+        "y": frames[..., t_in:, :],
         "mask": mask,
         "channel_valid": torch.from_numpy(np.stack([s["channel_valid"] for s in samples])),
         "dataset": torch.tensor([s["dataset"] for s in samples], dtype=torch.int64),

@@ -1,9 +1,13 @@
-"""Pure array transforms: window start, layout change to the model's (X, Y, T, C), and noise injection."""
+"""Pure array transforms: window start, layout change to the model's (X, Y[, Z], T, C), grid resize, noise injection.
+
+2D fields are stored (T, C, Y, X), 3D fields (T, C, Z, Y, X); the model reads (X, Y, T, C) or (X, Y, Z, T, C).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
@@ -13,10 +17,17 @@ def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
     return int(rng.integers(0, frames - length + 1))
 
 
+def _to_model_axes(ndim: int) -> tuple[int, ...]:
+    """Permutation (T, C, *stored space) -> (*reversed space, T, C): (X, Y, T, C) or (X, Y, Z, T, C)."""
+    return tuple(range(ndim - 1, 1, -1)) + (0, 1)
+
+
 def to_model_layout(fields: np.ndarray, model_layout: str = "xy") -> np.ndarray:
     """(T, C, Y, X) as stored in shards -> the model's (H, W, T, C) (contiguous copy): (X, Y, T, C) for the
-    manifest's model_layout "xy", (Y, X, T, C) for "yx"."""
-    return np.ascontiguousarray(np.transpose(fields, (3, 2, 0, 1) if model_layout == "xy" else (2, 3, 0, 1)))
+    manifest's model_layout "xy", (Y, X, T, C) for "yx"; 3D (T, C, Z, Y, X) -> (X, Y, Z, T, C)."""
+    if model_layout == "yx" and fields.ndim == 4:
+        return np.ascontiguousarray(np.transpose(fields, (2, 3, 0, 1)))
+    return np.ascontiguousarray(np.transpose(fields, _to_model_axes(fields.ndim)))
 
 
 def as_model_order(fields: np.ndarray, mask: np.ndarray, model_layout: str) -> tuple[np.ndarray, np.ndarray]:
@@ -28,13 +39,36 @@ def as_model_order(fields: np.ndarray, mask: np.ndarray, model_layout: str) -> t
 
 
 def split_window(window: np.ndarray, t_in: int) -> tuple[np.ndarray, np.ndarray]:
-    """(X, Y, T, C) window -> inputs (X, Y, t_in, C) and targets (X, Y, T - t_in, C)."""
-    return window[:, :, :t_in], window[:, :, t_in:]
+    """(X, Y[, Z], T, C) window -> inputs (..., t_in, C) and targets (..., T - t_in, C)."""
+    return window[..., :t_in, :], window[..., t_in:, :]
 
 
 def model_view(fields: np.ndarray) -> np.ndarray:
-    """(T, C, Y, X) -> (X, Y, T, C) as a view (no copy): batches are stacked in stored order and permuted once."""
-    return np.transpose(fields, (3, 2, 0, 1))
+    """(T, C, Y, X) -> (X, Y, T, C) (3D: (T, C, Z, Y, X) -> (X, Y, Z, T, C)) as a view (no copy): batches are
+    stacked in stored order and permuted once."""
+    return np.transpose(fields, _to_model_axes(fields.ndim))
+
+
+def resize_frames(frames: torch.Tensor, res: int) -> torch.Tensor:
+    """(B, *S, T, C) resampled to (B, res, ..., T, C), each frame and channel alone, as the reference's loaders do:
+    trilinear for 3D (TemporalDataset3D), bilinear for 2D (both align_corners=False, no antialiasing).
+    res <= 0 or the grid already res on every axis: returned as it is."""
+    nd = frames.ndim - 3
+    if res <= 0 or all(s == res for s in frames.shape[1:1 + nd]):
+        return frames
+    t, c = frames.shape[-2], frames.shape[-1]
+    cf = frames.float().flatten(-2).movedim(-1, 1)  # (B, T*C, *S)
+    out = F.interpolate(cf, size=(res,) * nd, mode="trilinear" if nd == 3 else "bilinear", align_corners=False)
+    return out.movedim(1, -1).unflatten(-1, (t, c)).to(frames.dtype)
+
+
+def resize_mask(mask: torch.Tensor, res: int) -> torch.Tensor:
+    """(B, *S) fluid mask to (B, res, ...) by nearest neighbour (a cell stays fluid or solid, never in between)."""
+    nd = mask.ndim - 1
+    if res <= 0 or all(s == res for s in mask.shape[1:]):
+        return mask
+    out = F.interpolate(mask[:, None].float(), size=(res,) * nd, mode="nearest")
+    return out[:, 0].to(mask.dtype)
 
 
 def noise_seed(seed: int, position: int) -> int:
@@ -44,8 +78,8 @@ def noise_seed(seed: int, position: int) -> int:
 
 def inject_noise(x: torch.Tensor, eps: float, positions: torch.Tensor, seed: int, mask: torch.Tensor | None = None,
                  channel_valid: torch.Tensor | None = None) -> torch.Tensor:
-    """x + eps * ||x||_2 * N(0, 1) for a batch (B, X, Y, T, C), on x's device; the norm per sample and channel over
-    (X, Y, T). Noise only on fluid cells (mask (B, X, Y)) of valid channels (channel_valid (B, C)).
+    """x + eps * ||x||_2 * N(0, 1) for a batch (B, X, Y[, Z], T, C), on x's device; the norm per sample and channel
+    over space and time. Noise only on fluid cells (mask (B, X, Y[, Z])) of valid channels (channel_valid (B, C)).
 
     Sample i's normal draws come from a generator seeded by (seed, positions[i]), so the noise a sample gets does not
     depend on the batch it lands in, the process count or a resume.
@@ -62,9 +96,9 @@ def inject_noise(x: torch.Tensor, eps: float, positions: torch.Tensor, seed: int
         for ch in range(c):
             if valid[i][ch]:  # padded channels get no draw: they stay exactly the fill value
                 noise_cf[i, ch] = torch.randn(space_time, generator=g, device=x.device, dtype=torch.float32)
-    noise = noise_cf.movedim(1, -1)  # (B, X, Y, T, C) view
-    xf = x.float()
-    noise *= eps * xf.pow(2).sum(dim=(1, 2, 3), keepdim=True).sqrt()
+    noise = noise_cf.movedim(1, -1)  # (B, X, Y[, Z], T, C) view
+    xf = x.float().contiguous()  # one summation order for a view and its copy (the loader delivers views)
+    noise *= eps * xf.pow(2).sum(dim=tuple(range(1, x.ndim - 1)), keepdim=True).sqrt()
     if mask is not None:
-        noise *= mask.to(noise.dtype)[:, :, :, None, None]
+        noise *= mask.to(noise.dtype)[..., None, None]
     return (xf + noise).to(x.dtype)
