@@ -70,7 +70,7 @@ def test_parse_mixture_forms_and_errors(tmp_path: Path) -> None:
         parse_mixture({"a": -1})
     with pytest.raises(DataError, match="not a file"):
         parse_mixture("no/such/mixture.yaml")
-    with pytest.raises(DataError, match=r"absent from the given manifests: \['zz'\]; present: \['a'\]"):
+    with pytest.raises(DataError, match=r"absent from the given manifests: \['zz'\]; the manifests hold: \['a', 'b'\]"):
         resolve_weights(["a", "b"], {"a": 1.0, "zz": 1.0})
     assert resolve_weights(["a", "b"], {"a": 1.0, "zz": 1.0}, partial=True) == {"a": 1.0, "b": 0.0}
     assert resolve_weights(["a", "b"], None) == {"a": 1.0, "b": 1.0}
