@@ -259,7 +259,7 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
     import contextlib
     import warnings
 
-    from dpot_data.input_hashes import InputHashes
+    from dpot_data.ingest.input_hashes import InputHashes
 
     # the local input files are hashed from here on, beside the imports below (half a second)
     hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
@@ -462,7 +462,7 @@ def inspect_command(
     import json
 
     from dpot_data.errors import InputError
-    from dpot_data.inspect import inspect_dir, render
+    from dpot_data.inspection import inspect_dir, render
     from dpot_format.errors import FormatError
 
     roots = _output_roots(folder)
@@ -511,7 +511,7 @@ does not list, and temporary leftovers, are reported as warnings)."""
     import json
 
     from dpot_data.errors import InputError
-    from dpot_data.scheduler import SchedulerOptions, scheduler_context
+    from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
     from dpot_format.validate import as_json as problems_json
     from dpot_format.validate import summarise, validate_output
 
@@ -549,7 +549,7 @@ def stats_command(
 
     from dpot_data.errors import InputError
     from dpot_data.output import recompute_stats
-    from dpot_data.scheduler import SchedulerOptions, scheduler_context
+    from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
     from dpot_data.stats import compare
     from dpot_format.errors import FormatError
     from dpot_format.manifest import read_manifest

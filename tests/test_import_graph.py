@@ -59,8 +59,8 @@ def test_the_import_walker_sees_function_level_and_relative_imports(tmp_path: Pa
     names = _imports(probe)
     assert "dpot_format.validate" in names and "dpot_format.manifest.read_manifest" in names
     fake = tmp_path / "x.py"
-    fake.write_text("def f():\n    from dpot_data.manifest import fsync_dir\n    import dpot_data.fs as fs\n")
-    assert {"dpot_data.manifest", "dpot_data.fs"} <= _imports(fake)
+    fake.write_text("def f():\n    from dpot_data.manifest_io import fsync_dir\n    import dpot_data.fs as fs\n")
+    assert {"dpot_data.manifest_io", "dpot_data.fs"} <= _imports(fake)
 
 
 def test_dpot_train_imports_nothing_from_dpot_data() -> None:

@@ -205,7 +205,7 @@ def test_sigkill_at_each_publish_step_leaves_a_valid_output(raw: Path, done: Pat
 def test_temporaries_of_a_killed_run_are_never_published(raw: Path, tmp_path: Path, monkeypatch) -> None:
     """A kill inside a Zarr chunk write leaves `*.partial` files in the staged store, a kill at the manifest write
     a `.manifest.json.tmp-<pid>`: the resumed run publishes neither and removes both."""
-    import dpot_data.journal as jn
+    import dpot_data.ingest.journal as jn
 
     out = tmp_path / "out"
     original = jn.Journal.record

@@ -2,7 +2,7 @@
 
 - `plan` (dpot_data.ingest.plan) decides everything about the output without I/O;
 - `run` (dpot_data.ingest.run) processes blocks of trajectories as tasks (a bounded window in flight, never whole
-  files) and writes them into OUT/.staging-<dataset>, whose journal (dpot_data.journal) records every finished block
+  files) and writes them into OUT/.staging-<dataset>, whose journal (dpot_data.ingest.journal) records every finished block
   so that re-running an interrupted ingest resumes it with a byte-identical result;
 - `publish` (dpot_data.ingest.publish) makes the staged output the output of OUT with one atomic manifest rename,
   the old output valid until then; one ingest at a time writes into an OUT (`OutputLock`).
@@ -21,11 +21,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from dpot_data import journal as jn
-from dpot_data import manifest as mf
+from dpot_data.ingest import journal as jn
+from dpot_data import manifest_io as mf
 from dpot_data import stats as st
 from dpot_data.errors import InputError
-from dpot_data.input_hashes import InputHashes
+from dpot_data.ingest.input_hashes import InputHashes
 from dpot_data.ingest.options import CONVENTIONS, FORMATS, IngestOptions, IngestOutcome, check_options, parse_split
 from dpot_data.ingest.plan import IngestPlan, assign_splits, resampled_coord, zarr_attrs
 from dpot_data.ingest.plan import plan as make_plan
@@ -34,7 +34,7 @@ from dpot_data.ingest.publish import publish as publish_output
 from dpot_data.ingest.run import Written, zarr_layout
 from dpot_data.ingest.run import run as run_plan
 from dpot_data.ingest.task import BlockTask
-from dpot_data.scheduler import SchedulerOptions, scheduler_context
+from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
 from dpot_data.sources.base import ReadResult, load_source
 
 __all__ = ["CONVENTIONS", "FORMATS", "IngestOptions", "IngestOutcome", "InputHashes", "assign_splits", "ingest",
@@ -136,7 +136,7 @@ def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
     holds a complete manifest is left alone without reading anything. `hashes`: input hashing the caller started
     earlier still (the CLI starts it before its imports); else it starts here, before the files are read."""
     from dpot_data import catalog as cat
-    from dpot_data import remote
+    from dpot_data.ingest import remote
 
     opts = options or IngestOptions()
     check_options(opts)  # before anything is read

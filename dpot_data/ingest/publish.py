@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dpot_data import manifest as mf
+from dpot_data import manifest_io as mf
 from dpot_data.errors import InputError
-from dpot_data.journal import STAGING_PREFIX
+from dpot_data.ingest.journal import STAGING_PREFIX
 from dpot_format.names import OUTPUT_FOLDER, is_temporary
 
 LOCK_NAME = ".dpot-ingest.lock"

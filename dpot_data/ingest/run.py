@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from dpot_data import journal as jn
+from dpot_data.ingest import journal as jn
 from dpot_data.ingest.plan import IngestPlan, Piece
 from dpot_data.ingest.task import BlockResult, BlockTask, process_block, unspill
-from dpot_data.scheduler import Runner, SchedulerOptions, scheduler_context
+from dpot_data.ingest.scheduler import Runner, SchedulerOptions, scheduler_context
 from dpot_data.sources.base import SPLITS
 from dpot_data.stats import FieldStats
 from dpot_data.writers.wds_shards import SplitShardWriter

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from dpot_data import fs
 from dpot_data.errors import InputError
-from dpot_data.manifest import MANIFEST_NAME
+from dpot_data.manifest_io import MANIFEST_NAME
 from dpot_format.errors import FormatError
 from dpot_format.manifest import read_manifest, write_manifest
 from dpot_format.names import OUTPUT_FOLDER, is_temporary
@@ -141,7 +141,7 @@ def _record_input_urls(manifest_path: Path, urls: Sequence[str | os.PathLike[str
     for entry in doc["datasets"]:
         for item in entry.get("inputs", []):
             item["path"] = mapping.get(item["path"], item["path"])
-    from dpot_data.manifest import write
+    from dpot_data.manifest_io import write
 
     write(manifest_path.parent, doc)
 
