@@ -92,7 +92,7 @@ def test_two_ingests_at_once_never_delete_each_others_output(raw: Path, tmp_path
 def test_a_complete_output_appearing_during_the_run_is_not_replaced(raw: Path, done: Path, tmp_path: Path,
                                                                     monkeypatch) -> None:
     """The check at publish time: an output completed by someone else while this ingest ran is left alone."""
-    import dpot_data.ingest as ingest_mod
+    import dpot_data.ingest.pipeline as ingest_mod
 
     out = tmp_path / "late"
     original = ingest_mod.run_plan

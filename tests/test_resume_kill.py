@@ -232,14 +232,19 @@ def test_staging_of_a_running_ingest_of_another_dataset_is_not_removed(tmp_path:
     from dpot_data.ingest.journal import Journal
 
     other = Journal.open(tmp_path, "other", "job", ["train"], [1])
-    stale = tmp_path / ".staging-stale"
+    stale = tmp_path / ".staging-stale"  # a killed ingest's: its journal, no live lock
     stale.mkdir()
+    (stale / JOURNAL_NAME).write_bytes(b'{"job":"old"}\n')
     (stale / "junk").write_bytes(b"x")
+    users = tmp_path / ".staging-notes"  # the user's own folder of that name: no journal, no lock
+    users.mkdir()
+    (users / "a.txt").write_bytes(b"keep")
     try:
         mine = Journal.open(tmp_path, "mine", "job", ["train"], [1])
         mine.close()
         assert other.staging.is_dir() and (other.staging / JOURNAL_NAME).is_file()
         assert not stale.exists()
+        assert (users / "a.txt").read_bytes() == b"keep"
     finally:
         other.close()
 

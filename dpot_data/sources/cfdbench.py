@@ -34,7 +34,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from dpot_data.catalog import manifest_name
+from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, all_finite, as_path, auto_block, check_sizes, check_stored,
                                         checked, distinct_files, file_token, nonfinite_error, npy_info, on_disk_bytes,

@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 import yaml
 
-from dpot_data.catalog import manifest_name
+from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, auto_block, check_file_total,
                                         check_h5_dataset, check_sizes, checked, checked_rows, file_token, frames_ok,
