@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
@@ -44,9 +45,10 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 def _absolute(path: str | Path) -> str:
-    """A local path made absolute, so that dask workers with another working directory find it; URLs are kept."""
+    """A local path made absolute, so that dask workers with another working directory find it; URLs are kept.
+    Symbolic links are kept as given (errors name the file the user named; a link loop is refused by the ingest)."""
     text = str(path)
-    return text if "://" in text else str(Path(text).expanduser().resolve())
+    return text if "://" in text else os.path.abspath(Path(text).expanduser())
 
 
 def _output_roots(folder: str) -> list[str]:

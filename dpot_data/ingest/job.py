@@ -5,9 +5,11 @@ entry, and the reader options. Nothing below re-reads the catalog, the output's 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,6 +19,7 @@ from dpot_data import fs
 from dpot_data.errors import InputError
 from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options
 from dpot_data.ingest.publish import existing_outcome
+from dpot_format.io import file_kind
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,26 @@ def check_out_name(out: str) -> None:
                                 "and printed); rename it") from None
 
 
+def check_inputs(paths: Sequence[str]) -> None:
+    """Every local input exists and is a regular file or a folder; one line naming the path as given otherwise (a
+    link loop, a dangling link, a device or FIFO behind a link)."""
+    for p in paths:
+        if not fs.is_local(p):
+            continue
+        local = fs.local_path(p)
+        try:
+            mode = os.stat(local).st_mode
+        except FileNotFoundError:
+            kind = "a dangling symbolic link" if os.path.islink(local) else None
+            raise InputError(p, f"is {kind}, expected a file" if kind else "file not found") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InputError(p, "is a symbolic link loop, expected a file") from None
+            raise InputError(p, f"cannot be read ({exc.strerror})") from None
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise InputError(p, f"is {file_kind(mode)}, expected a regular file")
+
+
 def localize_inputs(paths: Sequence[str], target: Target) -> tuple[list[str], dict[str, str]]:
     """Local paths for the inputs (URLs streamed into the job's working folder) and the local copy -> URL names."""
     if target.workdir is None:
@@ -128,6 +151,7 @@ def resolve(source: str | None, paths: Sequence[str | os.PathLike[str]], out: st
     existing = existing_outcome(out, opts.overwrite)
     if existing is not None:  # complete: read nothing
         return IngestJob(source or "", (), target, opts, existing=existing)
+    check_inputs(texts)
     local, names = localize_inputs(texts, target)
     return _with_catalog(IngestJob(source or "", tuple(Path(p) for p in local), target, opts, reader_options,
                                    names), source, dataset, catalog, catalog_split)

@@ -79,6 +79,7 @@ def upload(local: Path, url: str, seen: str | None) -> dict[str, Any]:
     for top in sorted(referenced_tops(manifest)):
         names[top] = free_name(*(("data", ".zarr") if top.endswith(".zarr") else ("shards", "")), taken)
         taken.add(names[top])
+    fsys.makedirs(base, exist_ok=True)
     atomic_write(fs.join(url, RECORD_NAME), json.dumps({"names": sorted({*referenced_tops(current),
                                                                          *names.values()})}).encode("utf-8"))
     for top, name in names.items():

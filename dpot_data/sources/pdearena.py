@@ -23,7 +23,7 @@ from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, all_finite, auto_block, check_file_total, check_h5_dataset,
                                         check_sizes, checked, checked_rows, file_token, frames_ok, h5_rows,
-                                        hdf5_problem, input_files, to_dask)
+                                        hdf5_problem, input_files, require_file, to_dask)
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -132,8 +132,7 @@ def _readable_files(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, objec
     skipped: list[tuple[str, str]] = []
     good: list[tuple[Path, dict[str, object]]] = []
     for p in paths:
-        if not p.is_file():
-            raise InputError(p, "file not found")
+        require_file(p)
         problem = hdf5_problem(p)
         if problem is not None:
             skipped.append((p.name, problem))

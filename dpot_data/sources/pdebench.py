@@ -29,7 +29,7 @@ from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, auto_block, check_file_total,
                                         check_h5_dataset, check_sizes, checked, checked_rows, file_token, frames_ok,
                                         h5_rows, hdf5_problem, input_files, nonfinite_error, read_error, read_whole,
-                                        to_dask)
+                                        require_file, to_dask)
 from dpot_data.sources.base import MAX_FRAMES, ReadResult
 
 READER_VERSION = "1"
@@ -534,8 +534,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     if not paths:
         raise InputError("<no files>", "expected at least one PDEBench HDF5 file")
     for p in paths:
-        if not p.is_file():
-            raise InputError(p, "file not found")
+        require_file(p)
     skipped: list[tuple[str, str]] = []
     good: list[Path] = []
     for p in paths:

@@ -1,0 +1,269 @@
+"""Ingest failures where data was lost or left behind: concurrent and repeated ingests into one URL, a folder holding
+the user's own files, leftovers of killed runs, and inputs that are not files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpot_data.cli import app
+from dpot_data.errors import InputError
+from dpot_data.ingest import IngestOptions, run_ingest
+from dpot_format.manifest import read_manifest
+from dpot_format.validate import validate_output
+from tests.toy_output import write_fno_raw
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _opts(**kw) -> IngestOptions:
+    return IngestOptions(**{"resolution": 0, "shard_size": 60_000, "workers": 1, "command": "test", **kw})
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    return write_fno_raw(tmp_path_factory.mktemp("raw"), n=4, res=16, frames=4)
+
+
+def _names(manifest: dict) -> list[str]:
+    return [d["name"] for d in manifest["datasets"]]
+
+
+_PAUSED = textwrap.dedent("""
+    import os, sys, time
+    import dpot_data.fs as fs
+    from dpot_data.ingest import IngestOptions, run_ingest
+
+    raw, url, name, flag, go = sys.argv[1:6]
+    real = fs.upload_tree
+
+    def upload_tree(*a, **k):  # the upload waits until the test says go
+        open(flag, "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.05)
+        return real(*a, **k)
+
+    fs.upload_tree = upload_tree  # the module attribute every upload goes through
+    run_ingest("fno", [raw], url, IngestOptions(resolution=0, shard_size=60_000, workers=1, command="test",
+                                                 name=name, overwrite="--overwrite" in sys.argv))
+    print("wrote", name)
+""")
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_second_ingest_into_a_url_being_uploaded_is_refused(raw: Path, tmp_path: Path, overwrite: bool) -> None:
+    """Failure 1: while one ingest uploads into `local://DIR`, a second one into the same URL is refused with one
+    line (with --overwrite on both too); the first completes and the URL holds its dataset, whole."""
+    url = f"local://{tmp_path}/out"
+    script, flag, go = tmp_path / "paused.py", tmp_path / "uploading", tmp_path / "go"
+    script.write_text(_PAUSED)
+    extra = ["--overwrite"] if overwrite else []
+    first = subprocess.Popen([sys.executable, str(script), str(raw), url, "first", str(flag), str(go), *extra],
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not flag.exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read() if first.stdout else ""
+            time.sleep(0.05)
+        result = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", url, "--resolution", "0", "--name",
+                                          "second", "--no-progress", *extra])
+        assert result.exit_code == 2, result.output
+        errors = [x for x in result.output.splitlines() if x.startswith("error:")]
+        assert errors == [f"error: {url}: another ingest is writing into this folder; wait for it to finish (or "
+                          "choose another --out)"], result.output
+    finally:
+        go.touch()
+        out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0 and "wrote first" in out, out
+    assert _names(read_manifest(url)) == ["first"]
+    assert validate_output(url) == []
+
+
+def test_a_manifest_committed_at_the_url_during_the_upload_is_never_replaced(raw: Path, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """Failure 1, the check before the commit: another writer (another machine) commits a manifest at the URL while
+    this ingest uploads: this one is refused with one line and the other's output stays, complete."""
+    import dpot_data.fs as fs
+    from dpot_data.ingest.publish import relocated
+
+    other = tmp_path / "other"
+    theirs = run_ingest("fno", [raw], other, _opts(name="theirs")).manifest
+    url, dest = f"local://{tmp_path}/out", tmp_path / "out"
+    real = fs.upload_tree
+
+    def other_commits_then_upload(local, target, *a, **k):
+        if not (dest / "manifest.json").exists():  # the other writer, under folder names of its own
+            names = {"data.zarr": "data.7.zarr", "shards": "shards.7"}
+            dest.mkdir(exist_ok=True)
+            for old, new in names.items():
+                os.rename(other / old, dest / new)
+            doc = {**theirs, "datasets": [relocated(e, names) for e in theirs["datasets"]]}
+            (dest / "manifest.json").write_text(json.dumps(doc))
+        return real(local, target, *a, **k)
+
+    monkeypatch.setattr(fs, "upload_tree", other_commits_then_upload)
+    with pytest.raises(InputError, match="now holds a manifest that this ingest did not see"):
+        run_ingest("fno", [raw], url, _opts(name="mine"), workdir=tmp_path / "work")
+    assert _names(read_manifest(url)) == ["theirs"]
+    assert not [p for p in validate_output(url) if p.fatal]
+
+
+def test_an_ingest_into_a_folder_of_the_users_files_removes_none_of_them(raw: Path, tmp_path: Path) -> None:
+    """Failure 2: files and folders of the user's in OUT, whatever their names, are left as they were."""
+    out = tmp_path / "U"
+    theirs = {"data.zarr/mine/a.txt": b"a", "shards/b.txt": b"b", "shards.2/c.txt": b"c", "movie.mkv.part": b"m",
+              ".vimrc.tmp": b"v", "results.partial": b"r", ".staging-notes/n.txt": b"n"}
+    for rel, data in theirs.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    first = run_ingest("fno", [raw], out, _opts())
+    again = run_ingest("fno", [raw], out, _opts(overwrite=True, split=(0.5,)))
+    assert first.written and again.written
+    assert {rel: (out / rel).read_bytes() for rel in theirs} == theirs
+    entry = again.manifest["datasets"][0]
+    assert entry["zarr"]["path"] not in ("data.zarr",) and not entry["shards"][0]["path"].startswith("shards/")
+    assert not [p for p in validate_output(str(out)) if p.fatal]
+
+
+def test_a_url_output_takes_another_job_after_a_cut_upload(raw: Path, tmp_path: Path, monkeypatch) -> None:
+    """Failure 3: an upload cut short after the local output was complete; another job into the same URL (another
+    name, another resolution) ingests its own data instead of uploading the first job's output."""
+    import dpot_data.fs as fs
+
+    url = f"local://{tmp_path}/out"
+    real = fs.upload_tree
+
+    def cut(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fs, "upload_tree", cut)
+    with pytest.raises(KeyboardInterrupt):
+        run_ingest("fno", [raw], url, _opts(name="first"))
+    monkeypatch.setattr(fs, "upload_tree", real)
+    outcome = run_ingest("fno", [raw], url, _opts(name="second", resolution=8))
+    assert outcome.written
+    manifest = read_manifest(url)
+    assert _names(manifest) == ["second"] and manifest["datasets"][0]["grid"]["shape"] == [8, 8]
+    assert validate_output(url) == []
+
+
+def test_a_url_output_and_a_local_folder_treat_a_second_dataset_alike(raw: Path, tmp_path: Path) -> None:
+    """Failure 3: a complete output is left alone, at a URL exactly as in a local folder; --overwrite replaces it."""
+    url, local = f"local://{tmp_path}/url", tmp_path / "local"
+    for out in (url, local):
+        run_ingest("fno", [raw], out, _opts(name="first"))
+        kept = run_ingest("fno", [raw], out, _opts(name="second"))
+        assert not kept.written and "left alone" in kept.notes[0]
+        assert run_ingest("fno", [raw], out, _opts(name="second", overwrite=True)).written
+    assert _names(read_manifest(url)) == _names(read_manifest(str(local))) == ["second"]
+
+
+_KILL_AFTER_COMMIT = textwrap.dedent("""
+    import os, signal, sys
+    import dpot_data.ingest.publish as pub
+    from dpot_data.ingest import IngestOptions, run_ingest
+
+    real = pub.mf.write
+    def write(*a, **k):
+        real(*a, **k)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    pub.mf.write = write
+    run_ingest("fno", [sys.argv[1]], sys.argv[2], IngestOptions(resolution=0, shard_size=60_000, workers=1,
+                                                                 command="test"))
+""")
+
+
+def test_a_kill_right_after_the_commit_leaves_nothing_a_rerun_does_not_clean(raw: Path, tmp_path: Path) -> None:
+    """Failure 8: killed right after the manifest's rename, the lock file and the staging folder stay; the same
+    command run again leaves the output alone and removes both."""
+    out = tmp_path / "out"
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_AFTER_COMMIT)
+    proc = subprocess.run([sys.executable, str(script), str(raw), str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert (out / ".dpot-ingest.lock").exists() and list(out.glob(".staging-*"))  # what the kill left
+    again = run_ingest("fno", [raw], out, _opts())
+    assert not again.written
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["datasets"][0]
+    tops = {entry["zarr"]["path"], *(s["path"].split("/", 1)[0] for s in entry["shards"])}
+    assert sorted(p.name for p in out.iterdir()) == sorted({"manifest.json", *tops})
+    assert validate_output(str(out)) == []
+
+
+def test_inflated_mat_variables_of_a_dead_process_are_reclaimed(tmp_path: Path, monkeypatch) -> None:
+    """Failure 8: a kill while a compressed MAT v5 file is open leaves its inflated `u` in the temporary folder; the
+    next read removes files of processes no longer alive and keeps those of live ones."""
+    import scipy.io
+    import tempfile
+
+    from dpot_data.ingest import read_source
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale, live = tmp / f"dpot-mat5-{dead.pid}-abc.bin", tmp / f"dpot-mat5-{os.getppid()}-def.bin"
+    stale.write_bytes(b"\0" * 1000)
+    live.write_bytes(b"\0" * 10)
+    rng = np.random.default_rng(0)
+    path = tmp_path / "NavierStokes_V1e-3_N2_T3.mat"
+    scipy.io.savemat(path, {"a": rng.random((2, 8, 8), dtype=np.float32), "u": rng.random((2, 8, 8, 3),
+                     dtype=np.float32), "t": np.arange(1, 4, dtype=np.float32)[None]}, format="5",
+                     do_compression=True, oned_as="row")
+    result = read_source("fno", [path])
+    assert result.data["fields"].shape[:2] == (2, 3)
+    assert not stale.exists() and live.exists()
+
+
+@pytest.mark.parametrize("kind", ["loop", "device", "dangling"])
+def test_inputs_that_are_not_files_are_one_line_naming_the_path_given(tmp_path: Path, kind: str) -> None:
+    """Failures 10 and 11: a symbolic link loop, a link to /dev/zero, a dangling link: one line naming the path the
+    user gave (not the link's target), exit code 2, nothing written."""
+    link = tmp_path / "NavierStokes_V1e-3_N2_T3.mat"
+    if kind == "loop":
+        os.symlink(tmp_path / "other.mat", link)
+        os.symlink(link, tmp_path / "other.mat")
+    else:
+        os.symlink("/dev/zero" if kind == "device" else tmp_path / "gone.mat", link)
+    out = tmp_path / "out"
+    for source in (["fno"], []):
+        result = CliRunner().invoke(app, ["ingest", *source, str(link), "--out", str(out), "--no-progress"])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        expected = {"loop": "is a symbolic link loop, expected a file",
+                    "device": "is a character device, expected a regular file",
+                    "dangling": "is a dangling symbolic link, expected a file"}[kind]
+        assert result.output.strip().splitlines()[-1] == f"error: {link}: {expected}", result.output
+    assert not out.exists()
+
+
+def test_out_naming_a_file_or_a_lock_that_is_a_folder_is_one_line(raw: Path, tmp_path: Path) -> None:
+    """Failure 10: `--out` naming an existing file, and the output's lock path a folder: one line, exit code 2."""
+    file = tmp_path / "file.txt"
+    file.write_text("mine")
+    result = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(file), "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.strip().splitlines()[-1] == (f"error: {file}: is a file, expected an output folder (or a "
+                                                      "path that does not exist yet)")
+    assert file.read_text() == "mine"
+    out = tmp_path / "out"
+    (out / ".dpot-ingest.lock").mkdir(parents=True)
+    result = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.strip().splitlines()[-1].startswith(f"error: {out / '.dpot-ingest.lock'}: is a directory")
+    assert sorted(p.name for p in out.iterdir()) == [".dpot-ingest.lock"]
