@@ -63,6 +63,17 @@ def _limit_errors(where: str, entry: dict[str, Any], limits: Limits) -> list[str
     return []
 
 
+def limit_problems(where: str, entry: dict[str, Any], limits: Limits = LIMITS) -> list[str]:
+    """The first of the format's limits a dataset entry (name, grid, channels, frames, trajectories) exceeds, or
+    that it falls short of (an empty grid or no frame), as one "<where>/<key>: <what>" line; empty when within."""
+    shape = [int(s) for s in entry["grid"]["shape"]]
+    if not shape or min(shape) < 1:
+        return [f"{where}/grid/shape: expected at least one cell along every axis, got {shape}"]
+    if int(entry["frames"]) < 1:
+        return [f"{where}/frames: expected at least one frame per trajectory, got {int(entry['frames'])}"]
+    return _limit_errors(where, entry, limits)
+
+
 def _dataset_errors(i: int, entry: dict[str, Any], limits: Limits) -> list[str]:
     """The rules of one dataset entry that the schema cannot express."""
     at = f"datasets/{i}"

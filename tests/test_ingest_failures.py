@@ -267,3 +267,45 @@ def test_out_naming_a_file_or_a_lock_that_is_a_folder_is_one_line(raw: Path, tmp
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert result.output.strip().splitlines()[-1].startswith(f"error: {out / '.dpot-ingest.lock'}: is a directory")
     assert sorted(p.name for p in out.iterdir()) == [".dpot-ingest.lock"]
+
+
+def _fno_file(folder: Path, x: int, y: int, frames: int) -> Path:
+    from dpot_data.synth.fno import write_mat_v5
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"NavierStokes_V1e-3_N2_T{frames}.mat"
+    t = np.arange(1, frames + 1, dtype=np.float32)[None, :]
+    write_mat_v5(path, np.zeros((2, x, y), np.float32), np.zeros((2, x, y, frames), np.float32), t)
+    return path
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((8200, 2), "cells along an axis 8200 is more than the limit of 8192"),
+    ((8, 0), "expected at least one cell along every axis, got [0, 8]")])  # stored (y, x)
+def test_a_grid_the_format_refuses_is_refused_before_anything_is_written(tmp_path: Path, shape, expected) -> None:
+    """The format's limits are checked when the ingest is planned: a native grid above the limit, or an empty one,
+    is one line and exit code 2, and OUT is not created (it was published, then a FormatError traceback)."""
+    path = _fno_file(tmp_path / "raw", *shape, frames=2)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["ingest", "fno", str(path), "--out", str(out), "--resolution", "0",
+                                      "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: {path}: the output would break the format's limits: ") and expected in last
+    assert not out.exists()
+
+
+def test_a_full_disk_while_copying_a_url_input_in_is_one_line(raw: Path, tmp_path: Path, monkeypatch) -> None:
+    """Failure 10: the local copy of a URL input fills the disk: one line naming the output, nothing written."""
+    import errno
+
+    import dpot_data.fs as fs
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fs, "localize", full)
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"no space left on the device \(No space left on device\)"):
+        run_ingest("fno", [f"memory://in-{tmp_path.name}/{raw.name}"], out, _opts())
+    assert not out.exists()

@@ -32,6 +32,7 @@ from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
 from dpot_data.ingest.task import BlockTask
 from dpot_data.sources.base import ReadResult, load_source
 from dpot_format import io as fio
+from dpot_format.errors import FormatError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -89,6 +90,8 @@ def write_locked(result: ReadResult, out: Path, opts: IngestOptions, hashes: Inp
         if exc.errno in NO_SPACE:
             raise no_space(out, exc) from None
         raise
+    except FormatError as exc:  # the plan checks the format's rules; this is the last line of defence
+        raise InputError(exc.where or out, exc.expected) from None
 
 
 def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan, hashes: InputHashes,
@@ -158,9 +161,9 @@ def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
     check_options(opts)  # before anything is read or created
     check_out_name(str(out))
     with output_lock(str(out)):
-        job = resolve(source, paths, out, opts, dataset=dataset, catalog=catalog, catalog_split=catalog_split,
-                      workdir=workdir, reader_options=reader_options)
         try:
+            job = resolve(source, paths, out, opts, dataset=dataset, catalog=catalog, catalog_split=catalog_split,
+                          workdir=workdir, reader_options=reader_options)
             return execute(job, hashes)
         except OSError as exc:  # a full disk while copying inputs in or uploading
             if exc.errno in NO_SPACE:

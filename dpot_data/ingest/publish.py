@@ -24,10 +24,11 @@ from dpot_data import fs
 from dpot_data import manifest_io as mf
 from dpot_data.errors import InputError
 from dpot_data.ingest.options import IngestOutcome
-from dpot_data.ingest.journal import STAGING_PREFIX, remove_stale_staging
+from dpot_data.ingest.journal import remove_stale_staging
 from dpot_format.errors import FormatError
 from dpot_format.io import atomic_write
 from dpot_format.lock import FileLock, LockBusy
+from dpot_format.names import SHARDS_FOLDER, ZARR_PATH
 
 LOCK_NAME = ".dpot-ingest.lock"
 RECORD_NAME = ".dpot-publish.json"  # the names a publish in progress put (or is putting) into OUT
@@ -189,10 +190,10 @@ def publish(out: Path, staging: Path, entry: dict[str, Any], command: str, overw
                               f"staged output stays in {staging.name} for a re-run with --overwrite)")
     remove_leftovers(out, old, keep_staging=staging.name)
     taken = referenced_tops(old) | {child.name for child in out.iterdir()}
-    names = {"data.zarr": free_name("data", ".zarr", taken), "shards": free_name("shards", "", taken)}
+    names = {ZARR_PATH: free_name("data", ".zarr", taken), SHARDS_FOLDER: free_name(SHARDS_FOLDER, "", taken)}
+    manifest = mf.build([relocated(entry, names)], command)  # validated before anything moves
     write_record(out, [*referenced_tops(old), *names.values()])
     _move_into_place(out, staging, names)
-    manifest = mf.build([relocated(entry, names)], command)
     mf.write(out, manifest)  # the commit point: one atomic rename
     shutil.rmtree(staging, ignore_errors=True)  # ours, spent (its lock goes with the journal)
     remove_leftovers(out, manifest)
