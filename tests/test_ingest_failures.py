@@ -309,3 +309,110 @@ def test_a_full_disk_while_copying_a_url_input_in_is_one_line(raw: Path, tmp_pat
     with pytest.raises(InputError, match=r"no space left on the device \(No space left on device\)"):
         run_ingest("fno", [f"memory://in-{tmp_path.name}/{raw.name}"], out, _opts())
     assert not out.exists()
+
+
+def _ingest_line(paths: list[Path], source: str, out: Path) -> str:
+    """Run `dpot-data ingest SOURCE PATHS`: it must fail with exit code 2 and one error line, writing nothing."""
+    result = CliRunner().invoke(app, ["ingest", source, *map(str, paths), "--out", str(out), "--resolution", "0",
+                                      "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert not out.exists()
+    return [x for x in result.output.strip().splitlines() if x.startswith("error:")][-1]
+
+
+@pytest.mark.parametrize("case", ["u-int32", "u-bool", "t-length"])
+def test_fno_values_that_are_not_the_published_layout_are_refused(tmp_path: Path, case: str) -> None:
+    """Failure 11: FNO `u` of integers or logicals, `t` not one time per frame: one line naming the file."""
+    import scipy.io
+
+    rng = np.random.default_rng(0)
+    u = rng.random((2, 8, 8, 3), dtype=np.float32)
+    t = np.arange(1, 4, dtype=np.float32)[None]
+    if case == "u-int32":
+        u = (u * 100).astype(np.int32)
+    elif case == "u-bool":
+        u = u > 0.5
+    else:
+        t = np.arange(1, 6, dtype=np.float32)[None]
+    path = tmp_path / "NavierStokes_V1e-3_N2_T3.mat"
+    scipy.io.savemat(path, {"a": rng.random((2, 8, 8), dtype=np.float32), "u": u, "t": t}, format="5",
+                     oned_as="row")
+    line = _ingest_line([path], "fno", tmp_path / "out")
+    expected = {"u-int32": "expected 'u' of floating-point values (single or double), found int32",
+                "u-bool": "expected 'u' of floating-point values (single or double), found uint8",
+                "t-length": "expected 't' to hold one time per frame of 'u' (3), found shape (1, 5)"}[case]
+    assert line == f"error: {path}: {expected}"
+
+
+def test_a_cns_coordinate_of_the_wrong_length_and_a_text_mach_number_are_refused(tmp_path: Path) -> None:
+    """Failures 10 and 11: PDEBench CNS with an `x-coordinate` of another length than the grid, or an attribute
+    `M` that is text: one line naming the file and the key."""
+    import h5py
+
+    from dpot_data.synth.pdebench import write_cfd
+
+    path = write_cfd(tmp_path / "a", n=2, frames=3, res=8)
+    with h5py.File(path, "r+") as f:
+        del f["x-coordinate"]
+        f["x-coordinate"] = np.linspace(0, 1, 5)
+    line = _ingest_line([path], "pdebench", tmp_path / "out")
+    assert line == f"error: {path}: 'x-coordinate': expected 8 coordinates (one per cell along x), found (5,)"
+    path = write_cfd(tmp_path / "b", n=2, frames=3, res=8)
+    with h5py.File(path, "r+") as f:
+        f.attrs["M"] = "fast"
+    line = _ingest_line([path], "pdebench", tmp_path / "out")
+    assert line == f"error: {path}: attribute 'M': expected a number, found 'fast'"
+
+
+def test_pdearena_buo_y_as_bytes_is_one_line(tmp_path: Path) -> None:
+    """Failure 10: a PDEArena file whose `buo_y` holds bytes: one line naming the file and the key."""
+    import h5py
+
+    from dpot_data.synth.pdearena import write_ns
+
+    path = write_ns(tmp_path / "raw", split="test", seed=0, buo_y=0.5, n=2, frames=4, res=8)
+    with h5py.File(path, "r+") as f:
+        del f["test/buo_y"]
+        f["test/buo_y"] = np.array([b"0.5", b"0.5"])
+    line = _ingest_line([path], "pdearena", tmp_path / "out")
+    assert line == f"error: {path}: test/buo_y: expected numbers, found |S3"
+
+
+def test_a_case_json_nested_deeper_than_the_parser_goes_is_one_line(tmp_path: Path) -> None:
+    """Failure 10: a CFDBench `case.json` nested 100 000 deep is an unreadable case, not a RecursionError."""
+    from dpot_data.synth.cfdbench import write_cfdbench
+
+    folders = write_cfdbench(tmp_path / "raw", problems=("cavity",), cases=1, frames=(4, 4), res=8)
+    (folders[0] / "case.json").write_text("[" * 100_000 + "]" * 100_000)
+    line = _ingest_line([tmp_path / "raw"], "cfdbench", tmp_path / "out")
+    assert "case.json is unreadable" in line and "maximum recursion depth" in line
+
+
+def test_a_nonfinite_fill_is_refused_before_reading(raw: Path, tmp_path: Path) -> None:
+    """Failure 11: `--fill nan` would write a manifest whose fill_value is NaN; refused as an option."""
+    result = CliRunner().invoke(app, ["ingest", "fno", str(raw), "--out", str(tmp_path / "out"), "--fill", "nan",
+                                      "--no-progress"])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == (
+        "error: --fill: expected a finite value for padded channels, got nan")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_manifest_with_a_nan_fill_value_or_linked_from_outside_is_refused(raw: Path, tmp_path: Path) -> None:
+    """Failure 11: the format refuses a manifest whose fill_value is NaN, and a manifest.json that is a symbolic
+    link to a file outside its folder (every path the manifest names is already held to that rule)."""
+    from dpot_format.errors import FormatError
+
+    out = tmp_path / "out"
+    run_ingest("fno", [raw], out, _opts())
+    text = (out / "manifest.json").read_text()
+    doc = json.loads(text)
+    doc["datasets"][0]["fill_value"] = float("nan")
+    (out / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match=r"datasets/0/fill_value: nan is not a finite number"):
+        read_manifest(str(out))
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(text)
+    (out / "manifest.json").unlink()
+    (out / "manifest.json").symlink_to(elsewhere)
+    with pytest.raises(FormatError, match="is a symbolic link to .*elsewhere.json, outside the output folder"):
+        read_manifest(str(out))

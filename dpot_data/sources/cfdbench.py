@@ -145,8 +145,8 @@ def _check_case(folder: Path) -> Case | str:
             raise InputError(case_json, f"holds {size} bytes; expected a small JSON object of case parameters "
                                         f"(at most {MAX_JSON_BYTES} bytes, dpot_data.sources.base.MAX_JSON_BYTES)")
         params = json.loads(case_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return f"case.json is unreadable: {exc}"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested
+        return f"case.json is unreadable: {exc}"  # deeper than the parser goes
     if not isinstance(params, dict):
         raise InputError(case_json, "expected a JSON object of case parameters")
     missing = [k for k in KEYS[problem] if k not in params]

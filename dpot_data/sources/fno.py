@@ -301,6 +301,9 @@ def _check(mat: _MatFile) -> tuple[int, int, int, int]:
     check_sizes(mat.path, "u", trajectories=n, frames=nt + 1, space=(ny, nx))
     for key in ("u", "a"):
         var = v[key]
+        if np.dtype(var.dtype).kind != "f":  # MATLAB logical arrays are stored as uint8
+            raise InputError(mat.path, f"expected '{key}' of floating-point values (single or double), found "
+                                       f"{np.dtype(var.dtype).name}")
         if var.elsewhere:
             raise InputError(mat.path, f"{key}: {var.elsewhere}; expected the data stored in this file")
         check_stored(mat.path, key, var.dims, np.dtype(var.dtype).itemsize, var.stored or 0)
@@ -349,8 +352,10 @@ class _Trajectories(SampleBlocks):
 def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
     """Physical times of frames 1..T from `t` when present and of the right length."""
     t = mat.variables.get("t")
-    if t is None or math.prod(t.dims) != nt:
+    if t is None:
         return None
+    if math.prod(t.dims) != nt:
+        raise InputError(mat.path, f"expected 't' to hold one time per frame of 'u' ({nt}), found shape {t.dims}")
     return t.read().astype(np.float64).reshape(-1)
 
 

@@ -104,6 +104,9 @@ def _inspect(path: Path) -> dict[str, object]:
         for k in CHANNELS:
             if g[k].dtype.kind != "f":
                 raise InputError(path, f"{split}/{k}: expected floats, found {g[k].dtype}")
+        for k in ("t", "x", "y", "buo_y"):
+            if g[k].dtype.kind not in "fiu":
+                raise InputError(path, f"{split}/{k}: expected numbers, found {g[k].dtype}")
         extra = [k for k in g.keys() if k not in CHANNELS and k not in OTHER_KEYS and isinstance(g[k], h5py.Dataset)
                  and tuple(g[k].shape[:2]) == (n, nt) and len(g[k].shape) >= 3]
         if extra:
