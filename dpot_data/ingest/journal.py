@@ -29,7 +29,7 @@ import numpy as np
 import dpot_data
 from dpot_data.stats import FieldStats, Moments
 from dpot_format.lock import FileLock, LockBusy, is_held
-from dpot_format.names import is_temporary
+from dpot_format.names import ZARR_PATH, is_temporary
 
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = "lock"
@@ -297,7 +297,7 @@ def _staged_files_ok(staging: Path, point: ResumePoint, zarr: bool) -> bool:
             p = staging / s["path"]
             if not p.is_file() or p.stat().st_size != int(s["bytes"]):
                 return False
-    return not zarr or (staging / "data.zarr" / "zarr.json").is_file()
+    return not zarr or (staging / ZARR_PATH / "zarr.json").is_file()
 
 
 def remove_temporaries(folder: Path) -> list[Path]:

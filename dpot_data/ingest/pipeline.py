@@ -33,6 +33,7 @@ from dpot_data.ingest.task import BlockTask
 from dpot_data.sources.base import ReadResult, load_source
 from dpot_format import io as fio
 from dpot_format.errors import FormatError
+from dpot_format.names import ZARR_PATH
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -122,7 +123,7 @@ def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]
     """The plan's manifest entry with what the run produced."""
     acc = written.stats
     stats = st.to_manifest(acc, p.channels, p.channel_valid.tolist()) if acc is not None and acc.trajectories else None
-    zarr = None if written.arrays is None else {"path": "data.zarr", "group": p.name, "arrays": written.arrays,
+    zarr = None if written.arrays is None else {"path": ZARR_PATH, "group": p.name, "arrays": written.arrays,
                                                 "codec": codec}
     return {**p.entry, "shards": written.shards, "zarr": zarr, "inputs": inputs, "stats": stats}
 

@@ -15,9 +15,10 @@ import numpy as np
 import dpot_data
 from dpot_data.errors import InputError
 from dpot_data.ingest.options import MODEL_LAYOUTS, IngestOptions, check_options, parse_split
-from dpot_data.sources.base import DATASET_NAME, SPLITS, ReadResult, check_result
+from dpot_data.sources.base import ReadResult, check_result
 from dpot_data.transform import ANTIALIASED, choose_method
 from dpot_format.manifest import limit_problems
+from dpot_format.names import DATASET_NAME, SPLITS
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dpot_format.errors import FormatError
 from dpot_format.io import atomic_write
 from dpot_format.lock import FileLock, LockBusy
 from dpot_format.manifest import read_manifest, write_manifest
+from dpot_format.names import SHARDS_FOLDER
 
 
 def url_lock(out: str) -> FileLock:
@@ -77,7 +78,7 @@ def upload(local: Path, url: str, seen: str | None) -> dict[str, Any]:
     taken = referenced_tops(current) | set(_children(fsys, base))
     names: dict[str, str] = {}
     for top in sorted(referenced_tops(manifest)):
-        names[top] = free_name(*(("data", ".zarr") if top.endswith(".zarr") else ("shards", "")), taken)
+        names[top] = free_name(*(("data", ".zarr") if top.endswith(".zarr") else (SHARDS_FOLDER, "")), taken)
         taken.add(names[top])
     fsys.makedirs(base, exist_ok=True)
     atomic_write(fs.join(url, RECORD_NAME), json.dumps({"names": sorted({*referenced_tops(current),
