@@ -199,10 +199,10 @@ def _read_and_write(job: IngestJob, hashes: InputHashes | None) -> IngestOutcome
         hashes.add(list(job.inputs))
         result = read_source(job.source, job.inputs, job.options, **job.reader_options)
         said = review(result, job)
-        if job.target.remote is None:
+        with contextlib.ExitStack() as local:
+            if job.target.remote is not None:  # the job's own working folder: its lock, no decision to make
+                local.enter_context(output_lock(str(job.target.local)))
             outcome = write_locked(said.result, job.target.local, said.options, hashes, job.input_names)
-        else:
-            outcome = ingest(said.result, job.target.local, said.options, hashes=hashes, input_names=job.input_names)
     return replace(outcome, source=job.source, entry=said.entry, warnings=list(said.warnings))
 
 
