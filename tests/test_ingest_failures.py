@@ -156,6 +156,9 @@ def test_a_url_output_takes_another_job_after_a_cut_upload(raw: Path, tmp_path: 
     manifest = read_manifest(url)
     assert _names(manifest) == ["second"] and manifest["datasets"][0]["grid"]["shape"] == [8, 8]
     assert validate_output(url) == []
+    from dpot_data.ingest.job import url_key, work_root
+
+    assert not (work_root() / url_key(url)).exists()  # the cut job's working folder went with the URL's next job
 
 
 def test_a_url_output_and_a_local_folder_treat_a_second_dataset_alike(raw: Path, tmp_path: Path) -> None:

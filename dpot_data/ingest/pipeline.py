@@ -19,7 +19,7 @@ from dpot_data.errors import InputError
 from dpot_data.ingest import journal as jn
 from dpot_data.ingest import remote
 from dpot_data.ingest.input_hashes import InputHashes
-from dpot_data.ingest.job import IngestJob, check_out_name, resolve
+from dpot_data.ingest.job import IngestJob, Target, check_out_name, resolve, url_key, work_root
 from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options
 from dpot_data.ingest.plan import IngestPlan, zarr_attrs
 from dpot_data.ingest.plan import plan as make_plan
@@ -186,10 +186,20 @@ def execute(job: IngestJob, hashes: InputHashes | None = None) -> IngestOutcome:
     if target.remote is not None:
         outcome = remote.publish(job, outcome)
     if target.workdir is not None:
-        shutil.rmtree(target.workdir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            target.workdir.parent.rmdir()  # the URL's (or the caller's) working folder, once no job is left in it
+        _remove_workdirs(target)
     return outcome
+
+
+def _remove_workdirs(target: Target) -> None:
+    """Remove the job's working folder once its output is in place; under the default root, the folders other
+    jobs into the same URL left too (they wait on the URL's lock, which this job holds: none is running)."""
+    shutil.rmtree(target.workdir, ignore_errors=True)
+    base = target.workdir.parent
+    if target.remote is not None and base == work_root() / url_key(target.out) and base.is_dir():
+        for other in base.iterdir():
+            shutil.rmtree(other, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        base.rmdir()  # the URL's (or the caller's) working folder, once no job is left in it
 
 
 def _read_and_write(job: IngestJob, hashes: InputHashes | None) -> IngestOutcome:
