@@ -419,3 +419,17 @@ def test_a_manifest_with_a_nan_fill_value_or_linked_from_outside_is_refused(raw:
     (out / "manifest.json").symlink_to(elsewhere)
     with pytest.raises(FormatError, match="is a symbolic link to .*elsewhere.json, outside the output folder"):
         read_manifest(str(out))
+
+
+@pytest.mark.parametrize("offset, bit", [(16, 7), (19, 0), (25, 7)])
+def test_a_bit_flip_in_an_hdf5_header_is_one_line(tmp_path: Path, offset: int, bit: int) -> None:
+    """Failure 10: a flipped bit in the superblock of a PDEBench file (h5py raises RuntimeError, not OSError,
+    for some): one line naming the file, exit code 2."""
+    from dpot_data.synth.pdebench import write_diff_react
+
+    path = write_diff_react(tmp_path / "raw", n=2, frames=3, res=8)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+    line = _ingest_line([path], "pdebench", tmp_path / "out")
+    assert line.startswith(f"error: {path}: ") and "HDF5" in line, line

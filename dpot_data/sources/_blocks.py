@@ -368,7 +368,7 @@ def hdf5_problem(path: Path) -> str | None:
 
             f.visititems(visit)
             return bad[0] if bad else None
-    except OSError as exc:
+    except READ_ERRORS as exc:  # h5py raises RuntimeError/KeyError/ValueError too for damaged headers
         return f"cannot open as HDF5 (truncated or corrupt): {exc}"
 
 
