@@ -26,7 +26,8 @@ from dpot_format.io import file_kind
 class Target:
     """Where an ingest writes: `local` (the folder the local ingest writes), `remote` (the URL uploaded to, None for
     a local output), `workdir` (the job's local working folder for URL inputs or output, None when all is local)
-    and `seen` (sha256 of the output's manifest bytes when the job was resolved, None when there was none)."""
+    and `seen` (for a URL: sha256 of its manifest bytes when the job was resolved, None when there was none; a local
+    OUT is re-checked under its lock by publish instead)."""
 
     out: str
     local: Path
@@ -51,6 +52,7 @@ class IngestJob:
     catalog: Any = None  # the catalog the files are compared with (loaded once), None: no comparison
     catalog_split: bool = False  # the catalog's split applies when the reader has none
     existing: IngestOutcome | None = None
+    upload_only: bool = False  # a URL job whose local output is complete (its upload was cut short): upload it
 
 
 def manifest_digest(out: str) -> str | None:
@@ -92,7 +94,7 @@ def make_target(paths: Sequence[str], out: str, key: str, workdir: str | os.Path
     base = Path(workdir) if workdir is not None else work_root() / url_key(out)
     work = base / key if needs_work else None
     local = work / "out" if remote is not None and work is not None else Path(fs.local_path(out))
-    return Target(out, local, remote, work, manifest_digest(out))
+    return Target(out, local, remote, work, manifest_digest(out) if remote is not None else None)
 
 
 def check_out_name(out: str) -> None:
@@ -152,6 +154,8 @@ def resolve(source: str | None, paths: Sequence[str | os.PathLike[str]], out: st
     if existing is not None:  # complete: read nothing
         return IngestJob(source or "", (), target, opts, existing=existing)
     check_inputs(texts)
+    if target.remote is not None and (target.local / "manifest.json").is_file():  # this job, its upload cut short
+        return IngestJob(source or "", (), target, opts, upload_only=True)
     local, names = localize_inputs(texts, target)
     return _with_catalog(IngestJob(source or "", tuple(Path(p) for p in local), target, opts, reader_options,
                                    names), source, dataset, catalog, catalog_split)

@@ -179,7 +179,7 @@ def execute(job: IngestJob, hashes: InputHashes | None = None) -> IngestOutcome:
         if target.remote is None:
             remove_leftovers(target.local, job.existing.manifest, spent_only=True)  # what a kill after the commit left
         return job.existing
-    if target.remote is not None and (target.local / mf.MANIFEST_NAME).is_file():  # this job, its upload cut short
+    if job.upload_only:
         outcome = IngestOutcome(mf.read(target.local), target.local / mf.MANIFEST_NAME, True, [])
     else:
         outcome = _read_and_write(job, hashes)
