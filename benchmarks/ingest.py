@@ -465,7 +465,7 @@ def owner_stage(key: tuple[str, int, str]) -> str | None:
         return STATS
     if path.endswith("dpot_data/writers/zarr_store.py"):
         return SYNC if func in ("fsync_tree", "_syncfs") else ZARR
-    if path.endswith("dpot_data/manifest.py") and func == "fsync_dir":
+    if path.endswith("dpot_data/manifest_io.py") and func == "fsync_dir":
         return SYNC
     if "/zarr/" in path or "/numcodecs/" in path:
         return ZARR
@@ -608,7 +608,7 @@ def profile_ingest(bench: Bench, top: int = 12, dump: Path | None = None) -> dic
 
     from typer.main import get_command
 
-    import dpot_data.catalog, dpot_data.ingest, dpot_data.remote, dpot_data.sources.pdebench  # noqa: F401, E401
+    import dpot_data.catalog, dpot_data.ingest, dpot_data.ingest.remote, dpot_data.sources.pdebench  # noqa: F401, E401
     from dpot_data.cli import app  # imports done before the clock starts
 
     out = bench.output("profile")

@@ -12,7 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from dpot_data.sources.base import BOUNDARIES, DATASET_NAME, SPLITS, ReadResult
+from dpot_data.sources.base import BOUNDARIES, SPLITS, ReadResult
+from dpot_format.names import manifest_name  # noqa: F401 - re-export: the rule lives in the format
 
 CATALOG_ENV = "DPOT_CATALOG"
 # packaged with dpot_data (the checkout's top-level manifests/ is a link to this folder: one copy)
@@ -119,14 +120,6 @@ class Catalog:
     def match_files(self, paths: Sequence[str | Path]) -> list[Entry]:
         """Entries whose file patterns accept every given path (a pattern matches the path's last components)."""
         return [e for e in self.entries.values() if paths and all(_matches(Path(p), e.files) for p in paths)]
-
-
-def manifest_name(name: str) -> str:
-    """Map a catalog name to a manifest dataset name: "." becomes "p" (0.01 -> 0p01); refuses anything else odd."""
-    out = name.lower().replace(".", "p")
-    if not DATASET_NAME.match(out):
-        raise ValueError(f"dataset name {name!r} cannot be written as a manifest name ([a-z0-9_-]+)")
-    return out
 
 
 def _matches(path: Path, patterns: Sequence[str]) -> bool:
@@ -409,34 +402,3 @@ def match(paths: Sequence[str | Path], *, dataset: str | None = None, source: st
         if detected != source:
             raise InputError(inputs[0], f"holds {detected} data, but {entry.name} is a {source} dataset")
     return CatalogMatch(source, inputs, entry, reader_options)
-
-
-def review(result: ReadResult, found: CatalogMatch, options: Any, catalog_split: bool = True,
-           catalog: Catalog | None = None) -> tuple[Any, list[str]]:
-    """Compare what was read with the catalog: files that are another dataset than the one named are refused;
-    partial sets, odd shapes and counts are warnings, recorded in the entry's provenance under "catalog". Returns
-    the options with the catalog's split (a random split, when none is given and the reader has none) and the
-    warnings."""
-    from dataclasses import replace
-
-    from dpot_data.errors import InputError
-
-    catalog = catalog or load_catalog()
-    entry = found.entry
-    if entry is not None:
-        wrong = conflicts(result, entry)
-        if wrong:
-            raise InputError(found.inputs[0], f"does not belong to catalog dataset {entry.name}: {'; '.join(wrong)}; "
-                                              "name the matching dataset, or leave out --dataset")
-    else:
-        entry = found.entry = catalog.find(str(result.data.attrs.get("dataset", "")))
-    warnings = compare(result, entry) if entry is not None else [
-        f"{result.data.attrs.get('dataset')}: not in the catalog ({catalog.path}); nothing to compare with"]
-    # the catalog's split whether the entry was named (--dataset) or found from the files: one file, one split
-    if entry is not None and catalog_split and entry.split.rule == "random" and result.split is None:
-        options = replace(options, split=(entry.split.ratios["train"], entry.split.ratios["valid"]),
-                          seed=entry.split.seed)
-    provenance = dict(result.data.attrs.get("provenance") or {})
-    provenance["catalog"] = {"entry": entry.name if entry else None, "warnings": warnings}
-    result.data.attrs["provenance"] = provenance
-    return options, warnings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
@@ -63,9 +64,10 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 def _absolute(path: str | Path) -> str:
-    """A local path made absolute, so that dask workers with another working directory find it; URLs are kept."""
+    """A local path made absolute, so that dask workers with another working directory find it; URLs are kept.
+    Symbolic links are kept as given (errors name the file the user named; a link loop is refused by the ingest)."""
     text = str(path)
-    return text if "://" in text else str(Path(text).expanduser().resolve())
+    return text if "://" in text else os.path.abspath(Path(text).expanduser())
 
 
 def _output_roots(folder: str) -> list[str]:
@@ -334,7 +336,7 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
     import contextlib
     import warnings
 
-    from dpot_data.input_hashes import InputHashes
+    from dpot_data.ingest.input_hashes import InputHashes
 
     # the local input files are hashed from here on, beside the imports below (half a second)
     hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
@@ -597,7 +599,7 @@ def inspect_command(
     import json
 
     from dpot_data.errors import InputError
-    from dpot_data.inspect import inspect_dir, render
+    from dpot_data.inspection import inspect_dir, render
     from dpot_format.errors import FormatError
 
     roots = _output_roots(folder)
@@ -646,7 +648,7 @@ does not list, and temporary leftovers, are reported as warnings)."""
     import json
 
     from dpot_data.errors import InputError
-    from dpot_data.scheduler import SchedulerOptions, scheduler_context
+    from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
     from dpot_format.validate import as_json as problems_json
     from dpot_format.validate import summarise, validate_output
 
@@ -684,7 +686,7 @@ def stats_command(
 
     from dpot_data.errors import InputError
     from dpot_data.output import recompute_stats
-    from dpot_data.scheduler import SchedulerOptions, scheduler_context
+    from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
     from dpot_data.stats import compare
     from dpot_format.errors import FormatError
     from dpot_format.manifest import read_manifest

@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any
 
-from dpot_format.io import CHUNK, filesystem, is_local, join, local_path, read_bounded, zarr_store  # noqa: F401
+from dpot_format.io import CHUNK, atomic_path, filesystem, is_local, join, local_path, read_bounded, zarr_store  # noqa: F401
 from dpot_format.limits import LIMITS
 
 
@@ -43,13 +43,9 @@ def localize(path: str | os.PathLike[str], cache: str | os.PathLike[str]) -> str
     if os.path.isfile(target) and os.path.getsize(target) == size:
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = target + ".part"
-    with fsys.open(remote, "rb") as src, open(tmp, "wb") as dst:
+    with atomic_path(target) as tmp, fsys.open(remote, "rb") as src, open(tmp, "wb") as dst:
         while block := src.read(CHUNK):
             dst.write(block)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, target)
     return target
 
 

@@ -3,12 +3,13 @@ files before they are opened, bounded reads, and the one streamed sha256 of file
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
 import threading
 from concurrent.futures import CancelledError
-from typing import IO, Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 
@@ -88,30 +89,43 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
+    """`with atomic_path(p) as tmp:` write the file at `tmp` (by any means: a stream, scipy, h5py); on leaving the
+    block it is fsynced and renamed to `p`, and the folder fsynced, so that a reader sees the old file or the whole
+    new one, never a part. The temporary file (`.<name>.tmp-<pid>` beside `p`) is removed when anything fails.
+    The one atomic write of the project: `atomic_write` and every writer of whole files go through it."""
+    target = local_path(os.fspath(path))
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(folder or ".")
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> str:
     """Write `data` to `path` so that a reader sees the old file or the whole new one, never a part.
 
-    Local: a temporary name in the same folder, fsync, rename, fsync of the folder. URL: the temporary name, then a
-    move. The temporary file is removed when anything fails. Returns the path written.
+    Local: `atomic_path` (a temporary name in the same folder, fsync, rename, fsync of the folder). URL: the
+    temporary name, then a move. The temporary file is removed when anything fails. Returns the path written.
     """
     text = os.fspath(path)
     if is_local(text):
-        target = local_path(text)
-        folder, name = os.path.split(target)
-        tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
-        try:
+        with atomic_path(text) as tmp:
             with open(tmp, "wb") as fh:
                 fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        fsync_dir(folder or ".")
         return text
     fsys, target = filesystem(text)
     parent, _, name = target.rstrip("/").rpartition("/")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import shlex
 import sys
@@ -16,7 +17,7 @@ import jsonschema
 
 import dpot_format
 from dpot_format.errors import FormatError
-from dpot_format.io import atomic_write, file_size, join, read_bounded
+from dpot_format.io import atomic_write, file_size, is_local, join, local_path, read_bounded
 from dpot_format.limits import LIMITS, Limits, limit_error
 from dpot_format.names import MANIFEST_NAME, SCHEMA_VERSION, SHARD_FILE, SPLITS
 from dpot_format.paths import path_error
@@ -63,6 +64,17 @@ def _limit_errors(where: str, entry: dict[str, Any], limits: Limits) -> list[str
     return []
 
 
+def limit_problems(where: str, entry: dict[str, Any], limits: Limits = LIMITS) -> list[str]:
+    """The first of the format's limits a dataset entry (name, grid, channels, frames, trajectories) exceeds, or
+    that it falls short of (an empty grid or no frame), as one "<where>/<key>: <what>" line; empty when within."""
+    shape = [int(s) for s in entry["grid"]["shape"]]
+    if not shape or min(shape) < 1:
+        return [f"{where}/grid/shape: expected at least one cell along every axis, got {shape}"]
+    if int(entry["frames"]) < 1:
+        return [f"{where}/frames: expected at least one frame per trajectory, got {int(entry['frames'])}"]
+    return _limit_errors(where, entry, limits)
+
+
 def _dataset_errors(i: int, entry: dict[str, Any], limits: Limits) -> list[str]:
     """The rules of one dataset entry that the schema cannot express."""
     at = f"datasets/{i}"
@@ -74,6 +86,9 @@ def _dataset_errors(i: int, entry: dict[str, Any], limits: Limits) -> list[str]:
         out.append(f"{at}/grid: dims, shape and native_shape have {len(grid['dims'])}, {len(grid['shape'])} and "
                    f"{len(grid['native_shape'])} entries, expected one per axis")
     out += _limit_errors(at, entry, limits)
+    if not math.isfinite(float(entry["fill_value"])):
+        out.append(f"{at}/fill_value: {entry['fill_value']} is not a finite number, expected the value of padded "
+                   "channels")
     if len(entry["channels"]) != len(entry["channel_valid"]):
         out.append(f"{at}/channel_valid: {len(entry['channel_valid'])} entries, expected one per channel "
                    f"({len(entry['channels'])})")
@@ -199,6 +214,21 @@ def manifest_path(folder_or_file: str | os.PathLike[str]) -> str:
     return text if text.endswith(".json") else join(text, MANIFEST_NAME)
 
 
+def refuse_outside_link(path: str) -> None:
+    """A local manifest that is a symbolic link to a file outside its folder is refused (FormatError), like every
+    path a manifest names: an output folder holds its own files."""
+    if not is_local(path):
+        return
+    local = local_path(path)
+    if not os.path.islink(local):
+        return
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(local)))
+    real = os.path.realpath(local)
+    if os.path.isfile(real) and os.path.commonpath([folder, real]) != folder:  # others: load_json names their kind
+        raise FormatError(path, f"is a symbolic link to {real}, outside the output folder {folder}; expected the "
+                                "manifest file itself")
+
+
 def load_json(path: str, limits: Limits = LIMITS) -> Any:
     """The parsed JSON of a manifest file, not yet validated; one-line FormatError naming the path when it is
     missing, a folder or other non-regular file, over the size limit, empty, not UTF-8 or not JSON."""
@@ -231,6 +261,7 @@ def read_manifest(folder_or_file: str | os.PathLike[str], limits: Limits = LIMIT
     """Read and validate a manifest (an output folder, the file, or a URL of either); one-line FormatError naming the
     file when it is missing, unreadable, too large, not UTF-8 JSON, or breaks the schema or the format's rules."""
     path = manifest_path(folder_or_file)
+    refuse_outside_link(path)
     doc = load_json(path, limits)
     errors = validation_errors(doc, limits)
     if errors:

@@ -34,6 +34,14 @@ _TEMPORARY = (
 )
 
 
+def manifest_name(name: str) -> str:
+    """Map a catalog name to a manifest dataset name: "." becomes "p" (0.01 -> 0p01); refuses anything else odd."""
+    out = name.lower().replace(".", "p")
+    if not DATASET_NAME.match(out):
+        raise ValueError(f"dataset name {name!r} cannot be written as a manifest name ([a-z0-9_-]+)")
+    return out
+
+
 def sample_key(index: int) -> str:
     """WebDataset key of trajectory `index` of a dataset: "s" + the index zero-padded to 7 digits (no dots)."""
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 10**KEY_DIGITS:

@@ -64,7 +64,7 @@ class Problem:
 
 
 class Runner(Protocol):
-    """Anything that maps a function over items in order (dpot_data.scheduler.Runner, for one)."""
+    """Anything that maps a function over items in order (dpot_data.ingest.scheduler.Runner, for one)."""
 
     def imap(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]: ...
 

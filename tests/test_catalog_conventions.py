@@ -98,14 +98,9 @@ def _full_set_counts(entry: Entry) -> dict[str, int] | None:
 
 def _plan(entry: Entry, paths: list[Path], opts: IngestOptions):
     """What `dpot-data ingest --dataset NAME` would write, planned without writing (no I/O)."""
-    from dpot_data import catalog as cat
-    from dpot_data.ingest import read_source
-    from dpot_data.ingest.plan import plan
+    from dpot_data.ingest.dry_run import plan_only
 
-    found = cat.match(paths, dataset=entry.name)
-    result = read_source(found.source, found.inputs, opts, **found.reader_options)
-    opts, _ = cat.review(result, found, opts, True)
-    return plan(result, opts)
+    return plan_only(None, [str(p) for p in paths], opts, dataset=entry.name)[1]
 
 
 @pytest.mark.parametrize("name", ENTRIES)

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from dpot_data.scheduler import Runner, SchedulerOptions, compute_in_task, scheduler_context
+from dpot_data.ingest.scheduler import Runner, SchedulerOptions, compute_in_task, scheduler_context
 
 
 def _square_sum(i: int) -> tuple[int, float]:

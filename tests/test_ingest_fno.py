@@ -15,7 +15,7 @@ import xarray as xr
 import zarr
 from typer.testing import CliRunner
 
-from dpot_data import manifest as mf
+from dpot_data import manifest_io as mf
 from dpot_data.cli import app
 from dpot_data.ingest import IngestOptions, assign_splits, ingest, ingest_files, run_ingest
 from dpot_data.sources import fno

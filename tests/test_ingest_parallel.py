@@ -13,7 +13,7 @@ import pytest
 
 from dpot_data.ingest import IngestOptions, run_ingest
 from dpot_data.ingest.task import BlockResult, spill, unspill
-from dpot_data.scheduler import Runner, SchedulerOptions, scheduler_context
+from dpot_data.ingest.scheduler import Runner, SchedulerOptions, scheduler_context
 from dpot_format.names import is_temporary
 from tests.toy_output import write_fno_raw
 

@@ -92,7 +92,7 @@ def test_two_ingests_at_once_never_delete_each_others_output(raw: Path, tmp_path
 def test_a_complete_output_appearing_during_the_run_is_not_replaced(raw: Path, done: Path, tmp_path: Path,
                                                                     monkeypatch) -> None:
     """The check at publish time: an output completed by someone else while this ingest ran is left alone."""
-    import dpot_data.ingest as ingest_mod
+    import dpot_data.ingest.pipeline as ingest_mod
 
     out = tmp_path / "late"
     original = ingest_mod.run_plan
@@ -205,7 +205,7 @@ def test_sigkill_at_each_publish_step_leaves_a_valid_output(raw: Path, done: Pat
 def test_temporaries_of_a_killed_run_are_never_published(raw: Path, tmp_path: Path, monkeypatch) -> None:
     """A kill inside a Zarr chunk write leaves `*.partial` files in the staged store, a kill at the manifest write
     a `.manifest.json.tmp-<pid>`: the resumed run publishes neither and removes both."""
-    import dpot_data.journal as jn
+    import dpot_data.ingest.journal as jn
 
     out = tmp_path / "out"
     original = jn.Journal.record

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dpot_data.cli import app
 from dpot_data.ingest import IngestOptions, ingest_files
-from dpot_data.inspect import inspect_dir, render
+from dpot_data.inspection import inspect_dir, render
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpot_data.journal import JOURNAL_NAME, read_lines
+from dpot_data.ingest.journal import JOURNAL_NAME, read_lines
 from dpot_data.synth.fno import write_mat_v5
 from dpot_format.validate import validate_output
 
@@ -151,7 +151,7 @@ def _shard(split: str, k: int, samples: int) -> dict:
 
 
 def test_resume_point_is_the_block_of_the_first_row_missing_from_completed_shards() -> None:
-    from dpot_data.journal import ResumePoint, resume_point
+    from dpot_data.ingest.journal import ResumePoint, resume_point
 
     #       rows: 0 1 2 3 4 5 6 7 ; blocks of two rows: (0,1) (2,3) (4,5) (6,7)
     splits = ["train", "test", "train", "train", "train", "test", "train", "train"]
@@ -180,7 +180,7 @@ def test_journal_lines_cut_by_a_kill_are_ignored(tmp_path: Path) -> None:
 
 
 def test_stats_survive_the_journal_exactly() -> None:
-    from dpot_data.journal import stats_from_json, stats_to_json
+    from dpot_data.ingest.journal import stats_from_json, stats_to_json
     from dpot_data.stats import block_stats
 
     rng = np.random.default_rng(0)
@@ -193,7 +193,7 @@ def test_stats_survive_the_journal_exactly() -> None:
 
 
 def test_a_second_ingest_into_the_same_folder_is_refused_while_one_runs(tmp_path: Path) -> None:
-    from dpot_data.journal import Journal, JournalBusy
+    from dpot_data.ingest.journal import Journal, JournalBusy
 
     first = Journal.open(tmp_path, "d", "job", ["train"], [1])
     try:
@@ -205,7 +205,7 @@ def test_a_second_ingest_into_the_same_folder_is_refused_while_one_runs(tmp_path
 
 
 def test_a_different_job_starts_afresh(tmp_path: Path) -> None:
-    from dpot_data.journal import Journal
+    from dpot_data.ingest.journal import Journal
 
     j = Journal.open(tmp_path, "d", "job-a", ["train", "train"], [1, 2])
     (j.staging / "shards").mkdir()
@@ -218,7 +218,7 @@ def test_a_different_job_starts_afresh(tmp_path: Path) -> None:
 
 
 def test_zarr_only_ingest_resumes_after_the_last_journalled_block() -> None:
-    from dpot_data.journal import resume_point
+    from dpot_data.ingest.journal import resume_point
 
     lines = [{"job": "x"}, {"block": 0, "rows": 2, "shards": [], "stats": {"n": 0}},
              {"block": 1, "rows": 4, "shards": [], "stats": {"n": 1}}]
@@ -229,17 +229,22 @@ def test_zarr_only_ingest_resumes_after_the_last_journalled_block() -> None:
 
 
 def test_staging_of_a_running_ingest_of_another_dataset_is_not_removed(tmp_path: Path) -> None:
-    from dpot_data.journal import Journal
+    from dpot_data.ingest.journal import Journal
 
     other = Journal.open(tmp_path, "other", "job", ["train"], [1])
-    stale = tmp_path / ".staging-stale"
+    stale = tmp_path / ".staging-stale"  # a killed ingest's: its journal, no live lock
     stale.mkdir()
+    (stale / JOURNAL_NAME).write_bytes(b'{"job":"old"}\n')
     (stale / "junk").write_bytes(b"x")
+    users = tmp_path / ".staging-notes"  # the user's own folder of that name: no journal, no lock
+    users.mkdir()
+    (users / "a.txt").write_bytes(b"keep")
     try:
         mine = Journal.open(tmp_path, "mine", "job", ["train"], [1])
         mine.close()
         assert other.staging.is_dir() and (other.staging / JOURNAL_NAME).is_file()
         assert not stale.exists()
+        assert (users / "a.txt").read_bytes() == b"keep"
     finally:
         other.close()
 
@@ -254,7 +259,7 @@ def test_repeated_interruptions_at_block_boundaries_still_give_identical_output(
     """Crashes in a row, each after a given number of finished blocks (after one block the resume point falls back
     to a fresh start, which must then keep nothing), then a complete run: the same shards, arrays and manifest as
     without crashes, and the files on disk match the manifest."""
-    import dpot_data.journal as jn
+    import dpot_data.ingest.journal as jn
     from dpot_data.ingest import IngestOptions, run_ingest
 
     raw, _ = reference
@@ -292,7 +297,7 @@ def test_repeated_interruptions_at_block_boundaries_still_give_identical_output(
 
 
 def test_zarr_only_ingest_resumes_through_the_pipeline(reference, tmp_path, monkeypatch) -> None:
-    import dpot_data.journal as jn
+    import dpot_data.ingest.journal as jn
     from dpot_data.ingest import IngestOptions, run_ingest
 
     raw, _ = reference

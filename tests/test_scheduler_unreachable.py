@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dpot_data.cli import app
-from dpot_data.scheduler import SchedulerOptions
+from dpot_data.ingest.scheduler import SchedulerOptions
 from dpot_data.synth.fno import write_mat_v5
 
 

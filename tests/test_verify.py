@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import zarr
 
-from dpot_data.scheduler import SchedulerOptions, scheduler_context
+from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
 from dpot_format.validate import Problem, summarise, validate_output
 from tests.toy_output import write_toy_output
 

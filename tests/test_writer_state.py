@@ -1,6 +1,6 @@
 """Each writer owns its resume state: `state_dict()` says what a crashed run completed, `load_state_dict()` on a fresh
 writer continues from it, and the result is the uninterrupted writer's, byte for byte. The journal only records
-those states (dpot_data.journal)."""
+those states (dpot_data.ingest.journal)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpot_data.journal import JOURNAL_NAME, Journal, read_lines
+from dpot_data.ingest.journal import JOURNAL_NAME, Journal, read_lines
 from dpot_data.writers.wds_shards import SplitShardWriter
 from dpot_data.writers.zarr_store import ZarrDatasetWriter, ZarrLayout
 

@@ -17,22 +17,31 @@ from dpot_data.sources.base import SPLITS, ReadResult
 
 
 def plan_only(source: str | None, paths: Sequence[str], options: IngestOptions, *, dataset: str | None = None,
-              catalog_split: bool = True, reader: dict[str, Any] | None = None) -> tuple[ReadResult, IngestPlan, str, list[str]]:
+              catalog_split: bool = True, reader: dict[str, Any] | None = None,
+              ) -> tuple[ReadResult, IngestPlan, str, list[str]]:
     """Open the files as `run_ingest` would (catalog match, reader, review) and plan the output; nothing is
-    written and no value is scanned (`reader`: the source's own options, as `run_ingest` takes them). Returns the reader's result, the plan, the source and the catalog's notes."""
+    written and no value is scanned (`reader`: the source's own options, as `run_ingest` takes them). Returns the
+    reader's result, the plan, the source and the catalog's notes."""
     from dpot_data import catalog as cat
-    from dpot_data.ingest import read_source
+    from dpot_data.ingest.job import IngestJob, Target
+    from dpot_data.ingest.pipeline import read_source
+    from dpot_data.ingest.review import review
 
     check_options(options)
     if any("://" in str(p) for p in paths):
         raise InputError("--dry-run", "expected local files (a URL is copied before it is read; run without "
                                       "--dry-run)")
     source = None if source == "auto" else source
-    found = cat.match([Path(p) for p in paths], dataset=dataset, source=source)
+    book = cat.load_catalog()
+    found = cat.match([Path(p) for p in paths], dataset=dataset, source=source, catalog=book,
+                      reader_options=dict(reader or {}))
     # no NaN/Inf scan: it reads every value, which a dry run is meant to avoid
-    result = read_source(found.source, found.inputs, replace(options, nonfinite="raise"),
-                         **{**found.reader_options, **(reader or {})})
-    opts, notes = cat.review(result, found, options, catalog_split and options.split is None)
+    result = read_source(found.source, found.inputs, replace(options, nonfinite="raise"), **found.reader_options)
+    job = IngestJob(found.source, tuple(Path(p) for p in found.inputs), Target("", Path("."), None, None, None),
+                    options, found.reader_options, entry=found.entry, catalog=book,
+                    catalog_split=catalog_split and options.split is None)
+    checked = review(result, job)
+    result, opts, notes = checked.result, checked.options, checked.warnings
     return result, make_plan(result, opts), found.source, notes
 
 

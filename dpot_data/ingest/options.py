@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -108,6 +109,8 @@ def check_options(opts: IngestOptions) -> tuple[str, ...]:
     if opts.nonfinite not in NONFINITE:
         raise InputError("--nonfinite", f"expected one of {', '.join(NONFINITE)}, got {opts.nonfinite!r}")
     default_resolution(opts.resolution, 2)  # a bad --resolution is refused before anything is read
+    if not math.isfinite(float(opts.fill)):
+        raise InputError("--fill", f"expected a finite value for padded channels, got {opts.fill}")
     if opts.shard_size < 1:
         raise InputError("--shard-size", f"expected a positive byte count, got {opts.shard_size}")
     return formats

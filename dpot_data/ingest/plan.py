@@ -16,9 +16,11 @@ import dpot_data
 from dpot_data.errors import InputError
 from dpot_data.ingest.options import (MODEL_LAYOUTS, IngestOptions, check_options, default_resolution,
                                       parse_split)
-from dpot_data.sources.base import DATASET_NAME, SPLITS, ReadResult, check_result
+from dpot_data.sources.base import ReadResult, check_result
 from dpot_data.transform import ANTIALIASED, choose_method
 from dpot_data.units import array_units
+from dpot_format.manifest import limit_problems
+from dpot_format.names import DATASET_NAME, SPLITS
 
 
 @dataclass(frozen=True)
@@ -250,9 +252,19 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
     out = IngestPlan(name, formats, grid, pieces, frames, channels, channel_valid, coords, time, sample_params,
                      blocks, identity, {}, layout)
     out.entry = _entry(result, opts, out, rule, segment, dt, short)
+    check_limits(result, out.entry)
     out.warnings = _warnings(result, out, rule)
     out.units = array_units(ds.attrs["source"], channels, channel_valid.tolist(), grid.dims, list(sample_params))
     return out
+
+
+def check_limits(result: ReadResult, entry: dict[str, Any]) -> None:
+    """The format's limits (dpot_format.limits), checked on the planned entry before anything is written: an output
+    the format would refuse is refused here, in one line naming the input."""
+    problems = limit_problems(str(entry["name"]), entry)
+    if problems:
+        where = result.inputs[0] if result.inputs else entry["name"]
+        raise InputError(where, f"the output would break the format's limits: {problems[0]}")
 
 
 def _entry(result: ReadResult, opts: IngestOptions, p: IngestPlan, rule: str, segment: int | None,

@@ -2,65 +2,75 @@
 durable set of files.
 
 - `OutputLock`: an exclusive lock on OUT for the whole ingest; a second ingest into the same OUT is refused at once.
-- `publish`: the staged Zarr store and shard folder move in under names the current manifest does not use, the new
-  manifest replaces the old one in one atomic rename (the commit point), and only then are the old files removed.
-  A crash or a full disk at any step leaves the old output valid and readable (or, after the rename, the new one);
-  the next ingest removes what is left over.
+- `publish`: the staged Zarr store and shard folder move in under names neither the current manifest nor anything
+  else in OUT uses, the new manifest replaces the old one in one atomic rename (the commit point), and only then are
+  the old files removed. A crash or a full disk at any step leaves the old output valid and readable (or, after the
+  rename, the new one); the next ingest removes what is left over.
+- What is left over is only ever what this tool wrote and recorded: before the staged folders move in, their names
+  and the old output's are written to the publish record `OUT/.dpot-publish.json`; a later ingest removes the recorded
+  names no manifest uses. A file or folder of the user's in OUT is never removed, whatever its name.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
+import json
 import os
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from dpot_data import manifest as mf
+from dpot_data import fs
+from dpot_data import manifest_io as mf
 from dpot_data.errors import InputError
-from dpot_data.journal import STAGING_PREFIX
-from dpot_format.names import OUTPUT_FOLDER, is_temporary
+from dpot_data.ingest.options import IngestOutcome
+from dpot_data.ingest.journal import remove_stale_staging
+from dpot_format.errors import FormatError
+from dpot_format.io import atomic_write
+from dpot_format.lock import FileLock, LockBusy
+from dpot_format.names import SHARDS_FOLDER, ZARR_PATH
 
 LOCK_NAME = ".dpot-ingest.lock"
+RECORD_NAME = ".dpot-publish.json"  # the names a publish in progress put (or is putting) into OUT
+MANIFEST_TEMP = re.compile(r"^\.manifest\.json\.tmp-\d+$")  # dpot_format.io.atomic_write's name for the manifest
+BUSY = "another ingest is writing into this folder; wait for it to finish (or choose another --out)"
 
 
 class OutputLock:
-    """An exclusive, non-blocking lock on an output folder, held for the whole ingest; removed when released."""
+    """An exclusive, non-blocking lock on an output folder, held for the whole ingest; removed when released, with
+    OUT itself when this lock created it and nothing was written into it."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, shown: str | None = None) -> None:
         self.out = Path(out)
-        self.path = self.out / LOCK_NAME
-        self.fd = -1
+        self.shown = shown or str(out)  # how the user named OUT (a URL, for the local side of a remote output)
+        self.created = False
+        self._lock = FileLock(self.out / LOCK_NAME, busy=f"{self.shown}: {BUSY}", remove=True)
 
     def __enter__(self) -> "OutputLock":
+        if self.out.exists() and not self.out.is_dir():
+            raise InputError(self.shown, "is a file, expected an output folder (or a path that does not exist yet)")
+        self.created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise InputError(self.out, "another ingest is writing into this folder; wait for it to finish "
-                                               "(or choose another --out)") from None
-                raise
-            try:  # the holder before us may have removed the file after we opened it: lock the one on disk
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self.fd = fd
-                return self
-            os.close(fd)
+        try:
+            self._lock.acquire()
+        except LockBusy as exc:
+            self._forget()
+            raise InputError(self.shown, BUSY) from exc
+        except FormatError as exc:
+            raise InputError(exc.where, exc.expected) from None
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.fd >= 0:
+        self._lock.release()
+        self._forget()
+
+    def _forget(self) -> None:
+        """Remove OUT when this lock created it and it stayed empty (a refused or failed first ingest)."""
+        if self.created:
             try:
-                self.path.unlink(missing_ok=True)
-            finally:
-                os.close(self.fd)  # closing releases the lock
-                self.fd = -1
+                self.out.rmdir()
+            except OSError:
+                pass
 
 
 def existing_manifest(out: str | Path) -> dict[str, Any] | None:
@@ -74,9 +84,6 @@ def existing_manifest(out: str | Path) -> dict[str, Any] | None:
 def existing_outcome(out: str | Path, overwrite: bool) -> Any:
     """The IngestOutcome of an OUT (local path or URL) that already holds a complete manifest and is to be left
     alone; None when there is none or `overwrite` is set. The one place that decides "complete: leave it alone"."""
-    from dpot_data import fs
-    from dpot_data.ingest.options import IngestOutcome
-
     if overwrite:
         return None
     path = fs.join(out, mf.MANIFEST_NAME)
@@ -113,17 +120,45 @@ def free_name(base: str, suffix: str, taken: set[str]) -> str:
     return name
 
 
-def remove_leftovers(out: Path, manifest: dict[str, Any] | None, keep_staging: str | None = None) -> None:
-    """Remove what no manifest names: store and shard folders of an unfinished publish, temporary files, staging
-    folders of other jobs (the caller holds the output lock, so no other ingest is writing them)."""
-    used = referenced_tops(manifest)
+def owned_leftovers(record: Iterable[str], manifest: dict[str, Any] | None) -> set[str]:
+    """The recorded names a manifest does not use: what an interrupted or finished publish leaves to remove."""
+    return set(record) - referenced_tops(manifest)
+
+
+def read_record(out: Path) -> list[str]:
+    """The names the publish record of OUT lists (none when there is no record, or one cut short)."""
+    try:
+        names = json.loads((out / RECORD_NAME).read_text(encoding="utf-8"))["names"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")]
+
+
+def write_record(out: Path, names: Iterable[str]) -> None:
+    """Record, durably, the top-level names a publish owns in OUT (before it moves anything in)."""
+    atomic_write(out / RECORD_NAME, json.dumps({"names": sorted(set(names))}).encode("utf-8"))
+
+
+def remove_leftovers(out: Path, manifest: dict[str, Any] | None, keep_staging: str | None = None,
+                     spent_only: bool = False) -> None:
+    """Remove what this tool wrote into OUT and no manifest names: the recorded folders of an unfinished or finished
+    publish, a manifest's temporary file, stale staging folders of other jobs (the caller holds the output lock, so
+    no other ingest is writing them; `spent_only`: only those whose output was moved out, a resumable one is kept).
+    Nothing else is touched, whatever its name."""
+    for name in owned_leftovers(read_record(out), manifest):
+        _remove(out / name)
+    (out / RECORD_NAME).unlink(missing_ok=True)
     for child in out.iterdir():
-        stale_data = OUTPUT_FOLDER.match(child.name) and child.name not in used
-        stale_staging = child.name.startswith(STAGING_PREFIX) and child.name != keep_staging
-        if stale_data or stale_staging:
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        elif child.is_file() and is_temporary(child.name):
+        if MANIFEST_TEMP.match(child.name) and child.is_file():
             child.unlink()
+    remove_stale_staging(out, keep=keep_staging, spent_only=spent_only)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _move_into_place(out: Path, staging: Path, names: dict[str, str]) -> None:
@@ -154,11 +189,13 @@ def publish(out: Path, staging: Path, entry: dict[str, Any], command: str, overw
         raise InputError(out, "now holds a complete manifest that this ingest did not write; left alone (the "
                               f"staged output stays in {staging.name} for a re-run with --overwrite)")
     remove_leftovers(out, old, keep_staging=staging.name)
-    taken = referenced_tops(old)
-    names = {"data.zarr": free_name("data", ".zarr", taken), "shards": free_name("shards", "", taken)}
+    taken = referenced_tops(old) | {child.name for child in out.iterdir()}
+    names = {ZARR_PATH: free_name("data", ".zarr", taken), SHARDS_FOLDER: free_name(SHARDS_FOLDER, "", taken)}
+    manifest = mf.build([relocated(entry, names)], command)  # validated before anything moves
+    write_record(out, [*referenced_tops(old), *names.values()])
     _move_into_place(out, staging, names)
-    manifest = mf.build([relocated(entry, names)], command)
     mf.write(out, manifest)  # the commit point: one atomic rename
+    shutil.rmtree(staging, ignore_errors=True)  # ours, spent (its lock goes with the journal)
     remove_leftovers(out, manifest)
     mf.fsync_dir(out)
     return manifest

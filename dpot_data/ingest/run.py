@@ -11,14 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from dpot_data import journal as jn
+from dpot_data.ingest import journal as jn
 from dpot_data.ingest.plan import IngestPlan, Piece
 from dpot_data.ingest.task import BlockResult, BlockTask, process_block, unspill
-from dpot_data.scheduler import Runner, SchedulerOptions, scheduler_context
-from dpot_data.sources.base import SPLITS
+from dpot_data.ingest.scheduler import Runner, SchedulerOptions, scheduler_context
+from dpot_format.names import SPLITS
 from dpot_data.stats import FieldStats
 from dpot_data.writers.wds_shards import SplitShardWriter
 from dpot_data.writers.zarr_store import StagedDataLost, ZarrDatasetWriter, ZarrLayout
+from dpot_format.names import SHARDS_FOLDER, ZARR_PATH
 
 
 SPILL_FOLDER = ".spill.tmp"  # in staging: blocks that cluster workers hand over as files (a temporary name)
@@ -38,10 +39,10 @@ class _Writers:
 
     def __init__(self, p: IngestPlan, journal: jn.Journal, layout: ZarrLayout, shard_size: int) -> None:
         staging = journal.staging
-        self.zarr = ZarrDatasetWriter(staging / "data.zarr", layout) if "zarr" in p.formats else None
+        self.zarr = ZarrDatasetWriter(staging / ZARR_PATH, layout) if "zarr" in p.formats else None
         self.shards: dict[str, SplitShardWriter] = {}
         if "wds" in p.formats:
-            self.shards = {s: SplitShardWriter(staging, f"shards/{p.name}", s, shard_size) for s in SPLITS}
+            self.shards = {s: SplitShardWriter(staging, f"{SHARDS_FOLDER}/{p.name}", s, shard_size) for s in SPLITS}
         if journal.resumed:
             if self.zarr is not None:
                 self.zarr.load_state_dict(journal.point.zarr_state())
@@ -113,7 +114,7 @@ def _placed(task: BlockTask, p: IngestPlan, journal: jn.Journal, runner: Runner)
     """The task told to put its outputs where the writer finds them, so that they need not travel back: its Zarr
     chunks into the staged store, and on a cluster whose workers see the staging folder, fields and mask as a file
     there too (`spill`). Workers that do not see it send everything back, as local threads do with fields and mask."""
-    group_dir = str((journal.staging / "data.zarr" / p.name).resolve()) if task.codec else None
+    group_dir = str((journal.staging / ZARR_PATH / p.name).resolve()) if task.codec else None
     spill_dir = None
     if runner.client is not None:
         folder = (journal.staging / SPILL_FOLDER).resolve()

@@ -11,7 +11,7 @@ import numpy as np
 
 from dpot_data import stats as st
 from dpot_data.ingest.plan import IngestPlan, Piece
-from dpot_data.scheduler import compute_in_task
+from dpot_data.ingest.scheduler import compute_in_task
 from dpot_data.transform import pad_channels, resample_fields, resample_mask
 from dpot_data.writers.zarr_store import EncodedRows, encode_rows, write_rows
 

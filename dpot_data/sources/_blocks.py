@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import stat
 import warnings
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,7 @@ from dask.base import tokenize
 from h5py import h5d, h5s
 
 from dpot_data.errors import InputError
+from dpot_format.io import file_kind
 from dpot_data.sources.base import (INFLATION_SLACK_BYTES, MAX_FRAMES, MAX_GRID_SIDE, MAX_INFLATION,
                                     MAX_TRAJECTORIES, MAX_TRAJECTORY_BYTES)
 
@@ -366,7 +368,7 @@ def hdf5_problem(path: Path) -> str | None:
 
             f.visititems(visit)
             return bad[0] if bad else None
-    except OSError as exc:
+    except READ_ERRORS as exc:  # h5py raises RuntimeError/KeyError/ValueError too for damaged headers
         return f"cannot open as HDF5 (truncated or corrupt): {exc}"
 
 
@@ -533,6 +535,19 @@ def input_files(paths: Sequence[str | bytes | Path], suffixes: tuple[str, ...]) 
     found = distinct_files(found)
     unique_names([p for p in found if p.exists()])
     return found
+
+
+def require_file(path: Path) -> None:
+    """InputError naming `path` as given unless it is a regular file: missing, a link loop, a device, a folder."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(path, "file not found") from None
+    except OSError as exc:
+        why = "is a symbolic link loop" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+        raise InputError(path, f"{why}, expected a file") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(path, f"is {file_kind(mode)}, expected a regular file")
 
 
 def as_path(path: str | bytes | os.PathLike) -> Path:

@@ -48,9 +48,9 @@ from typing import Protocol, Sequence
 import numpy as np
 import xarray as xr
 
-SPLITS = ("train", "valid", "test")
+from dpot_format.names import DATASET_NAME, SPLITS  # noqa: F401 - the format's rules, re-exported for the readers
+
 BOUNDARIES = ("periodic", "non-periodic")
-DATASET_NAME = re.compile(r"^[a-z0-9_-]+$")
 
 # ------------------------------------------------------------------------------------------------------------------
 # Limits on what a raw file may declare. The published sets stay far below them (the largest: 10 000 trajectories in

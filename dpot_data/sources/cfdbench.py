@@ -34,7 +34,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from dpot_data.catalog import manifest_name
+from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, all_finite, as_path, auto_block, check_sizes, check_stored,
                                         checked, distinct_files, file_token, nonfinite_error, npy_info, on_disk_bytes,
@@ -145,8 +145,8 @@ def _check_case(folder: Path) -> Case | str:
             raise InputError(case_json, f"holds {size} bytes; expected a small JSON object of case parameters "
                                         f"(at most {MAX_JSON_BYTES} bytes, dpot_data.sources.base.MAX_JSON_BYTES)")
         params = json.loads(case_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return f"case.json is unreadable: {exc}"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested
+        return f"case.json is unreadable: {exc}"  # deeper than the parser goes
     if not isinstance(params, dict):
         raise InputError(case_json, "expected a JSON object of case parameters")
     missing = [k for k in KEYS[problem] if k not in params]

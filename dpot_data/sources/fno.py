@@ -11,6 +11,7 @@ are `a[n].T`, `u[n, ..., k].T` (the reader never swaps physics axes by accident)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import re
@@ -30,7 +31,7 @@ from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, allowed_bytes, as_path,
                                         check_file_total, check_sizes, check_stored, checked, distinct_files,
                                         file_token, frames_ok, nonfinite_error, on_disk_bytes, read_error, text_path,
-                                        to_dask, unique_names)
+                                        require_file, to_dask, unique_names)
 from dpot_data.sources.base import INFLATION_SLACK_BYTES, MAX_INFLATION, ReadResult
 
 READER_VERSION = "1"
@@ -138,11 +139,41 @@ def _parse_matrix(path: Path, file: str, head: bytes, base: int, endian: str, si
     return name, _Var(file=file, dims=tuple(dims), dtype=dtype.str, offset=base + off, stored=need)
 
 
+_INFLATED = re.compile(r"^dpot-mat5-(\d+)-.+\.bin$")  # an inflated variable, named by the pid of its process
+
+
+def reclaim_inflated(folder: str | None = None) -> list[str]:
+    """Remove the inflated-variable files that processes no longer alive left in the temporary folder (a kill
+    while a compressed MAT v5 file was open leaves the whole inflated `u` there); returns what was removed."""
+    folder = folder or tempfile.gettempdir()
+    removed = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            match = _INFLATED.match(entry.name)
+            if match and not _alive(int(match.group(1))) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def _inflate(path: Path, fh, start: int, length: int, budget: int) -> tuple[str, int]:
     """Inflate a zlib-compressed element into a temporary file (streamed, bounded memory and disk: at most
     base.MAX_INFLATION times its compressed bytes plus base.INFLATION_SLACK_BYTES, and at most `budget`, what is left
     of the file's allowance); returns its path and size."""
-    fd, tmp = tempfile.mkstemp(prefix="dpot-mat5-", suffix=".bin")
+    reclaim_inflated()
+    fd, tmp = tempfile.mkstemp(prefix=f"dpot-mat5-{os.getpid()}-", suffix=".bin")
     _TEMP_FILES.append(tmp)
     inflater = zlib.decompressobj()
     fh.seek(start)
@@ -236,8 +267,7 @@ def open_mat(path: str | Path) -> _MatFile:
     expected = "expected a MATLAB .mat file (v5, or v7.3/HDF5) with variables a (N,x,y), u (N,x,y,T), t (1,T)"
     if path.suffix.lower() != ".mat":
         raise InputError(path, f"{expected}; the name does not end in .mat")
-    if not path.is_file():
-        raise InputError(path, "file not found")
+    require_file(path)
     with open(path, "rb") as fh:
         header = fh.read(128)
     if len(header) < 128:
@@ -271,6 +301,9 @@ def _check(mat: _MatFile) -> tuple[int, int, int, int]:
     check_sizes(mat.path, "u", trajectories=n, frames=nt + 1, space=(ny, nx))
     for key in ("u", "a"):
         var = v[key]
+        if np.dtype(var.dtype).kind != "f":  # MATLAB logical arrays are stored as uint8
+            raise InputError(mat.path, f"expected '{key}' of floating-point values (single or double), found "
+                                       f"{np.dtype(var.dtype).name}")
         if var.elsewhere:
             raise InputError(mat.path, f"{key}: {var.elsewhere}; expected the data stored in this file")
         check_stored(mat.path, key, var.dims, np.dtype(var.dtype).itemsize, var.stored or 0)
@@ -319,8 +352,10 @@ class _Trajectories(SampleBlocks):
 def _times(mat: _MatFile, nt: int) -> np.ndarray | None:
     """Physical times of frames 1..T from `t` when present and of the right length."""
     t = mat.variables.get("t")
-    if t is None or math.prod(t.dims) != nt:
+    if t is None:
         return None
+    if math.prod(t.dims) != nt:
+        raise InputError(mat.path, f"expected 't' to hold one time per frame of 'u' ({nt}), found shape {t.dims}")
     return t.read().astype(np.float64).reshape(-1)
 
 

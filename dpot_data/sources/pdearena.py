@@ -19,11 +19,11 @@ import h5py
 import numpy as np
 import xarray as xr
 
-from dpot_data.catalog import manifest_name
+from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, all_finite, auto_block, check_file_total, check_h5_dataset,
                                         check_sizes, checked, checked_rows, file_token, frames_ok, h5_rows,
-                                        hdf5_problem, input_files, to_dask)
+                                        hdf5_problem, input_files, require_file, to_dask)
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -104,6 +104,9 @@ def _inspect(path: Path) -> dict[str, object]:
         for k in CHANNELS:
             if g[k].dtype.kind != "f":
                 raise InputError(path, f"{split}/{k}: expected floats, found {g[k].dtype}")
+        for k in ("t", "x", "y", "buo_y"):
+            if g[k].dtype.kind not in "fiu":
+                raise InputError(path, f"{split}/{k}: expected numbers, found {g[k].dtype}")
         extra = [k for k in g.keys() if k not in CHANNELS and k not in OTHER_KEYS and isinstance(g[k], h5py.Dataset)
                  and tuple(g[k].shape[:2]) == (n, nt) and len(g[k].shape) >= 3]
         if extra:
@@ -132,8 +135,7 @@ def _readable_files(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, objec
     skipped: list[tuple[str, str]] = []
     good: list[tuple[Path, dict[str, object]]] = []
     for p in paths:
-        if not p.is_file():
-            raise InputError(p, "file not found")
+        require_file(p)
         problem = hdf5_problem(p)
         if problem is not None:
             skipped.append((p.name, problem))

@@ -24,12 +24,12 @@ import numpy as np
 import xarray as xr
 import yaml
 
-from dpot_data.catalog import manifest_name
+from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, auto_block, check_file_total,
                                         check_h5_dataset, check_sizes, checked, checked_rows, file_token, frames_ok,
                                         h5_rows, hdf5_problem, input_files, nonfinite_error, read_error, read_whole,
-                                        to_dask)
+                                        require_file, to_dask)
 from dpot_data.sources.base import MAX_FRAMES, ReadResult
 
 READER_VERSION = "1"
@@ -183,7 +183,10 @@ def _cfd_file(path: Path) -> dict[str, object]:
         coords = {}
         for axis, size in zip("xyz", shape[2:]):
             key = f"{axis}-coordinate"
-            if key in f and f[key].shape == (size,):
+            if key in f and getattr(f[key], "shape", None) != (size,):
+                raise InputError(path, f"{key!r}: expected {size} coordinates (one per cell along {axis}), found "
+                                       f"{getattr(f[key], 'shape', 'a group')}")
+            if key in f:
                 check_h5_dataset(path, key, f[key])
                 coords[axis] = np.asarray(f[key], dtype=np.float64)
             else:
@@ -196,10 +199,21 @@ def _cfd_file(path: Path) -> dict[str, object]:
                                        f"{MAX_FRAMES + 1}), found {getattr(t, 'shape', 'a group')}")
             check_h5_dataset(path, "t-coordinate", t)
             t_raw = np.asarray(t, dtype=np.float64).reshape(-1)
-        attrs = {k: float(np.asarray(f.attrs[k]).reshape(-1)[0]) for k in ("M", "eta", "zeta") if k in f.attrs}
+        attrs = {k: _number_attr(path, k, f.attrs[k]) for k in ("M", "eta", "zeta") if k in f.attrs}
         dtype = f["density"].dtype.name
     return {"dims": dims, "names": names, "shape": shape, "coords": coords, "t": t_raw, "attrs": attrs,
             "dtype": dtype}
+
+
+def _number_attr(path: Path, key: str, value: object) -> float:
+    """A numeric file attribute (M, eta, zeta) as a float; InputError naming it when it is text or empty."""
+    try:
+        array = np.asarray(value)
+        if array.dtype.kind not in "fiu" or array.size == 0:
+            raise ValueError
+        return float(array.reshape(-1)[0])
+    except (ValueError, TypeError, OverflowError):
+        raise InputError(path, f"attribute {key!r}: expected a number, found {value!r}") from None
 
 
 def reference_split(positions: Sequence[tuple[int, int]]) -> tuple[np.ndarray, str]:
@@ -534,8 +548,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     if not paths:
         raise InputError("<no files>", "expected at least one PDEBench HDF5 file")
     for p in paths:
-        if not p.is_file():
-            raise InputError(p, "file not found")
+        require_file(p)
     skipped: list[tuple[str, str]] = []
     good: list[Path] = []
     for p in paths:

@@ -8,7 +8,6 @@ vorticity with alpha 2.5, tau 7); only the time step is larger by default, to st
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import scipy.fft
 import scipy.io
 
 from dpot_data.sources.fno import format_viscosity
+from dpot_format.io import atomic_path
 
 DEFAULT_DT = 1e-2  # stable and within ~1e-3 of the generator's dt=1e-4 solution at nu=1e-3 on 64x64
 
@@ -104,28 +104,19 @@ def _matlab73_header() -> bytes:
 
 def write_mat_v5(path: Path, a: np.ndarray, u: np.ndarray, t: np.ndarray) -> None:
     """Write `a` (N,x,y), `u` (N,x,y,T), `t` (1,T) as scipy's default MAT 5 file (no compression), atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    scipy.io.savemat(tmp, {"a": a, "u": u, "t": t}, format="5", do_compression=False, oned_as="row")
-    _commit(tmp, path)
+    with atomic_path(path) as tmp:
+        scipy.io.savemat(tmp, {"a": a, "u": u, "t": t}, format="5", do_compression=False, oned_as="row")
 
 
 def write_mat_v73(path: Path, a: np.ndarray, u: np.ndarray, t: np.ndarray) -> None:
     """Write the same variables as a MAT 7.3 file: HDF5 with a 512-byte MATLAB userblock and axes reversed, atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w", userblock_size=MAT73_USERBLOCK, libver="earliest") as h5:
-        for name, value in (("a", a), ("u", u), ("t", t)):
-            ds = h5.create_dataset(name, data=np.ascontiguousarray(np.transpose(value)))
-            ds.attrs.create("MATLAB_class", np.bytes_("single" if value.dtype == np.float32 else "double"))
-    with open(tmp, "r+b") as fh:
-        fh.write(_matlab73_header())
-    _commit(tmp, path)
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    """fsync a finished temp file and move it to its final name."""
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        with h5py.File(tmp, "w", userblock_size=MAT73_USERBLOCK, libver="earliest") as h5:
+            for name, value in (("a", a), ("u", u), ("t", t)):
+                ds = h5.create_dataset(name, data=np.ascontiguousarray(np.transpose(value)))
+                ds.attrs.create("MATLAB_class", np.bytes_("single" if value.dtype == np.float32 else "double"))
+        with open(tmp, "r+b") as fh:
+            fh.write(_matlab73_header())
 
 
 def solve_fno(n: int, frames: int, viscosity: float, seed: int, resolution: int = 64, dt: float | None = None):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dpot_format.io import drop_cached, fsync_dir
-from dpot_format.names import sample_key
+from dpot_format.names import sample_key, shard_file
 
 DEFAULT_SHARD_BYTES = 256 << 20
 _BLOCK = tarfile.BLOCKSIZE
@@ -117,7 +117,7 @@ class SplitShardWriter:
         (self.root / self.rel_folder).mkdir(parents=True, exist_ok=True)
 
     def _name(self) -> str:
-        return f"{self.rel_folder}/{self.split}-{len(self.done):06d}.tar"
+        return f"{self.rel_folder}/{shard_file(self.split, len(self.done))}"
 
     def _open(self) -> None:
         final = self.root / self._name()

@@ -16,8 +16,6 @@ trajectories in order, the resumed output is byte-identical to an uninterrupted 
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -30,7 +28,8 @@ import numpy as np
 
 import dpot_data
 from dpot_data.stats import FieldStats, Moments
-from dpot_format.names import is_temporary
+from dpot_format.lock import FileLock, LockBusy, is_held
+from dpot_format.names import ZARR_PATH, is_temporary
 
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = "lock"
@@ -181,7 +180,7 @@ def resume_point(lines: Sequence[Mapping[str, Any]], row_splits: Sequence[str],
 class Journal:
     """Owns `OUT/.staging-<name>`: creates or resumes it, records finished blocks, holds an exclusive lock."""
 
-    def __init__(self, staging: Path, point: ResumePoint, lock_fd: int, header: Mapping[str, Any],
+    def __init__(self, staging: Path, point: ResumePoint, lock_fd: FileLock | None, header: Mapping[str, Any],
                  row_splits: Sequence[str]) -> None:
         """`header`: the first line of a fresh journal (for `restart`); `row_splits`: the split of each stored row."""
         self.staging = staging
@@ -205,9 +204,7 @@ class Journal:
         files are intact, else start it afresh. Raises JournalBusy when another process is writing it."""
         out.mkdir(parents=True, exist_ok=True)
         staging = out / f"{STAGING_PREFIX}{name}"
-        for child in out.iterdir():  # other staging folders: leftovers of other jobs, never under a final name
-            if child.is_dir() and child.name.startswith(STAGING_PREFIX) and child != staging:
-                _remove_unless_locked(child)
+        remove_stale_staging(out, keep=staging.name)  # leftovers of other jobs, never under a final name
         staging.mkdir(exist_ok=True)
         header = {"job": job, "format": FORMAT, "dataset": name}
         lock_fd = _lock(staging)
@@ -278,7 +275,7 @@ class Journal:
     def close(self) -> None:
         """Release the lock (the staging folder itself is removed by publishing, or kept for a resume)."""
         _unlock(self._lock_fd)
-        self._lock_fd = -1
+        self._lock_fd = None
 
 
 def rows_per_block(sources: Sequence[int], blocks: Sequence[tuple[int, int]]) -> list[int]:
@@ -300,7 +297,7 @@ def _staged_files_ok(staging: Path, point: ResumePoint, zarr: bool) -> bool:
             p = staging / s["path"]
             if not p.is_file() or p.stat().st_size != int(s["bytes"]):
                 return False
-    return not zarr or (staging / "data.zarr" / "zarr.json").is_file()
+    return not zarr or (staging / ZARR_PATH / "zarr.json").is_file()
 
 
 def remove_temporaries(folder: Path) -> list[Path]:
@@ -336,36 +333,32 @@ def _append(path: Path, record: Mapping[str, Any]) -> None:
         os.close(fd)
 
 
-def _lock(staging: Path) -> int:
+def _lock(staging: Path) -> FileLock:
     """Exclusive, non-blocking lock on the staging folder; JournalBusy when another ingest holds it."""
-    fd = os.open(staging / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = FileLock(staging / LOCK_NAME, busy=f"{staging}: another ingest of this dataset is running into the same "
+                                              "folder")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise JournalBusy(f"{staging}: another ingest of this dataset is running into the same folder") from None
-        raise
-    return fd
+        return lock.acquire()
+    except LockBusy as exc:
+        raise JournalBusy(str(exc)) from None
 
 
-def _remove_unless_locked(staging: Path) -> None:
-    """Remove a stale staging folder, but not one whose lock another running ingest holds."""
-    try:
-        fd = _lock(staging)
-    except JournalBusy:
-        return
-    except OSError:
-        fd = -1
-    try:
-        shutil.rmtree(staging, ignore_errors=True)
-    finally:
-        _unlock(fd)
+def is_staging(folder: Path) -> bool:
+    """Whether `folder` is a staging folder this tool made: `.staging-<name>/` holding its lock or journal file."""
+    return (folder.name.startswith(STAGING_PREFIX) and folder.is_dir() and not folder.is_symlink()
+            and ((folder / LOCK_NAME).is_file() or (folder / JOURNAL_NAME).is_file()))
 
 
-def _unlock(fd: int) -> None:
-    if fd >= 0:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+def remove_stale_staging(out: Path, keep: str | None = None, spent_only: bool = False) -> None:
+    """Remove the staging folders in OUT other than `keep` that no running ingest holds (its lock is free);
+    `spent_only`: only those holding nothing but the journal and lock (published: their output moved out)."""
+    for child in out.iterdir():
+        if child.name == keep or not is_staging(child) or is_held(child / LOCK_NAME):
+            continue
+        if not spent_only or {c.name for c in child.iterdir()} <= {LOCK_NAME, JOURNAL_NAME}:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _unlock(lock: FileLock | None) -> None:
+    if lock is not None:
+        lock.release()

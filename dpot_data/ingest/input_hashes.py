@@ -27,7 +27,10 @@ class InputHashes:
     def add(self, paths: Sequence[str | os.PathLike[str]]) -> None:
         """Start hashing the files among `paths` not started yet (folders are left to the reader's file list)."""
         for p in paths:
-            key = str(Path(p).resolve())
+            try:
+                key = str(Path(p).resolve())
+            except (OSError, RuntimeError):  # a link loop: the ingest refuses it with one line, not this thread
+                continue
             if key not in self._futures and Path(key).is_file():
                 self._futures[key] = self._pool.submit(sha256_file, key, None, self._stop)
 
