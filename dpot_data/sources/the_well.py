@@ -34,7 +34,7 @@ import h5py
 import numpy as np
 import xarray as xr
 
-from dpot_data.catalog import manifest_name
+from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, all_finite, as_path, auto_block, check_h5_dataset, check_sizes,
                                         checked, distinct_files, file_token, files_in, hdf5_problem, nonfinite_error,
