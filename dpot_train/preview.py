@@ -12,16 +12,17 @@ import numpy as np
 
 from dpot_train.config import DataConfig
 from dpot_train.data.manifest import DataError
-from dpot_train.data.prepare import load_datasets
-from dpot_train.data.readers import make_reader
+from dpot_train.data.prepare import data_reader, load_datasets
 from dpot_train.data.windows import to_model_layout
 
 
 def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
-                start: int = 0, frames: int | None = None, backend: str = "webdataset") -> np.ndarray:
+                start: int = 0, frames: int | None = None, backend: str = "webdataset", cache_dir: str | None = None,
+                cache_limit: str | None = None) -> np.ndarray:
     """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
     (default: the manifest's only dataset) as the model sees them: (H, W, T, C) float32."""
-    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False)
+    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, cache_dir=cache_dir,
+                     cache_limit=cache_limit)
     datasets = load_datasets(cfg, split, verify=False)
     names = [d.name for d in datasets]
     if dataset is None:
@@ -32,7 +33,7 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
         ds = datasets[names.index(dataset)]
     else:
         raise DataError(f"{manifest}: no dataset {dataset!r}; it holds {names}")
-    reader = make_reader(backend)
+    reader = data_reader(cfg)
     refs = reader.refs(ds, split)
     if not 0 <= index < len(refs):
         raise DataError(f"{ds.name}: --index {index} is outside the {len(refs)} {split!r} trajectories")
