@@ -11,7 +11,7 @@ Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/remote_loader.py              
 3. Runs the loader (prepare_stream + WindowStream + make_loader, as the trainer does; `--workers` threads) for:
    `local` (`--epochs` epochs from the local folder), `cold` (one epoch from s3:// into an empty cache: the
    downloads happen while indexing and reading), `warm` (`--epochs` epochs from s3:// with that cache filled) and
-   `tight` (`--epochs` epochs through a cache limited to `--tight-fraction` of the corpus: LRU eviction and
+   `tight` (`--tight-epochs` epochs through a cache limited to `--tight-fraction` of the corpus: LRU eviction and
    re-downloads). Each figure includes the start-up (manifest, index). Reported: samples/s, GET requests of shards
    per epoch and in all, the peak bytes in the cache folder (polled every 5 ms) against the limit.
 4. The fault run: a fresh cache, the server failing `--fail` of GETs with 503 and stalling `--stall` of them past
@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -56,10 +57,10 @@ class Peak(threading.Thread):
 
     def __init__(self, root: str) -> None:
         super().__init__(daemon=True)
-        self.root, self.peak, self._stop = Path(root), 0, threading.Event()
+        self.root, self.peak, self._done = Path(root), 0, threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             total = 0
             for sub in ("data", "part"):
                 for p in (self.root / sub).glob("*") if (self.root / sub).exists() else []:
@@ -71,7 +72,7 @@ class Peak(threading.Thread):
             time.sleep(0.005)
 
     def stop(self) -> int:
-        self._stop.set()
+        self._done.set()
         self.join()
         return self.peak
 
@@ -143,12 +144,59 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=2, help="loader worker threads")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--epochs", type=float, default=10.0, help="epochs of the local, warm and tight runs")
+    ap.add_argument("--rounds", type=int, default=3, help="local/warm measurements, alternated")
+    ap.add_argument("--tight-epochs", type=float, default=2.0, help="epochs of the tight run")
     ap.add_argument("--tight-fraction", type=float, default=0.5, help="cache limit of the tight run / corpus bytes")
     ap.add_argument("--fail", type=float, default=0.2, help="fault run: fraction of GETs answered 503")
     ap.add_argument("--stall", type=float, default=0.05, help="fault run: fraction of GETs stalled")
     ap.add_argument("--stall-s", type=float, default=3.0, help="fault run: stall length (read timeout: 1 s)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
     return ap.parse_args(argv)
+
+
+def local_vs_warm(server: s3_local.LocalS3, local: Path, url: str, cache: str, limit: int, args: argparse.Namespace,
+                  kw: dict[str, Any]) -> dict[str, Any]:
+    """`--rounds` of (local, warm) measurements, alternated so that the load of a shared machine hits both alike."""
+    rounds, runs = [], []
+    for _ in range(args.rounds):
+        a = measured(server, "local", args.epochs, manifest=str(local), **kw)
+        b = measured(server, "warm", args.epochs, manifest=url, cache_dir=cache, limit=limit, **kw)
+        rounds.append((a["samples_per_s"], b["samples_per_s"]))
+        runs += [a, b]
+    local_med = statistics.median(a for a, _ in rounds)
+    return {"rounds": rounds, "runs": runs, "local_median": local_med,
+            "warm_median": statistics.median(b for _, b in rounds),
+            "warm_shard_gets": sum(r["shard_gets"] for r in runs if r["mode"] == "warm"),
+            "warm_over_local": round(statistics.median(b for _, b in rounds) / local_med, 3)}
+
+
+def cold_rounds(server: s3_local.LocalS3, url: str, tmp: Path, limit: int, local_rate: float,
+                args: argparse.Namespace, kw: dict[str, Any]) -> dict[str, Any]:
+    """`--rounds` of (whole-object GET rate, one epoch into an empty cache), each cold run against the bound measured
+    just before it."""
+    rounds = []
+    for r in range(args.rounds):
+        rate = get_rate(server, url)
+        cold = measured(server, "cold", 1, manifest=url, cache_dir=str(tmp / f"cold-{r}"), limit=limit, **kw)
+        bound = rate["bytes"] / rate["seconds"] / (rate["bytes"] / cold["epoch_length"])
+        rounds.append({"get_rate": rate, "cold": cold, "bandwidth_bound_samples_per_s": round(bound, 1),
+                       "ratio": round(cold["samples_per_s"] / min(bound, local_rate), 3)})
+    return {"rounds": rounds, "median_ratio": statistics.median(x["ratio"] for x in rounds)}
+
+
+def fault_run(server: s3_local.LocalS3, url: str, tmp: Path, limit: int, args: argparse.Namespace,
+              kw: dict[str, Any]) -> dict[str, Any]:
+    """Two epochs into an empty cache from a server failing and stalling GETs, against the fault-free stream."""
+    clean = run_stream(url, 2, cache_dir=str(tmp / "cold-0"), limit=limit, digest=True, **kw)
+    s3_local.configure_this_process(server, read_timeout=1.0)
+    server.set_faults(s3_local.Faults(fail=args.fail, stall=args.stall, stall_s=args.stall_s, seed=1))
+    try:
+        out = measured(server, "fault", 2, manifest=url, cache_dir=str(tmp / "fault"), limit=limit, digest=True, **kw)
+    finally:
+        server.set_faults(s3_local.Faults())
+        s3_local.configure_this_process(server)
+    out["equal_to_fault_free"] = out["sha256"] == clean["sha256"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,33 +207,24 @@ def main(argv: list[str] | None = None) -> int:
         local = make_corpus(tmp, args.trajectories, args.frames, args.shard_mb)
         url = "s3://bench/out"
         s3_local.upload(str(local), url)
-        rate = get_rate(server, url)
-        corpus = rate["bytes"]
         kw = {"workers": args.workers, "batch": args.batch}
-        res: dict[str, Any] = {"get_rate": rate}
-        res["local"] = measured(server, "local", args.epochs, manifest=str(local), **kw)
-        cache, limit = str(tmp / "cache"), int(corpus * 1.25)
-        res["cold"] = measured(server, "cold", 1, manifest=url, cache_dir=cache, limit=limit, **kw)
-        res["warm"] = measured(server, "warm", args.epochs, manifest=url, cache_dir=cache, limit=limit, **kw)
-        tight = max(int(corpus * args.tight_fraction), 2 * max(p.stat().st_size for p in local.rglob("*.tar")))
-        res["tight"] = measured(server, "tight", args.epochs, manifest=url, cache_dir=str(tmp / "tight"),
+        shard_bytes = [p.stat().st_size for p in local.rglob("*.tar")]
+        corpus, largest = sum(shard_bytes), max(shard_bytes)
+        limit = max(int(corpus * 1.25), 2 * largest)
+        run_stream(str(local), 1, **kw)  # the local shards read once: both sides then read from the page cache
+        cold = cold_rounds(server, url, tmp, limit, float("inf"), args, kw)  # ratios fixed below, with local's rate
+        lw = local_vs_warm(server, local, url, str(tmp / "cold-0"), limit, args, kw)
+        for r in cold["rounds"]:
+            r["ratio"] = round(r["cold"]["samples_per_s"] / min(r["bandwidth_bound_samples_per_s"], lw["local_median"]),
+                               3)
+        cold["median_ratio"] = statistics.median(r["ratio"] for r in cold["rounds"])
+        tight = max(int(corpus * args.tight_fraction), 2 * largest)
+        res: dict[str, Any] = {"local_warm": lw, "cold": cold, "limits": {"cold_warm": limit, "tight": tight}}
+        res["tight"] = measured(server, "tight", args.tight_epochs, manifest=url, cache_dir=str(tmp / "tight"),
                                 limit=tight, **kw)
-        res["limits"] = {"cold_warm": limit, "tight": tight}
-        clean = run_stream(url, 2, cache_dir=cache, limit=limit, digest=True, **kw)
-        s3_local.configure_this_process(server, read_timeout=1.0)
-        server.set_faults(s3_local.Faults(fail=args.fail, stall=args.stall, stall_s=args.stall_s, seed=1))
-        res["fault"] = measured(server, "fault", 2, manifest=url, cache_dir=str(tmp / "fault"), limit=limit,
-                                digest=True, **kw)
-        res["fault"]["equal_to_fault_free"] = res["fault"]["sha256"] == clean["sha256"]
-        server.set_faults(s3_local.Faults())
-        bytes_per_sample = corpus / res["cold"]["epoch_length"]
-        bound = rate["bytes"] / rate["seconds"] / bytes_per_sample
-        res["ratios"] = {
-            "warm_over_local": round(res["warm"]["samples_per_s"] / res["local"]["samples_per_s"], 3),
-            "bandwidth_bound_samples_per_s": round(bound, 1),
-            "cold_over_min_local_bound": round(res["cold"]["samples_per_s"] / min(bound, res["local"]["samples_per_s"]),
-                                               3)}
-        res["config"] = vars(args) | {"corpus_bytes": corpus}
+        res["fault"] = fault_run(server, url, tmp, limit, args, kw)
+        res["config"] = vars(args) | {"corpus_bytes": corpus, "largest_shard_bytes": largest,
+                                      "shards": len(shard_bytes)}
         print(json.dumps(res), flush=True)
     finally:
         server.stop()

@@ -142,6 +142,9 @@ def unconfigure_this_process(server: LocalS3) -> None:
 
 def start(faults: Faults | None = None, bucket: str = "dpot") -> LocalS3:
     """A started server with an empty bucket, this process configured to use it."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     server = LocalS3(faults)
     server.start()
     configure_this_process(server)

@@ -333,18 +333,18 @@ def test_resume_on_another_world_size_from_object_storage_equals_local(s3, fno_t
     finals = {}
     for name, manifest in (("local", str(fno_train_shards)), ("s3", url)):
         run = tmp_path / name / "run"
-        r = train_runs.run(train_runs.launch_args(manifest, run, "--no-eval", steps=8))  # 2 processes
+        r = train_runs.run(train_runs.launch_args(manifest, run, "--no-eval", steps=6))  # 2 processes
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        two = torch.load(run / "checkpoints" / "step-00000008.pt", weights_only=True)
+        two = torch.load(run / "checkpoints" / "step-00000006.pt", weights_only=True)
         resumed = tmp_path / name / "resumed"
         shutil.copytree(run, resumed)
-        for step in (6, 8):
+        for step in (4, 6):
             (resumed / "checkpoints" / f"step-{step:08d}.pt").unlink()
-        r = train_runs.run(train_runs.launch_args(manifest, resumed, "--resume", "--no-eval", steps=8, nproc=1))
+        r = train_runs.run(train_runs.launch_args(manifest, resumed, "--resume", "--no-eval", steps=6, nproc=1))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert "resumed from" in r.stdout + r.stderr
-        finals[name] = (two, torch.load(resumed / "checkpoints" / "step-00000008.pt", weights_only=True))
-    for i in (0, 1):  # the 2-process run, and its resume on 1 process from step 4
+        finals[name] = (two, torch.load(resumed / "checkpoints" / "step-00000006.pt", weights_only=True))
+    for i in (0, 1):  # the 2-process run, and its resume on 1 process from step 2
         a, b = finals["local"][i], finals["s3"][i]
         assert a["loader"] == b["loader"]
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

@@ -162,7 +162,7 @@ class ShardCache:
 
     def ensure(self, shard: Shard, wait: bool = True) -> bool:
         """Make `shard` present (one download per node: others wait for it). wait=False (prefetch): give up, False,
-        when another process is fetching it or the space is held by shards being read."""
+        when another process is fetching it or it would not fit without evicting another shard."""
         if self._present(shard):
             return True
         mode = fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB
@@ -205,7 +205,7 @@ class ShardCache:
         deadline = time.monotonic() + WAIT_S
         while True:
             with _flock(self.root / "lock" / "cache", fcntl.LOCK_EX):
-                if self._make_room(shard.bytes, keep=shard.sha256):
+                if self._make_room(shard.bytes, keep=shard.sha256, evict=wait):
                     part = self.root / "part" / f"{shard.sha256}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part"
                     with open(part, "wb") as f:
                         f.truncate(shard.bytes)
@@ -222,8 +222,9 @@ class ShardCache:
         """Bytes the cache holds now: checked entries plus downloads in progress (counted at full size)."""
         return sum(_size(p) for sub in ("data", "part") for p in _files(self.root / sub))
 
-    def _make_room(self, need: int, keep: str) -> bool:
-        """Under the cache lock: drop dead part files, then idle entries oldest first, until `need` more bytes fit."""
+    def _make_room(self, need: int, keep: str, evict: bool = True) -> bool:
+        """Under the cache lock: drop dead part files, then (if `evict`) idle entries oldest first, until `need` more
+        bytes fit. A prefetch does not evict: in a full cache it would push out shards the stream reads sooner."""
         for part in _files(self.root / "part"):
             sha = part.name.split(".", 1)[0]
             fd = _try_flock(self.root / "lock" / f"{sha}.get", fcntl.LOCK_EX)
@@ -231,8 +232,8 @@ class ShardCache:
                 part.unlink(missing_ok=True)
                 os.close(fd)
         free = self.settings.limit - self.usage()
-        if free >= need:
-            return True
+        if free >= need or not evict:
+            return free >= need
         entries = sorted(_files(self.root / "data"), key=lambda p: _mtime(p))
         for path in entries:
             sha = path.name.split(".", 1)[0]

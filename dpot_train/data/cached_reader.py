@@ -23,7 +23,8 @@ from dpot_train.data.manifest import DataError, DatasetInfo, Shard
 from dpot_train.data.readers import TrajectoryReader, TrajRef, WebDatasetReader, make_reader, read_window
 
 CACHE_ENV = "DPOT_CACHE_DIR"  # the cache folder when --cache-dir is not given (shared by every run of the node)
-RUN_CACHE = "shard-cache"  # the folder under RUN_DIR used when neither --cache-dir nor DPOT_CACHE_DIR is set
+RUN_CACHE = "shard-cache"
+INDEX_FETCHES = 2  # shards fetched at once while indexing a cold cache  # the folder under RUN_DIR used when neither --cache-dir nor DPOT_CACHE_DIR is set
 
 
 def _build_index(local: Path, shard: Shard) -> list[dict[str, Any]]:
@@ -103,10 +104,12 @@ class CachedWebDatasetReader:
         if len(shards) < len(ds.shards_of(split)):
             return self._plain.refs(ds, split)
         check_limit(self.settings, shards)
+        cache = self.cache
+        with ThreadPoolExecutor(max_workers=INDEX_FETCHES) as pool:  # one shard checked while the next downloads
+            indexes = list(pool.map(lambda s: cache.index(s, lambda local: _build_index(local, s)), shards))
         out: list[TrajRef] = []
-        for shard in shards:
+        for shard, samples in zip(shards, indexes):
             self._shards[shard.url] = shard
-            samples = self.cache.index(shard, lambda local, s=shard: _build_index(local, s))
             if len(samples) != shard.samples:
                 raise DataError(f"shard {shard.url}: holds {len(samples)} trajectories, "
                                 f"the manifest says {shard.samples}")

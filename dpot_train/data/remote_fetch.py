@@ -88,7 +88,7 @@ class FetchPlan:
     """How one object is fetched: objects above `range_from` bytes in `part` byte ranges, `concurrency` at a time."""
 
     part: int = 16 << 20
-    range_from: int = 64 << 20
+    range_from: int = 32 << 20
     concurrency: int = 4
     policy: RetryPolicy = RetryPolicy()
 
