@@ -43,9 +43,29 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None)
+    except Exception as exc:  # noqa: BLE001 - a download that kept failing is one line, not a traceback
+        line = fetch_failure(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return 2
     finally:
         D.shutdown()
     return 0
+
+
+def fetch_failure(exc: BaseException) -> str | None:
+    """The one-line message of a FetchError behind `exc` (raised in a loader thread or worker process), else None."""
+    from dpot_train.data.remote_fetch import FetchError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, FetchError):
+            lines = [ln for ln in str(seen).splitlines() if ln.strip()]  # a worker process's error carries its traceback
+            last = lines[-1] if lines else type(seen).__name__
+            return last.split("FetchError: ", 1)[-1]
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -88,3 +88,17 @@ def test_retryable_classification() -> None:
 
     assert is_retryable(ClientError(429)) and is_retryable(ClientError(503)) and not is_retryable(ClientError(403))
     assert is_retryable(ConnectionResetError()) and not is_retryable(FileNotFoundError("x"))
+
+
+def test_the_worker_reports_a_failed_download_on_one_line() -> None:
+    from dpot_train.data.prefetch import WorkerError
+    from dpot_train.worker import fetch_failure
+
+    err = FetchError("s3://b/x.tar: download failed after 6 attempts (last: OSError: 503)")
+    wrapped = WorkerError("loader thread 0 failed building step 3:\nTraceback ...")
+    wrapped.__cause__ = err
+    assert fetch_failure(wrapped) == str(err)
+    from_process = FetchError("Caught FetchError in DataLoader worker process 0.\nOriginal Traceback:\n  File x\n"
+                              f"dpot_train.data.remote_fetch.FetchError: {err}\n")
+    assert fetch_failure(from_process) == str(err)
+    assert fetch_failure(ValueError("other")) is None
