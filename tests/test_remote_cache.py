@@ -348,3 +348,16 @@ def test_resume_on_another_world_size_from_object_storage_equals_local(s3, fno_t
         a, b = finals["local"][i], finals["s3"][i]
         assert a["loader"] == b["loader"]
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+@pytest.mark.slow
+def test_remote_loader_benchmark_runs_and_reports_its_figures() -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "remote_loader.py"), "--trajectories", "4",
+                        "--frames", "12", "--shard-mb", "1", "--epochs", "1", "--rounds", "1", "--tight-epochs", "0.5",
+                        "--stall-s", "0.1"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    assert res["local_warm"]["warm_shard_gets"] == 0 and res["fault"]["equal_to_fault_free"] is True
+    assert res["tight"]["peak_cache_bytes"] <= res["limits"]["tight"]
+    assert all(x["cold"]["peak_cache_bytes"] <= res["limits"]["cold_warm"] for x in res["cold"]["rounds"])
