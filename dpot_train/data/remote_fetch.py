@@ -13,7 +13,7 @@ import hashlib
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -126,26 +126,61 @@ def fetch_into(url: str, fd: int, size: int, plan: FetchPlan = FetchPlan(),
         return data
 
     window = max(1, plan.concurrency)  # parts downloaded ahead of the one being written: bounds the memory held
-    with ThreadPoolExecutor(max_workers=min(window, len(ranges))) as pool:
-        pending = [pool.submit(job, r) for r in ranges[:window]]
+    pending: list[Future[bytes] | None] = []
+    with ThreadPoolExecutor(max_workers=min(window, len(ranges))) as pool, _Hasher() as hasher:
+        pending += [pool.submit(job, r) for r in ranges[:window]]
         try:
             for i, (start, _) in enumerate(ranges):
-                data = pending[i].result()
+                fut = pending[i]
+                assert fut is not None
+                data = fut.result()
                 if i + window < len(ranges):
                     pending.append(pool.submit(job, ranges[i + window]))
                 if whole and len(data) != size:
                     raise FetchError(f"{url}: holds {len(data)} bytes, the manifest says {size}")
-                _pwrite_all(fd, data, start)
-                digest.update(data)
-                pending[i] = None  # type: ignore[call-overload]  # drop the written part
+                hasher.write(fd, data, start)
+                pending[i] = None  # drop the written part
         finally:
             for fut in pending:
                 if fut is not None:
                     fut.cancel()
-    return digest.hexdigest()
+        return hasher.hexdigest()
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+class _Hasher:
+    """Writes parts into the file while a second thread hashes them in object order (both release the GIL), one
+    slice of SLICE bytes behind, so that neither the hash nor the copy into the page cache waits for the other."""
+
+    SLICE = 8 << 20
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-sha256")
+        self._last: Future[None] | None = None
+
+    def __enter__(self) -> "_Hasher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+
+    def write(self, fd: int, data: bytes, offset: int) -> None:
+        """Write `data` at `offset` and hash it after everything given before."""
+        view = memoryview(data)
+        for a in range(0, len(view), self.SLICE):
+            part = view[a:a + self.SLICE]
+            if self._last is not None:
+                self._last.result()
+            self._last = self._pool.submit(self.digest.update, part)
+            _pwrite_all(fd, part, offset + a)
+
+    def hexdigest(self) -> str:
+        if self._last is not None:
+            self._last.result()
+        return self.digest.hexdigest()
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
