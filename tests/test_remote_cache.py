@@ -335,17 +335,18 @@ def test_resume_on_another_world_size_from_object_storage_equals_local(s3, fno_t
         run = tmp_path / name / "run"
         r = train_runs.run(train_runs.launch_args(manifest, run, "--no-eval", steps=6))  # 2 processes
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        two = torch.load(run / "checkpoints" / "step-00000006.pt", weights_only=True)
-        resumed = tmp_path / name / "resumed"
-        shutil.copytree(run, resumed)
-        for step in (4, 6):
-            (resumed / "checkpoints" / f"step-{step:08d}.pt").unlink()
-        r = train_runs.run(train_runs.launch_args(manifest, resumed, "--resume", "--no-eval", steps=6, nproc=1))
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        assert "resumed from" in r.stdout + r.stderr
-        finals[name] = (two, torch.load(resumed / "checkpoints" / "step-00000006.pt", weights_only=True))
-    for i in (0, 1):  # the 2-process run, and its resume on 1 process from step 2
-        a, b = finals["local"][i], finals["s3"][i]
+        finals[name] = [torch.load(run / "checkpoints" / "step-00000006.pt", weights_only=True)]
+        for nproc in (1, 4):  # the same run resumed from step 2 on 1 and on 4 processes
+            resumed = tmp_path / name / f"resumed-{nproc}"
+            shutil.copytree(run, resumed)
+            for step in (4, 6):
+                (resumed / "checkpoints" / f"step-{step:08d}.pt").unlink()
+            r = train_runs.run(train_runs.launch_args(manifest, resumed, "--resume", "--no-eval", steps=6,
+                                                      nproc=nproc))
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            assert "resumed from" in r.stdout + r.stderr
+            finals[name].append(torch.load(resumed / "checkpoints" / "step-00000006.pt", weights_only=True))
+    for a, b in zip(finals["local"], finals["s3"]):  # 2 processes; resumed on 1; resumed on 4
         assert a["loader"] == b["loader"]
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
