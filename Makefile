@@ -7,21 +7,27 @@ PY ?= python3
 # TORCH_SPEC pins the version; where that version is not served, any torch>=2.4 from the same index is taken.
 TORCH_INDEX ?=
 TORCH_SPEC ?= torch==2.13.0
+# Optional extras installed with the project: `make install EXTRAS=test,cloud` adds s3fs and gcsfs (shards in object
+# storage); `make install-cloud` adds them to an existing .venv.
+EXTRAS ?= test
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast install install-cloud clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, from the index chosen above, so that the `torch>=2.4` requirement below is already met
 	$(BIN)/pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
 	  || $(BIN)/pip install -q "torch>=2.4" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+install-cloud: $(STAMP)
+	$(BIN)/pip install -q -e ".[$(EXTRAS),cloud]"
 
 demo: $(STAMP)
 	BIN=$(BIN) bash scripts/demo.sh demo-out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -20,7 +21,7 @@ add_version_option(app, "dpot-train")
 model_app = typer.Typer(help="Inspect DPOT presets and checkpoints.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
-from dpot_train.cli_train import evaluate_cmd, launch_cmd  # noqa: E402 - training commands live in their own module
+from dpot_train.cli_train import CACHE_DIR_HELP, CACHE_LIMIT_HELP, evaluate_cmd, launch_cmd  # noqa: E402
 
 app.command("launch")(launch_cmd)
 app.command("evaluate")(evaluate_cmd)
@@ -37,6 +38,8 @@ def preview_cmd(
     frames: int = typer.Option(None, "--frames", help="Number of frames (default: to the end)."),
     backend: str = typer.Option("webdataset", "--backend", help="webdataset or zarr."),
     res: int = typer.Option(0, "--res", help="Resize to this grid side, as `launch --res` (0: the stored grid)."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:
     """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32 ((X, Y, Z, T, C) for 3D),
     padded channels included, in the manifest's convention (docs/conventions.md); no noise."""
@@ -45,7 +48,7 @@ def preview_cmd(
     from dpot_train.preview import model_input
 
     try:
-        x = model_input(manifest, dataset, split, index, start, frames, backend, res)
+        x = model_input(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc

@@ -11,6 +11,12 @@ import typer
 from dpot_train.config import TrainConfig, apply_overrides, find_config, load_config
 
 
+CACHE_DIR_HELP = ("Node-local folder caching shards read from object storage (s3://, gs://, ...), shared by every "
+                  "rank and worker; default $DPOT_CACHE_DIR, else RUN_DIR/shard-cache (~/.cache/dpot/shards without "
+                  "a run).")
+CACHE_LIMIT_HELP = "Size bound of the shard cache, least recently used shards evicted (e.g. 200GiB; default 100GiB)."
+
+
 def _fail(exc: Exception) -> None:
     """Exit code 2 with one `error:` line per line of the message (a data check may find several problems)."""
     for line in str(exc).splitlines() or [type(exc).__name__]:
@@ -99,6 +105,8 @@ def launch_cmd(
     rdzv_timeout: int = typer.Option(600, "--rdzv-timeout", help="Seconds a node waits for the others to join."),
     resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
     from dpot_train.launch import Topology, prepare_run, resume_layout, torchrun_command
@@ -126,6 +134,7 @@ def launch_cmd(
             "progress": False if no_progress else None,
             "eval_at_end": False if no_eval else None,
             "data.verify_checksums": False if no_verify_checksums else None,
+            "data.cache_dir": cache_dir, "data.cache_limit": cache_limit,
         }
         cfg = apply_overrides(cfg, overrides)
         if out is None and config is None:
@@ -170,6 +179,8 @@ def evaluate_cmd(
                                                    help="Evaluate released weights on shards of another convention."),
     res: Optional[int] = typer.Option(None, "--res", help="Resize trajectories to this grid side (default: the "
                                       "run's --res; a 3D model's own grid)."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:
     """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline;
     writes eval.json."""
@@ -179,7 +190,8 @@ def evaluate_cmd(
         result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
                                      backend=backend, device=device, max_trajectories=max_trajectories,
                                      verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
-                                     allow_convention_mismatch=allow_convention_mismatch, res=res)
+                                     allow_convention_mismatch=allow_convention_mismatch, res=res,
+                                     cache_dir=cache_dir, cache_limit=cache_limit)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
         return

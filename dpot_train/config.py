@@ -30,6 +30,8 @@ class DataConfig:
     num_workers: int = 0
     worker_kind: str = "thread"  # loader workers: "thread" (the default) or "process" (DataLoader worker processes)
     verify_checksums: bool = True
+    cache_dir: str | None = None  # shard cache for shards in object storage (docs/training.md); None: the default
+    cache_limit: str | None = None  # its size bound ("200GiB"); None: 100 GiB
 
     def __post_init__(self) -> None:
         if self.worker_kind not in ("thread", "process"):

@@ -11,8 +11,7 @@ import numpy as np
 import torch
 
 from dpot_train.config import DataConfig
-from dpot_train.data.prepare import load_datasets
-from dpot_train.data.readers import make_reader
+from dpot_train.data.prepare import data_reader, load_datasets
 from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
@@ -46,7 +45,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     device = torch.device(device)
     datasets = load_datasets(data, split, verify=verify)
-    reader = make_reader(data.backend)
+    reader = data_reader(data)
     model = model.to(device).eval()
     predict = _predictor(model, device)
     t_in = data.t_in
@@ -177,7 +176,8 @@ def print_table(result: dict[str, Any]) -> None:
 def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
-                        allow_convention_mismatch: bool = False, res: int | None = None) -> dict[str, Any]:
+                        allow_convention_mismatch: bool = False, res: int | None = None,
+                        cache_dir: str | None = None, cache_limit: str | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
 
     `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
@@ -213,7 +213,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     if res == 0 and cfg.img_size != grid[0]:  # released 2D weights at another grid: resample the positional embedding
         model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
-                      verify_checksums=verify_checksums, res=res)
+                      verify_checksums=verify_checksums, res=res, cache_dir=cache_dir, cache_limit=cache_limit)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,

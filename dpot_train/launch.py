@@ -18,6 +18,7 @@ from dpot_train.checkpoint import UnreadableCheckpointsError, list_checkpoints, 
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
 from dpot_train.data.manifest import DataError, expand_outputs, manifest_url, read_manifests
+from dpot_train.data.cached_reader import uses_cache, with_cache
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.model_setup import data_overrides
@@ -27,7 +28,7 @@ from dpot_train.trainer import RunDirError
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
-              "allow_convention_mismatch"}
+              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit"}
 LAYOUT_NAME = "launch.json"  # RUN_DIR/launch.json: the process layout a resume reuses
 
 
@@ -174,7 +175,8 @@ def check_outputs(data: DataConfig) -> None:
     lines: list[str] = []
     part = "zarr" if data.backend == "zarr" else "shards"
     for path in [m for given in data.manifests for m in expand_outputs(given)]:
-        for problem in validate_output(path, rehash=data.verify_checksums, parts=(part,), scan=False):
+        rehash = data.verify_checksums and not uses_cache([path], data.backend)  # the cache checks each download
+        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False):
             if not problem.fatal:
                 continue
             if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
@@ -230,7 +232,7 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainCo
     if cfg.batch_size % (topo.nproc_per_node * topo.nnodes):
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
-    cfg = resolve_recipe(cfg)
+    cfg = with_cache(resolve_recipe(cfg))
     check_names(cfg)  # manifests readable, mixture names, splits, conventions: before the checksum pass
     check_outputs(cfg.data)  # docs/format.md on every output, sha256 included unless disabled
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True)  # mixture, compatibility, trajectory index

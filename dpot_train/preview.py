@@ -14,18 +14,19 @@ import torch
 
 from dpot_train.config import DataConfig
 from dpot_train.data.manifest import DataError
-from dpot_train.data.prepare import load_datasets
-from dpot_train.data.readers import make_reader
+from dpot_train.data.prepare import data_reader, load_datasets
 from dpot_train.data.windows import resize_frames, to_model_layout
 
 
 def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
-                start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0) -> np.ndarray:
+                start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
+                cache_dir: str | None = None, cache_limit: str | None = None) -> np.ndarray:
     """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
     (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res` per
     axis when > 0 (as `launch --res` does)."""
     # any trajectory length: the frame range is checked below, not a training window
-    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0)
+    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0,
+                     cache_dir=cache_dir, cache_limit=cache_limit)
     datasets = load_datasets(cfg, split, verify=False)
     names = [d.name for d in datasets]
     if dataset is None:
@@ -36,7 +37,7 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
         ds = datasets[names.index(dataset)]
     else:
         raise DataError(f"{manifest}: no dataset {dataset!r}; it holds {names}")
-    reader = make_reader(backend)
+    reader = data_reader(cfg)
     refs = reader.refs(ds, split)
     if not 0 <= index < len(refs):
         raise DataError(f"{ds.name}: --index {index} is outside the {len(refs)} {split!r} trajectories")

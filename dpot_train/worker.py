@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None)
+    except Exception as exc:  # noqa: BLE001 - a download that kept failing is one line, not a traceback
+        line = fetch_failure(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return 2
     finally:
         D.shutdown()
     if int(os.environ.get("RANK", "0")) == 0:
@@ -64,6 +70,18 @@ def closing_lines(run: str, step: int, evaluated: bool) -> str:
     lines += ["  metrics.jsonl  loss, learning rate and gradient norm per logged step",
               f"  tb/            TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tb')}"]
     return "\n".join(lines)
+def fetch_failure(exc: BaseException) -> str | None:
+    """The one-line message of a FetchError behind `exc` (raised in a loader thread or worker process), else None."""
+    from dpot_train.data.remote_fetch import FetchError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, FetchError):
+            lines = [ln for ln in str(seen).splitlines() if ln.strip()]  # a worker process's error carries its traceback
+            last = lines[-1] if lines else type(seen).__name__
+            return last.split("FetchError: ", 1)[-1]
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 if __name__ == "__main__":

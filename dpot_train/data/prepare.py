@@ -7,9 +7,10 @@ mixture, mismatched channel counts or grids) fails in seconds with a message nam
 from __future__ import annotations
 
 from dpot_train.config import DataConfig
+from dpot_train.data.cached_reader import cache_settings, reader_for, uses_cache
 from dpot_train.data.manifest import DataError, DatasetInfo, check_compatible, read_manifests, verify_shards
 from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, visit_counts
-from dpot_train.data.readers import TrajectoryReader, make_reader
+from dpot_train.data.readers import TrajectoryReader
 from dpot_train.data.stream import StreamSpec
 
 
@@ -17,8 +18,14 @@ def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None) -> li
     """Read the manifests, check compatibility, verify the shards of `split` (size always, sha256 if enabled)."""
     datasets = read_manifests(list(cfg.manifests))
     check_compatible(datasets, cfg.t_in, cfg.t_out, split, cfg.res)
-    verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify)
+    if not uses_cache(list(cfg.manifests), cfg.backend):  # the cache checks each shard's sha256 as it downloads it
+        verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify)
     return datasets
+
+
+def data_reader(cfg: DataConfig) -> TrajectoryReader:
+    """The reader of cfg's shards: through the node's shard cache for shards in object storage."""
+    return reader_for(cfg.backend, list(cfg.manifests), cache_settings(cfg.cache_dir, cfg.cache_limit))
 
 
 def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, validated: bool = False
@@ -29,9 +36,9 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, valid
     weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.mixture), cfg.mixture_partial)
     datasets = [d for d in datasets if weights[d.name] > 0]
     check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split, cfg.res)
-    if not validated:
+    if not validated and not uses_cache(list(cfg.manifests), cfg.backend):
         verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify)
-    reader = make_reader(cfg.backend)
+    reader = data_reader(cfg)
     refs = [reader.refs(d, cfg.split) for d in datasets]
     for d, r in zip(datasets, refs):
         if len(r) != d.split_counts.get(cfg.split, 0):

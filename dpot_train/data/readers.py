@@ -131,30 +131,34 @@ class WebDatasetReader:
 
     def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Seek to frame t0 of fields.npy and read `length` frames; read the mask whole."""
-        f = self._handles.get(ref.url)
-        f.seek(ref.fields_offset)
-        try:
-            shape, fortran, dtype, offset = read_npy_header(f, f"{ref.url}: {ref.id} fields.npy")
-        except FormatError as e:
-            raise DataError(str(e)) from None
-        if fortran or dtype != np.float32 or len(shape) not in (4, 5):
-            raise DataError(f"{ref.url}: {ref.id} fields.npy must be float32 C-order (T, C, Y, X) or (T, C, Z, Y, X), "
-                            f"got {dtype} shape {shape} fortran={fortran}")
-        if t0 < 0 or t0 + length > shape[0]:
-            raise DataError(f"{ref.url}: {ref.id} has {shape[0]} frames, asked for [{t0}, {t0 + length})")
-        frame = int(np.prod(shape[1:]))
-        f.seek(ref.fields_offset + offset + t0 * frame * 4)
-        fields = np.empty((length, *shape[1:]), dtype=np.float32)
-        got = f.readinto(memoryview(fields).cast("B"))  # straight into the output array, no intermediate copy
-        if got != fields.nbytes:
-            raise DataError(f"{ref.url}: {ref.id} fields.npy ends early: read {got} of {fields.nbytes} bytes "
-                            f"for frames [{t0}, {t0 + length})")
-        f.seek(ref.mask_offset)
-        try:
-            mask = load_npy(f.read(ref.mask_size), f"{ref.url}: {ref.id} mask.npy")
-        except FormatError as e:
-            raise DataError(str(e)) from None
-        return fields, mask.astype(np.uint8, copy=False)
+        return read_window(self._handles.get(ref.url), ref, t0, length)
+
+
+def read_window(f: Any, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Frames [t0, t0 + length) of `ref`'s fields.npy and its mask, from the open shard file `f`."""
+    f.seek(ref.fields_offset)
+    try:
+        shape, fortran, dtype, offset = read_npy_header(f, f"{ref.url}: {ref.id} fields.npy")
+    except FormatError as e:
+        raise DataError(str(e)) from None
+    if fortran or dtype != np.float32 or len(shape) not in (4, 5):
+        raise DataError(f"{ref.url}: {ref.id} fields.npy must be float32 C-order (T, C, Y, X) or (T, C, Z, Y, X), "
+                        f"got {dtype} shape {shape} fortran={fortran}")
+    if t0 < 0 or t0 + length > shape[0]:
+        raise DataError(f"{ref.url}: {ref.id} has {shape[0]} frames, asked for [{t0}, {t0 + length})")
+    frame = int(np.prod(shape[1:]))
+    f.seek(ref.fields_offset + offset + t0 * frame * 4)
+    fields = np.empty((length, *shape[1:]), dtype=np.float32)
+    got = f.readinto(memoryview(fields).cast("B"))  # straight into the output array, no intermediate copy
+    if got != fields.nbytes:
+        raise DataError(f"{ref.url}: {ref.id} fields.npy ends early: read {got} of {fields.nbytes} bytes "
+                        f"for frames [{t0}, {t0 + length})")
+    f.seek(ref.mask_offset)
+    try:
+        mask = load_npy(f.read(ref.mask_size), f"{ref.url}: {ref.id} mask.npy")
+    except FormatError as e:
+        raise DataError(str(e)) from None
+    return fields, mask.astype(np.uint8, copy=False)
 
 
 class ZarrReader:

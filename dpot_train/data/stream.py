@@ -161,10 +161,22 @@ class WindowStream(IterableDataset):
     def worker_batches(self, worker: int, workers: int) -> Iterator[dict[str, Any]]:
         """The batches of steps worker, worker + workers, ... (worker `worker` of `workers`, process or thread)."""
         plans = EpochPlans(self.spec)  # per worker: the plan cache is not shared between threads
+        prefetch = getattr(self.reader, "prefetch", None)  # readers of remote shards fetch ahead of the stream
+        ahead = EpochPlans(self.spec)
         step = worker
         while True:
+            if prefetch is not None:
+                prefetch(self.upcoming_urls(step, ahead))
             yield self.batch(step, plans)
             step += workers
+
+    def upcoming_urls(self, step: int, plans: EpochPlans, steps: int = 2) -> list[str]:
+        """Shard urls this rank reads in steps step + 1 .. step + `steps`, in stream order (what to prefetch)."""
+        urls: list[str] = []
+        for s in range(step + 1, step + 1 + steps):
+            first = self.start + s * self.global_batch
+            urls += [plans.lookup(p)[1].url for p in rank_slice(first, self.global_batch, self.world, self.rank)]
+        return list(dict.fromkeys(urls))
 
     def batch(self, step: int, plans: EpochPlans) -> dict[str, Any]:
         """This rank's collated batch of step `step` (counted from `start`)."""

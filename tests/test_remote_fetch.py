@@ -1,0 +1,104 @@
+"""Downloads from object storage: range GETs reassemble the object, retryable errors are retried a bounded number of
+times, and what cannot be fetched fails with one line naming the URL (no server needed: a scripted filesystem)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from dpot_train.data.remote_fetch import FetchError, FetchPlan, RetryPolicy, fetch_into, is_retryable
+
+FAST = RetryPolicy(attempts=3, base_s=0.001, max_s=0.002)
+
+
+class ScriptedFS:
+    """cat_file over one object; `errors` are raised by the first calls, in order."""
+
+    def __init__(self, data: bytes, errors: list[BaseException] | None = None) -> None:
+        self.data, self.errors, self.calls = data, list(errors or []), []
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        self.calls.append((start, end))
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.data[start:end]
+
+
+def _fetch(tmp_path: Path, fs: ScriptedFS, size: int, plan: FetchPlan) -> tuple[str, bytes]:
+    out = tmp_path / "obj"
+    fd = os.open(out, os.O_RDWR | os.O_CREAT)
+    try:
+        digest = fetch_into("s3://bucket/shard.tar", fd, size, plan, filesystem=lambda url: (fs, url))
+    finally:
+        os.close(fd)
+    return digest, out.read_bytes()
+
+
+def test_concurrent_range_gets_reassemble_the_object_in_order(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    fs = ScriptedFS(data)
+    digest, got = _fetch(tmp_path, fs, len(data), FetchPlan(part=1024, range_from=4096, concurrency=3, policy=FAST))
+    assert got == data and digest == hashlib.sha256(data).hexdigest()
+    assert sorted(fs.calls) == [(a, min(a + 1024, 10_000)) for a in range(0, 10_000, 1024)]
+    small = ScriptedFS(data[:100])
+    _fetch(tmp_path, small, 100, FetchPlan(range_from=4096, policy=FAST))
+    assert small.calls == [(None, None)]  # a small object: one whole-object GET
+
+
+def test_throttling_and_server_errors_are_retried_then_succeed(tmp_path: Path) -> None:
+    data = b"x" * 500
+    fs = ScriptedFS(data, [OSError(errno.EBUSY, "503 Service Unavailable"), TimeoutError("read timed out")])
+    digest, got = _fetch(tmp_path, fs, 500, FetchPlan(policy=FAST))
+    assert got == data and len(fs.calls) == 3
+
+
+def test_retries_run_out_with_one_line_naming_the_url(tmp_path: Path) -> None:
+    fs = ScriptedFS(b"x", [OSError("An error occurred (SlowDown): Please reduce\nyour request rate")] * 5)
+    with pytest.raises(FetchError) as err:
+        _fetch(tmp_path, fs, 1, FetchPlan(policy=FAST))
+    msg = str(err.value)
+    assert msg.startswith("s3://bucket/shard.tar: download failed after 3 attempts") and "\n" not in msg
+    assert len(fs.calls) == 3
+
+
+def test_missing_objects_and_refused_access_are_not_retried(tmp_path: Path) -> None:
+    for exc in (FileNotFoundError("no such key"), PermissionError("Access Denied")):
+        fs = ScriptedFS(b"x", [exc])
+        with pytest.raises(FetchError, match=r"^s3://bucket/shard.tar: download failed: "):
+            _fetch(tmp_path, fs, 1, FetchPlan(policy=FAST))
+        assert len(fs.calls) == 1
+
+
+def test_a_shorter_object_than_the_manifest_says_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FetchError, match="holds 10 bytes, the manifest says 12"):
+        _fetch(tmp_path, ScriptedFS(b"0123456789"), 12, FetchPlan(policy=FAST))
+    with pytest.raises(FetchError, match="shorter than the 9000 bytes"):
+        _fetch(tmp_path, ScriptedFS(b"0" * 8000), 9000, FetchPlan(part=1024, range_from=2048, policy=FAST))
+
+
+def test_retryable_classification() -> None:
+    class ClientError(Exception):
+        def __init__(self, code: int) -> None:
+            super().__init__("boom")
+            self.response = {"ResponseMetadata": {"HTTPStatusCode": code}}
+
+    assert is_retryable(ClientError(429)) and is_retryable(ClientError(503)) and not is_retryable(ClientError(403))
+    assert is_retryable(ConnectionResetError()) and not is_retryable(FileNotFoundError("x"))
+
+
+def test_the_worker_reports_a_failed_download_on_one_line() -> None:
+    from dpot_train.data.prefetch import WorkerError
+    from dpot_train.worker import fetch_failure
+
+    err = FetchError("s3://b/x.tar: download failed after 6 attempts (last: OSError: 503)")
+    wrapped = WorkerError("loader thread 0 failed building step 3:\nTraceback ...")
+    wrapped.__cause__ = err
+    assert fetch_failure(wrapped) == str(err)
+    from_process = FetchError("Caught FetchError in DataLoader worker process 0.\nOriginal Traceback:\n  File x\n"
+                              f"dpot_train.data.remote_fetch.FetchError: {err}\n")
+    assert fetch_failure(from_process) == str(err)
+    assert fetch_failure(ValueError("other")) is None
