@@ -162,14 +162,24 @@ def test_a_url_output_takes_another_job_after_a_cut_upload(raw: Path, tmp_path: 
 
 
 def test_a_url_output_and_a_local_folder_treat_a_second_dataset_alike(raw: Path, tmp_path: Path) -> None:
-    """Failure 3: a complete output is left alone, at a URL exactly as in a local folder; --overwrite replaces it."""
+    """Failure 3: the same job again leaves a complete output alone, at a URL exactly as in a local folder; another
+    job (other inputs, another --name or --resolution) is refused in one line instead of being told "kept", and
+    --overwrite replaces the output."""
+    other = write_fno_raw(tmp_path / "other", n=4, res=16, frames=4)  # same name, another folder: another input
     url, local = f"local://{tmp_path}/url", tmp_path / "local"
     for out in (url, local):
         run_ingest("fno", [raw], out, _opts(name="first"))
-        kept = run_ingest("fno", [raw], out, _opts(name="second"))
+        kept = run_ingest("fno", [raw], out, _opts(name="first"))
         assert not kept.written and "left alone" in kept.notes[0]
+        for paths, opts, why in (([other], _opts(name="first"), "made from other inputs than"),
+                                 ([raw], _opts(name="second"), "not the dataset --name second"),
+                                 ([raw], _opts(name="first", resolution=8), "not the 8x8 that --resolution 8")):
+            with pytest.raises(InputError, match=f"holds first.*{why}.*choose another --out.*--overwrite"):
+                run_ingest("fno", paths, out, opts)
         assert run_ingest("fno", [raw], out, _opts(name="second", overwrite=True)).written
     assert _names(read_manifest(url)) == _names(read_manifest(str(local))) == ["second"]
+    line = CliRunner().invoke(app, ["ingest", "fno", str(other), "--out", str(local), "--no-progress"])
+    assert line.exit_code == 2 and line.output.count("\n") == 1 and "holds second" in line.output
 
 
 _KILL_AFTER_COMMIT = textwrap.dedent("""

@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence
 
 from dpot_data import fs
 from dpot_data.errors import InputError
-from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options
+from dpot_data.ingest.options import PER_SOURCE as PER_SOURCE_RESOLUTION
+from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options, default_resolution
 from dpot_data.ingest.publish import existing_outcome
 from dpot_format.io import file_kind
 
@@ -151,7 +152,11 @@ def resolve(source: str | None, paths: Sequence[str | os.PathLike[str]], out: st
     reader_options = dict(reader_options or {})
     target = make_target(texts, out, job_key(texts, out, source, dataset, opts, reader_options), workdir)
     existing = existing_outcome(out, opts.overwrite)
-    if existing is not None:  # complete: read nothing
+    if existing is not None:  # complete: read nothing, unless it is another job's output
+        problem = another_jobs_output(existing.manifest, texts, opts)
+        if problem:
+            raise InputError(out, f"{problem}; one output folder holds one ingest: choose another --out (`ingest "
+                                  "corpus` writes one sub-folder per dataset) or pass --overwrite to replace it")
         return IngestJob(source or "", (), target, opts, existing=existing)
     check_inputs(texts)
     if target.remote is not None and (target.local / "manifest.json").is_file():  # this job, its upload cut short
@@ -159,6 +164,37 @@ def resolve(source: str | None, paths: Sequence[str | os.PathLike[str]], out: st
     local, names = localize_inputs(texts, target)
     return _with_catalog(IngestJob(source or "", tuple(Path(p) for p in local), target, opts, reader_options,
                                    names), source, dataset, catalog, catalog_split)
+
+
+def another_jobs_output(manifest: Mapping[str, Any], inputs: Sequence[str], opts: IngestOptions) -> str | None:
+    """Why the complete output described by `manifest` is not what this job would write (inputs it was not made
+    from, or another --resolution), None when it is: such an output is never silently "kept" for another ingest."""
+    datasets = list(manifest.get("datasets") or [])
+    recorded = [str(i.get("path", "")) for d in datasets for i in d.get("inputs") or []]
+    names = ", ".join(str(d.get("name")) for d in datasets)
+    foreign = [t for t in inputs if not _recorded_input(t, recorded)]
+    if recorded and foreign:
+        return f"holds {names}, made from other inputs than {', '.join(foreign)}"
+    if opts.name and opts.name not in [d.get("name") for d in datasets]:
+        return f"holds {names}, not the dataset --name {opts.name} asks for"
+    if opts.resolution == PER_SOURCE_RESOLUTION:
+        return None
+    for d in datasets:
+        grid = d.get("grid") or {}
+        shape = list(grid.get("shape") or [])
+        res = default_resolution(opts.resolution, len(shape))
+        expected = list(grid.get("native_shape") or shape) if res is None else [res] * len(shape)
+        if shape != expected:
+            return (f"holds {d.get('name')} on a {'x'.join(map(str, shape))} grid, not the "
+                    f"{'x'.join(map(str, expected))} that --resolution {opts.resolution} asks for")
+    return None
+
+
+def _recorded_input(text: str, recorded: Sequence[str]) -> bool:
+    """Whether the input `text` (file, folder or URL) is one the manifest's inputs came from: the same path, or a
+    file under the same folder."""
+    paths = [text.rstrip("/")] if "://" in text else list({os.path.abspath(text), os.path.realpath(text)})
+    return any(r == p or r.startswith(p.rstrip("/") + "/") for r in recorded for p in paths)
 
 
 def _with_catalog(job: IngestJob, source: str | None, dataset: str | None, catalog: Any,
