@@ -73,12 +73,11 @@ def launch_cmd(
     from dpot_train.launch import Topology, prepare_run, resume_layout, torchrun_command
 
     try:
-        if config is not None:
-            cfg = load_config(config)
-        elif resume and out and (Path(out) / "config.yaml").exists():
-            cfg = load_config(Path(out) / "config.yaml")
+        source = config if config is not None else Path(out) / "config.yaml" if resume and out else None
+        if source is not None and (source == config or source.exists()):
+            cfg = load_config(source)
         else:
-            cfg = TrainConfig()
+            cfg, source = TrainConfig(), None
         overrides = {
             "out": out, "model": model, "init": init, "steps": steps, "batch_size": batch_size, "seed": seed,
             "ckpt_every": ckpt_every, "log_every": log_every, "loss": loss, "device": device,
@@ -103,7 +102,7 @@ def launch_cmd(
         if topo.nnodes > 1 and topo.node_rank != node_rank:
             topo = Topology(topo.nproc_per_node, topo.nnodes, node_rank, rdzv_endpoint or topo.rdzv_endpoint,
                             topo.rdzv_timeout)
-        cfg, cfg_path = prepare_run(cfg, resume, topo)
+        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None)
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2
         _fail(exc)

@@ -103,14 +103,42 @@ def resolve_recipe(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, recipe="reference" if released else "dpot")
 
 
-def validate_config(cfg: TrainConfig) -> None:
-    """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it."""
+MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW states per process: more fits no device
+
+
+def model_parameters(model: str, overrides: dict) -> int:
+    """Parameter count of the preset with its overrides, from two blocks built on the meta device (no memory, and no
+    time spent building a depth a typo made huge)."""
+    from dpot_train.model.factory import build_model, resolve_config
+
+    config = resolve_config(model, **overrides)
+    one, two = (sum(p.numel() for p in build_model(config.replace(depth=d), device="meta").parameters())
+                for d in (1, 2))
+    return one + (config.depth - 1) * (two - one)
+
+
+def validate_config(cfg: TrainConfig, source: str | None = None) -> None:
+    """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it;
+    `source` (the run config file the values came from) prefixes the line."""
+    try:
+        _validate_config(cfg)
+    except ValueError as exc:
+        if source is None:
+            raise
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def _validate_config(cfg: TrainConfig) -> None:
     from dpot_train.model.factory import resolve_config
 
     try:
         resolve_config(cfg.model, **cfg.model_overrides)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"--model {cfg.model!r}: {exc}") from None
+    count = model_parameters(cfg.model, cfg.model_overrides)
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"model_overrides {cfg.model_overrides}: expected a model of at most {MAX_PARAMETERS:.0e} "
+                         f"parameters; preset {cfg.model!r} with these overrides has {count:.2e}")
     if cfg.ckpt_every <= 0 or cfg.log_every <= 0 or cfg.steps <= 0:
         raise ValueError("steps, ckpt_every and log_every must be positive")
     if cfg.recipe not in (None, "dpot", "reference"):
@@ -169,9 +197,11 @@ def check_outputs(data: DataConfig) -> None:
         raise DataError("\n".join(shown))
 
 
-def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainConfig, Path]:
-    """Check RUN_DIR and the data, write config.yaml; returns the config to run and its path."""
-    validate_config(cfg)
+def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None
+                ) -> tuple[TrainConfig, Path]:
+    """Check RUN_DIR and the data, write config.yaml; returns the config to run and its path. `source`: the run
+    config file the settings came from (named in errors)."""
+    validate_config(cfg, source)
     cfg = absolute_paths(cfg)
     run = Path(cfg.out)
     cfg_path = run / "config.yaml"
