@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from dpot_train.checkpoint import UnreadableCheckpointsError, list_checkpoints, looks_complete
+from dpot_train.checkpoint import latest_checkpoint, list_checkpoints
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, save_config
 from dpot_train.data.manifest import DataError, expand_outputs, manifest_url, read_manifests
@@ -49,8 +49,9 @@ class Topology:
 
 
 def torchrun_command(config_path: Path, topo: Topology, resume: bool, checksums_verified: bool) -> list[str]:
-    """`python -m torch.distributed.run ... -m dpot_train.worker --config ...` for this topology."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={topo.nproc_per_node}"]
+    """`python -m dpot_train.torchrun ... -m dpot_train.worker --config ...` for this topology (torchrun's
+    arguments; the wrapper keeps a worker's one-line error to itself)."""
+    cmd = [sys.executable, "-m", "dpot_train.torchrun", f"--nproc-per-node={topo.nproc_per_node}"]
     if topo.nnodes > 1:
         if not topo.rdzv_endpoint:
             raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
@@ -205,14 +206,11 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     cfg = absolute_paths(cfg)
     run = Path(cfg.out)
     cfg_path = run / "config.yaml"
-    found = list_checkpoints(run / "checkpoints")
-    has_ckpt = bool(found)
+    has_ckpt = bool(list_checkpoints(run / "checkpoints"))
     if has_ckpt and not resume:
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
-    if resume and has_ckpt and not any(looks_complete(p) for _, p in found):
-        raise UnreadableCheckpointsError(
-            f"{run / 'checkpoints'}: none of the {len(found)} checkpoints is a complete file; nothing was changed. "
-            "Move them aside to start the run over, or restore a readable checkpoint to resume")
+    if resume and has_ckpt:  # the newest one that loads, damaged newer ones set aside; none: one line, here
+        latest_checkpoint(run / "checkpoints")
     if resume and cfg_path.exists():
         saved = absolute_paths(load_config(cfg_path))  # a run written before paths were stored absolute: from here
         changed = [k for k in _diff(saved.to_dict(), cfg.to_dict()) if k not in _RESUMABLE]

@@ -95,7 +95,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
 
     random.seed(cfg.seed * 1000003 + info.rank)  # nothing in training draws from these; seeded so runs are identical
     np.random.seed((cfg.seed * 1000003 + info.rank) % 2**32)
-    found = latest_checkpoint(ckpt_dir) if resume else None
+    found = latest_checkpoint(ckpt_dir, keep_damaged=info.is_main) if resume else None
     if not resume and list_checkpoints(ckpt_dir):
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
 
@@ -183,6 +183,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     reference = cfg.recipe == "reference"
     pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]] = []  # read back at the next flush
     by_dataset = _DatasetLoss([d.name for d in spec.datasets], info.device) if len(spec.datasets) > 1 else None
+    last_loss = None  # stays None when a resume starts at the final step (only the evaluation is left to do)
     ddp_model.train()
     try:
         while step < cfg.steps:

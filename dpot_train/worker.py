@@ -2,6 +2,8 @@
 
 torchrun starts workers in their own sessions, so a SIGKILL of the launcher would leave them running; a watchdog
 thread ends this process as soon as its parent is gone, so that a killed launch stops writing into RUN_DIR.
+A problem the user can act on (full disk, damaged checkpoints, data changed under the run) is one `error:` line and
+exit code REPORTED; dpot_train.torchrun then adds nothing to it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,18 @@ import threading
 import time
 
 from dpot_train.config import load_config
+
+REPORTED = 2  # exit code of a worker that printed its one-line error
+
+
+def _reported_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message is the whole story: checkpoint, run-folder and data problems."""
+    from dpot_format.errors import FormatError
+    from dpot_train.checkpoint import CheckpointWriteError, UnreadableCheckpointsError
+    from dpot_train.model.checkpoint import CheckpointError
+    from dpot_train.trainer import RunDirError
+
+    return CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError
 
 
 def _watch_parent(interval: float = 0.2) -> None:
@@ -43,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None)
+    except _reported_errors() as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        return REPORTED
     finally:
         D.shutdown()
     return 0

@@ -3,14 +3,20 @@
 Released format: a torch pickle holding a dict whose `model` entry is the state dict (keys possibly prefixed
 `module.`), optionally beside saved arguments (`args`, an argparse.Namespace) and optimizer state.
 Our trainer's format: the same dict with a `config` entry (`DPOTConfig.to_dict()`).
+Every file we write has a sha256 record beside it (`step-00000042.pt.sha256`, `sha256sum -c` reads it): torch does
+not check the CRCs of a zip's tensor records, so without it a flipped bit in the weights loads as good. A record, when
+present, is checked on every read; released files have none and load as before.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
+import os
 import pickle
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,10 +51,63 @@ def strip_module_prefix(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tor
     return out
 
 
+RECORD_SUFFIX = ".sha256"
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def record_path(path: str | Path) -> Path:
+    """The sha256 record of a checkpoint: its name plus `.sha256`."""
+    path = Path(path)
+    return path.with_name(path.name + RECORD_SUFFIX)
+
+
+def record_text(digest: str, path: str | Path) -> bytes:
+    """A record's content, in `sha256sum` format."""
+    return f"{digest}  {Path(path).name}\n".encode()
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(4 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_regular_file(path: Path) -> None:
+    """FileNotFoundError unless `path` is a regular file (a FIFO or device would block or never end a read)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise FileNotFoundError(f"checkpoint not found: {path}") from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path}: expected a checkpoint file, found something else (a folder, FIFO or device)")
+
+
+def verify_record(path: Path) -> None:
+    """Check the file against its sha256 record when it has one; CheckpointError naming both files otherwise."""
+    record = record_path(path)
+    if not record.exists():
+        return
+    try:
+        check_regular_file(record)
+        expected = record.read_bytes()[:200].decode("ascii", "replace").split(maxsplit=1)[:1]
+    except (OSError, CheckpointError) as exc:
+        raise CheckpointError(f"{record}: the checkpoint's sha256 record cannot be read ({exc})") from None
+    if not expected or not _HEX.match(expected[0]):
+        raise CheckpointError(f"{record}: expected a sha256 record (64 hex digits and the file name)")
+    actual = file_sha256(path)
+    if actual != expected[0]:
+        raise CheckpointError(f"{path}: damaged: its sha256 {actual[:16]}... differs from the one recorded when it "
+                              f"was written ({record.name}: {expected[0][:16]}...)")
+
+
 def _read(path: Path, map_location: Any, trusted: bool) -> Any:
-    """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+    """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file, after checking that it is a
+    regular file and that it matches its sha256 record (when it has one)."""
+    check_regular_file(path)
+    verify_record(path)
     try:
         if trusted:
             return torch.load(path, map_location=map_location, weights_only=False)
@@ -67,6 +126,11 @@ def _read(path: Path, map_location: Any, trusted: bool) -> Any:
         ) from exc
     except Exception as exc:  # torch.load raises many types on corrupt input (IndexError, EOFError, RuntimeError ...)
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({type(exc).__name__}: {exc})") from exc
+
+
+def read_checkpoint(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> Any:
+    """The whole content of a checkpoint file, read safely and checked against its record (see `_read`)."""
+    return _read(Path(path), map_location, trusted)
 
 
 def _is_state_dict(obj: Any) -> bool:
