@@ -8,6 +8,7 @@ mismatched channels) is reported before that, one line per problem.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from dpot_train.checkpoint import latest_checkpoint, list_checkpoints
+from dpot_format.readers import hold_shared
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, save_config
 from dpot_train.data.manifest import DataError, expand_outputs, manifest_url, read_manifests
@@ -198,6 +200,22 @@ def check_outputs(data: DataConfig) -> None:
         raise DataError("\n".join(shown))
 
 
+def hold_outputs(data: DataConfig) -> list[int]:
+    """Take the readers' lock (dpot_format.readers) of every local output the run reads, inheritable so that it lasts
+    through the exec into torchrun, for the whole run: `dpot-data ingest --overwrite` then refuses to delete the files
+    the run reads, in one line, instead of the run failing on a missing shard hours later."""
+    fds = []
+    for given in data.manifests:
+        for path in expand_outputs(given):
+            if "://" in path:
+                continue
+            fd = hold_shared(Path(path).parent if path.endswith(".json") else Path(path))
+            if fd is not None:
+                os.set_inheritable(fd, True)
+                fds.append(fd)
+    return fds
+
+
 def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None
                 ) -> tuple[TrainConfig, Path]:
     """Check RUN_DIR and the data, write config.yaml; returns the config to run and its path. `source`: the run
@@ -221,6 +239,7 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
     cfg = resolve_recipe(cfg)
+    hold_outputs(cfg.data)  # before the checks: what is checked is what the run reads
     datasets = read_manifests(list(cfg.data.manifests))  # each manifest readable, the mixture names them: first
     resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
     check_outputs(cfg.data)  # docs/format.md on every output, sha256 included unless disabled

@@ -10,6 +10,7 @@ durable set of files.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -21,6 +22,7 @@ from dpot_data import manifest as mf
 from dpot_data.errors import InputError
 from dpot_data.journal import STAGING_PREFIX
 from dpot_format.names import OUTPUT_FOLDER, is_temporary
+from dpot_format.readers import ReadersBusy, exclusive
 
 LOCK_NAME = ".dpot-ingest.lock"
 
@@ -153,12 +155,18 @@ def publish(out: Path, staging: Path, entry: dict[str, Any], command: str, overw
     if old is not None and not overwrite:  # written by someone else while this ingest ran
         raise InputError(out, "now holds a complete manifest that this ingest did not write; left alone (the "
                               f"staged output stays in {staging.name} for a re-run with --overwrite)")
-    remove_leftovers(out, old, keep_staging=staging.name)
-    taken = referenced_tops(old)
-    names = {"data.zarr": free_name("data", ".zarr", taken), "shards": free_name("shards", "", taken)}
-    _move_into_place(out, staging, names)
-    manifest = mf.build([relocated(entry, names)], command)
-    mf.write(out, manifest)  # the commit point: one atomic rename
-    remove_leftovers(out, manifest)
-    mf.fsync_dir(out)
+    try:  # replacing an output deletes the files of the old one: not while a training reads them
+        with exclusive(out) if old is not None else contextlib.nullcontext():
+            remove_leftovers(out, old, keep_staging=staging.name)
+            taken = referenced_tops(old)
+            names = {"data.zarr": free_name("data", ".zarr", taken), "shards": free_name("shards", "", taken)}
+            _move_into_place(out, staging, names)
+            manifest = mf.build([relocated(entry, names)], command)
+            mf.write(out, manifest)  # the commit point: one atomic rename
+            remove_leftovers(out, manifest)
+            mf.fsync_dir(out)
+    except ReadersBusy as exc:
+        raise InputError(out, f"{str(exc).split(': ', 1)[1]}; --overwrite would delete the files it reads. Nothing "
+                              f"was changed; the staged output stays in {staging.name} for a re-run of the same "
+                              "command once the training has ended") from None
     return manifest
