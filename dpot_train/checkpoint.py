@@ -126,6 +126,10 @@ def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+class RunDirError(RuntimeError):
+    """RUN_DIR is in a state that does not fit the request (e.g. checkpoints exist but --resume is not given)."""
+
+
 class UnreadableCheckpointsError(RuntimeError):
     """RUN_DIR holds checkpoints but none of them loads: a resume would silently start over."""
 

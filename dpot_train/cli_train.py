@@ -70,7 +70,8 @@ def launch_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
-    from dpot_train.launch import Topology, prepare_run, resume_layout, torchrun_command
+    from dpot_train.launch import prepare_run
+    from dpot_train.topology import choose_topology, torchrun_command
 
     try:
         source = config if config is not None else Path(out) / "config.yaml" if resume and out else None
@@ -96,12 +97,8 @@ def launch_cmd(
         cfg = apply_overrides(cfg, overrides)
         if out is None and config is None:
             raise ValueError("--out RUN_DIR is required")
-        given = None if nproc_per_node is None and nnodes is None else \
-            Topology(nproc_per_node or 1, nnodes or 1, node_rank, rdzv_endpoint, rdzv_timeout)
-        topo = resume_layout(Path(cfg.out), given) if resume else (given or Topology())
-        if topo.nnodes > 1 and topo.node_rank != node_rank:
-            topo = Topology(topo.nproc_per_node, topo.nnodes, node_rank, rdzv_endpoint or topo.rdzv_endpoint,
-                            topo.rdzv_timeout)
+        topo = choose_topology(Path(cfg.out), resume, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
+                               rdzv_timeout)
         cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None)
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from dpot_train.config import DataConfig
+from dpot_train.data.manifest import DatasetInfo, check_compatible
 from dpot_train.data.prepare import load_datasets
 from dpot_train.data.readers import make_reader
 from dpot_train.data.windows import to_model_layout
@@ -30,7 +31,8 @@ def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
-                   verify: bool | None = None, recipe: str = "dpot") -> dict[str, Any]:
+                   verify: bool | None = None, recipe: str = "dpot",
+                   datasets: list[DatasetInfo] | None = None) -> dict[str, Any]:
     """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
     recipe "dpot": valid channels and fluid cells; rollout and one-step from the first t_in true frames; padded
@@ -40,11 +42,15 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     step_l2re, the mean of the per-step errors inside it.
 
     rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
+    `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     device = torch.device(device)
-    datasets = load_datasets(data, split, verify=verify)
+    if datasets is None:
+        datasets = load_datasets(data, split, verify=verify)
+    else:
+        check_compatible(datasets, data.t_in, data.t_out, split)
     reader = make_reader(data.backend)
     model = model.to(device).eval()
     predict = _predictor(model, device)

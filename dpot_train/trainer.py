@@ -20,19 +20,17 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpot_train import distributed as D
-from dpot_train.checkpoint import (FORMAT, checkpoint_path, latest_checkpoint, list_checkpoints, prune, rng_state,
-                                   save_atomic, set_rng_state)
+from dpot_train.checkpoint import (FORMAT, RunDirError, checkpoint_path, latest_checkpoint, list_checkpoints, prune,
+                                   rng_state, save_atomic, set_rng_state)
 from dpot_train.config import TrainConfig, save_config
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.loader import make_loader
+from dpot_train.data.readers import make_reader
 from dpot_train.data.stream import WindowStream
 from dpot_train.data.windows import inject_noise
 from dpot_train.metrics import per_sample_loss
 from dpot_train.model_setup import data_overrides, fresh_model, init_model
-
-
-class RunDirError(RuntimeError):
-    """RUN_DIR is in a state that does not fit the request (e.g. checkpoints exist but --resume is not given)."""
+from dpot_train.run_plan import RunPlan
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
@@ -83,8 +81,10 @@ def _truncate_jsonl(path: Path, step: int) -> None:
     path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
 
 
-def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None) -> dict[str, Any]:
-    """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir)."""
+def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None,
+          plan: RunPlan | None = None) -> dict[str, Any]:
+    """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir). `plan`: what
+    `dpot-train launch` decided (datasets, stream spec and shard index): nothing is read or checked again."""
     set_determinism(cfg.deterministic)
     info = D.init_distributed(cfg.device)
     run = Path(cfg.out)
@@ -99,8 +99,11 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     if not resume and list_checkpoints(ckpt_dir):
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
 
-    verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
-    spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
+    if plan is not None:
+        spec, reader = plan.stream_spec(cfg.data.t_in, cfg.data.t_out, cfg.seed), make_reader(cfg.data.backend)
+    else:
+        verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
+        spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
     ds0 = spec.datasets[0]
     model = build_run_model(cfg, len(ds0.channels), ds0.shape).to(info.device)
     opt, sched = build_optimizer(model, cfg)
@@ -141,7 +144,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         model.eval()
         result = evaluate_model(model, cfg.data, split=cfg.eval_split, rollout_steps=cfg.rollout_steps,
                                 device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False,
-                                recipe=cfg.recipe or "dpot")
+                                recipe=cfg.recipe or "dpot", datasets=plan.datasets() if plan is not None else None)
         result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
         write_eval(result, run / "eval.json")
         print_table(result)

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from dpot_train.config import load_config
 
@@ -23,9 +24,8 @@ REPORTED = 2  # exit code of a worker that printed its one-line error
 def _reported_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message is the whole story: checkpoint, run-folder and data problems."""
     from dpot_format.errors import FormatError
-    from dpot_train.checkpoint import CheckpointWriteError, UnreadableCheckpointsError
+    from dpot_train.checkpoint import CheckpointWriteError, RunDirError, UnreadableCheckpointsError
     from dpot_train.model.checkpoint import CheckpointError
-    from dpot_train.trainer import RunDirError
 
     return CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError
 
@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     _watch_parent()
     cfg = load_config(args.config)
     from dpot_train import distributed as D
+    from dpot_train.run_plan import load_plan
     from dpot_train.trainer import train
 
     try:
-        train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None)
+        plan = load_plan(Path(args.config).parent, cfg.to_dict())  # written by launch beside config.yaml
+        train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None, plan=plan)
     except _reported_errors() as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
         return REPORTED

@@ -68,10 +68,14 @@ def record_text(digest: str, path: str | Path) -> bytes:
 
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file, read in 4 MiB blocks."""
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        while block := fh.read(4 << 20):
-            h.update(block)
+        return _sha256_of(fh)
+
+
+def _sha256_of(fh: Any) -> str:
+    h = hashlib.sha256()
+    while block := fh.read(4 << 20):
+        h.update(block)
     return h.hexdigest()
 
 
@@ -85,8 +89,9 @@ def check_regular_file(path: Path) -> None:
         raise CheckpointError(f"{path}: expected a checkpoint file, found something else (a folder, FIFO or device)")
 
 
-def verify_record(path: Path) -> None:
-    """Check the file against its sha256 record when it has one; CheckpointError naming both files otherwise."""
+def verify_record(path: Path, fh: Any = None) -> None:
+    """Check the file (read through `fh` when given, from its start) against its sha256 record when it has one;
+    CheckpointError naming both files otherwise."""
     record = record_path(path)
     if not record.exists():
         return
@@ -97,7 +102,7 @@ def verify_record(path: Path) -> None:
         raise CheckpointError(f"{record}: the checkpoint's sha256 record cannot be read ({exc})") from None
     if not expected or not _HEX.match(expected[0]):
         raise CheckpointError(f"{record}: expected a sha256 record (64 hex digits and the file name)")
-    actual = file_sha256(path)
+    actual = file_sha256(path) if fh is None else _sha256_of(fh)
     if actual != expected[0]:
         raise CheckpointError(f"{path}: damaged: its sha256 {actual[:16]}... differs from the one recorded when it "
                               f"was written ({record.name}: {expected[0][:16]}...)")
@@ -107,12 +112,19 @@ def _read(path: Path, map_location: Any, trusted: bool) -> Any:
     """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file, after checking that it is a
     regular file and that it matches its sha256 record (when it has one)."""
     check_regular_file(path)
-    verify_record(path)
+    with open(path, "rb") as fh:  # one open: the record check and the load read the same file
+        verify_record(path, fh)
+        fh.seek(0)
+        return _load(fh, path, map_location, trusted)
+
+
+def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
+    """torch.load of an open checkpoint file; CheckpointError naming `path` for unsafe or unreadable content."""
     try:
         if trusted:
-            return torch.load(path, map_location=map_location, weights_only=False)
+            return torch.load(fh, map_location=map_location, weights_only=False)
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(fh, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
         if "weights only" not in text.lower():
