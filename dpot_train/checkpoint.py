@@ -27,6 +27,22 @@ FORMAT = "dpot-train-checkpoint/1"
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
 
+def training_payload(model: torch.nn.Module, train_config: dict[str, Any], optimizer: Any, scheduler: Any, step: int,
+                     loader: dict[str, int], rng: list[dict[str, Any]]) -> dict[str, Any]:
+    """The layout of a training checkpoint: the released format's `model` and our `config` (so `load_pretrained` and
+    `--init` read it), plus the format tag and everything an exact resume needs."""
+    return {"format": FORMAT, "model": model.state_dict(), "config": model.config.to_dict(),
+            "train_config": train_config, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "step": step, "loader": loader, "rng": rng}
+
+
+def trained_recipe(content: Any) -> str:
+    """The recipe a checkpoint's run was trained with, from its content ("dpot" when it names none: released weights
+    and runs from before recipes)."""
+    train_config = content.get("train_config") if isinstance(content, dict) else None
+    return str((train_config if isinstance(train_config, dict) else {}).get("recipe") or "dpot")
+
+
 def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
     """checkpoints/step-00000042.pt."""
     return Path(ckpt_dir) / f"step-{step:08d}.pt"

@@ -122,12 +122,6 @@ def _reference_scores(predict: Any, ds: Any, reader: Any, split: str, t_in: int,
             "persistence": {"rollout_l2re": vals["persistence_rollout"], "step_l2re": vals["persistence_step"]}}
 
 
-def _trained_recipe(checkpoint: str) -> str:
-    """The recipe stored with one of our checkpoints ("dpot" when it names none)."""
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    return str((ckpt.get("train_config") or {}).get("recipe") or "dpot")
-
-
 def write_eval(result: dict[str, Any], path: str | Path) -> None:
     """Write eval.json atomically."""
     path = Path(path)
@@ -166,19 +160,22 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
     recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`."""
+    from dpot_train.checkpoint import trained_recipe
     from dpot_train.data.manifest import read_manifests
-    from dpot_train.model import load_pretrained
-    from dpot_train.model_setup import convention_problems, data_overrides, init_model, is_released
+    from dpot_train.model.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint
+    from dpot_train.model_setup import convention_problems, data_overrides, init_model
 
     datasets = read_manifests(manifests)
-    released = is_released(checkpoint, trusted)
+    content = read_checkpoint(checkpoint, trusted=trusted)  # the one load of the file
+    loaded = parse_checkpoint(content, checkpoint)
+    released = loaded[1] is None
     if released and not allow_convention_mismatch:
         problems = convention_problems(datasets, checkpoint)
         if problems:
             raise ValueError(problems[0])
     if recipe is None:
-        recipe = "reference" if released else _trained_recipe(checkpoint)
-    model = load_pretrained(checkpoint, trusted=trusted)
+        recipe = "reference" if released else trained_recipe(content)
+    model = pretrained_from(*loaded, source=str(checkpoint))
     cfg = model.config
     frames_in = cfg.in_timesteps
     grid = datasets[0].shape
@@ -186,7 +183,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         raise ValueError(f"{checkpoint}: the model reads {cfg.in_channels} channels but dataset "
                          f"{datasets[0].name!r} has {len(datasets[0].channels)} ({datasets[0].channels})")
     if cfg.img_size != grid[0]:  # released weights at another grid: resample the positional embedding
-        model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted)
+        model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted,
+                           loaded=loaded)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
                       verify_checksums=verify_checksums)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else

@@ -43,12 +43,14 @@ def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:
             for d in datasets if d.convention.get("name") != "dpot-reference"]
 
 
-def init_model(path: str, fixed: dict[str, Any], trusted: bool = False) -> torch.nn.Module:
+def init_model(path: str, fixed: dict[str, Any], trusted: bool = False,
+               loaded: tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]] | None = None) -> torch.nn.Module:
     """Weights of `path` (released `{'model': state_dict}` or ours) adapted to the data grid.
 
     Channels and frame counts must match the data; a different grid side resamples the positional embedding.
+    `loaded`: the file's (state, config, hints) when already read (`parse_checkpoint`), so it is not loaded again.
     """
-    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
+    state, config_dict, hints = loaded if loaded is not None else load_state_dict_file(path, trusted=trusted)
     config = DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
     for key in ("in_channels", "out_channels", "in_timesteps", "out_timesteps"):
         if getattr(config, key) != fixed[key]:

@@ -94,3 +94,32 @@ def test_a_plan_written_for_another_config_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="expected a run plan written by `dpot-train launch`"):
         load_plan(tmp_path, {"steps": 4})
     assert load_plan(tmp_path / "none", {}) is None
+
+
+def test_evaluate_loads_the_checkpoint_once(fno_train_shards: Path, reference_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from dpot_train.evaluate import evaluate_checkpoint
+
+    released = reference_dir / "dpot_tiny.pth"  # 16x16 weights on 32x32 data: the positional embedding is resampled
+    loads: list[object] = []
+    real = torch.load
+
+    def counting(f: object, *args: object, **kwargs: object) -> object:
+        loads.append(f)
+        return real(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting)
+    result = evaluate_checkpoint(str(released), [str(fno_train_shards)], rollout_steps=1, max_trajectories=1,
+                                 verify_checksums=False)
+    assert result["recipe"] == "reference" and result["datasets"]["fno-ns-v1e-3"]["rollout_steps"] == 1
+    assert len(loads) == 1, loads
+
+
+def test_launch_imports_neither_the_trainer_nor_the_worker() -> None:
+    from tests.test_import_graph import ROOT, _imports
+
+    for module in ("launch.py", "topology.py", "run_plan.py", "cli_train.py"):
+        names = _imports(ROOT / "dpot_train" / module)
+        assert not [n for n in names if n.startswith(("dpot_train.trainer", "dpot_train.worker"))], module

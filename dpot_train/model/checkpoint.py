@@ -156,7 +156,13 @@ def load_state_dict_file(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
     """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints)."""
     path = Path(path)
-    obj = _read(path, map_location, trusted)
+    return parse_checkpoint(_read(path, map_location, trusted), path)
+
+
+def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None,
+                                                          dict[str, Any]]:
+    """The content of a checkpoint file already read (`read_checkpoint`) -> (state dict without wrapper prefixes, our
+    config dict or None for the released format, config hints from saved arguments); `path` names it in errors."""
     if isinstance(obj, Mapping) and "model" in obj:
         state = obj["model"]
         if not _is_state_dict(state):
@@ -285,7 +291,14 @@ def unwrap_model(model: Any) -> DPOTBase:
 
 def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> DPOTBase:
     """DPOT2D/DPOT3D with the weights of `path`; its config comes from the checkpoint (ours) or the weights (released)."""
-    state, config_dict, hints = load_state_dict_file(path, map_location="cpu", trusted=trusted)
+    return pretrained_from(*load_state_dict_file(path, map_location="cpu", trusted=trusted), source=str(path),
+                           map_location=map_location)
+
+
+def pretrained_from(state: Mapping[str, torch.Tensor], config_dict: dict[str, Any] | None, hints: dict[str, Any],
+                    *, source: str, map_location: Any = "cpu") -> DPOTBase:
+    """`load_pretrained` for a checkpoint already read and parsed (`parse_checkpoint`)."""
+    path = source
     if config_dict is not None:
         try:
             config = DPOTConfig.from_dict(config_dict)
