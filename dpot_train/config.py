@@ -258,8 +258,7 @@ def load_config(path: str | Path) -> TrainConfig:
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the config as YAML atomically."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.dump(cfg.to_dict(), Dumper=_NoAliasDumper, sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
+    """Write the config as YAML atomically (fsynced temporary file, rename)."""
+    from dpot_format.io import atomic_write
+
+    atomic_write(Path(path), yaml.dump(cfg.to_dict(), Dumper=_NoAliasDumper, sort_keys=False).encode("utf-8"))

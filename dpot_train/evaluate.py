@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +122,12 @@ def _reference_scores(predict: Any, ds: Any, reader: Any, split: str, t_in: int,
 
 
 def write_eval(result: dict[str, Any], path: str | Path) -> None:
-    """Write eval.json atomically."""
+    """Write eval.json atomically (fsynced temporary file, rename)."""
+    from dpot_format.io import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
 
 
 def print_table(result: dict[str, Any]) -> None:
