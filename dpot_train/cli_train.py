@@ -18,6 +18,15 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(code=2) from exc
 
 
+def _base_config(config: Path | None, out: str | None, resume: bool) -> tuple[TrainConfig, Path | None]:
+    """The run config the options apply to and the file it came from: --config, else on --resume the run's own
+    config.yaml, else the defaults (no file)."""
+    source = config if config is not None else Path(out) / "config.yaml" if resume and out else None
+    if source is not None and (source == config or source.exists()):
+        return load_config(source), source
+    return TrainConfig(), None
+
+
 def launch_cmd(
     manifest: list[str] = typer.Option([], "--manifest", help="Folder holding manifest.json (repeat for several)."),
     out: Optional[str] = typer.Option(None, "--out", help="RUN_DIR: config.yaml, checkpoints/, eval.json, logs."),
@@ -74,11 +83,7 @@ def launch_cmd(
     from dpot_train.topology import choose_topology, torchrun_command
 
     try:
-        source = config if config is not None else Path(out) / "config.yaml" if resume and out else None
-        if source is not None and (source == config or source.exists()):
-            cfg = load_config(source)
-        else:
-            cfg, source = TrainConfig(), None
+        cfg, source = _base_config(config, out, resume)
         overrides = {
             "out": out, "model": model, "init": init, "steps": steps, "batch_size": batch_size, "seed": seed,
             "ckpt_every": ckpt_every, "log_every": log_every, "loss": loss, "device": device,
