@@ -95,6 +95,10 @@ def read_manifest_docs(paths: list[str]) -> dict[str, dict[str, Any]]:
     docs = {}
     for p in [m for path in paths for m in expand_outputs(path)]:
         url = manifest_url(p)
+        if url in docs:  # the same output named twice: every dataset of it would be trained twice
+            names = [d["name"] for d in docs[url]["datasets"]]
+            raise DataError(f"dataset {names[0] if names else '?'!r} appears in two manifests: {url} and {url} "
+                            "(named twice)")
         try:
             docs[url] = read_manifest_doc(url)
         except FormatError as exc:
