@@ -334,7 +334,6 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
     """Run `dpot-data ingest <source>` (every source, corpus and auto): the outcomes and the datasets that failed.
     Ingest warnings are printed as "warning:" lines as they happen; bad input is one error line and exit code 2."""
     import contextlib
-    import warnings
 
     from dpot_data.ingest.input_hashes import InputHashes
 

@@ -501,7 +501,8 @@ def leftover_problems(root: str, listed: Collection[str]) -> list[Problem]:
 def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner: Runner | None = None,
                     progress: Callable[[Item, list[Problem]], None] | None = None, limits: Limits = LIMITS,
                     datasets: Collection[str] | None = None, splits: Collection[str] | None = None,
-                    parts: Collection[str] = PARTS, scan: bool = True) -> list[Problem]:
+                    parts: Collection[str] = PARTS, scan: bool = True,
+                    manifest: dict[str, Any] | None = None) -> list[Problem]:
     """Every problem of the output folder (or URL, or its manifest.json) `root` against docs/format.md, never
     stopping at the first.
 
@@ -511,19 +512,21 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     and, as warnings, unlisted files under `shards/` and temporary leftovers. `rehash=False` is the cheap mode: no
     sha256 of shards or arrays. Item checks run on `runner` (`imap(fn, items)`) when given, else in this thread;
     `progress(item, problems)` is called after each. `datasets`, `splits` and `parts` ("shards", "zarr") narrow
-    what is checked; `scan=False` skips the leftover scan.
+    what is checked; `scan=False` skips the leftover scan. `manifest`: the document, already read and validated by
+    `dpot_format.manifest.read_manifest` (it is not read again).
     """
     root = os.fspath(root)
     path = manifest_path(root)
     if root.endswith(".json"):  # the manifest file itself was given: its folder is the output
         root = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."
-    try:
-        manifest = load_json(path, limits)
-    except FormatError as exc:
-        return [Problem(MANIFEST_NAME, "manifest", actual=exc.expected)]
-    errors = validation_errors(manifest, limits)
-    if errors:
-        return [Problem(MANIFEST_NAME, "schema", actual=line) for line in errors]
+    if manifest is None:
+        try:
+            manifest = load_json(path, limits)
+        except FormatError as exc:
+            return [Problem(MANIFEST_NAME, "manifest", actual=exc.expected)]
+        errors = validation_errors(manifest, limits)
+        if errors:
+            return [Problem(MANIFEST_NAME, "schema", actual=line) for line in errors]
     plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts))
     problems = list(plan.problems)
     results: dict[str, ItemResult] = {}

@@ -34,6 +34,15 @@ def _default(key: str, text: str = "") -> str:
     return f"{text}  " + escape(f"[default: {value}]")  # escaped: --help renders rich markup
 
 
+def _base_config(config: Path | None, out: str | None, resume: bool) -> tuple[TrainConfig, Path | None]:
+    """The run config the options apply to and the file it came from: --config, else on --resume the run's own
+    config.yaml, else the defaults (no file)."""
+    source = find_config(config) if config is not None else Path(out) / "config.yaml" if resume and out else None
+    if source is not None and (config is not None or source.exists()):
+        return load_config(source), source
+    return TrainConfig(), None
+
+
 def launch_cmd(
     manifest: list[str] = typer.Option([], "--manifest", help="Folder holding manifest.json (repeat for several)."),
     out: Optional[str] = typer.Option(None, "--out", help="RUN_DIR: config.yaml, checkpoints/, eval.json, logs."),
@@ -109,15 +118,11 @@ def launch_cmd(
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
-    from dpot_train.launch import Topology, prepare_run, resume_layout, torchrun_command
+    from dpot_train.launch import prepare_run
+    from dpot_train.topology import choose_topology, torchrun_command
 
     try:
-        if config is not None:
-            cfg = load_config(find_config(config))
-        elif resume and out and (Path(out) / "config.yaml").exists():
-            cfg = load_config(Path(out) / "config.yaml")
-        else:
-            cfg = TrainConfig()
+        cfg, source = _base_config(config, out, resume)
         overrides = {
             "out": out, "model": model, "init": init, "load": load, "data.res": res,
             "epochs": epochs if epochs is not None else (0 if steps is not None else None),  # --steps beats epochs
@@ -142,13 +147,9 @@ def launch_cmd(
         if resume and not cfg.data.manifests and not (Path(cfg.out) / "config.yaml").exists():
             raise ValueError(f"--resume: there is no run to resume at {cfg.out} (no {Path(cfg.out) / 'config.yaml'}); "
                              "start one with --manifest DIR --out RUN_DIR, or name the run's folder with --out")
-        given = None if nproc_per_node is None and nnodes is None else \
-            Topology(nproc_per_node or 1, nnodes or 1, node_rank, rdzv_endpoint, rdzv_timeout)
-        topo = resume_layout(Path(cfg.out), given) if resume else (given or Topology())
-        if topo.nnodes > 1 and topo.node_rank != node_rank:
-            topo = Topology(topo.nproc_per_node, topo.nnodes, node_rank, rdzv_endpoint or topo.rdzv_endpoint,
-                            topo.rdzv_timeout)
-        cfg, cfg_path = prepare_run(cfg, resume, topo)
+        topo = choose_topology(Path(cfg.out), resume, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
+                               rdzv_timeout)
+        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None)
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2
         _fail(exc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,11 +157,69 @@ def _plain(x: Any) -> Any:
 def _build(cls: type, d: dict[str, Any], where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
+    prefix = f"{where}." if where else ""
     if unknown:
-        prefix = f"{where}." if where else ""
         keys = ", ".join(prefix + k for k in unknown)
         raise ValueError(f"unknown config key(s) {keys}; expected one of {sorted(names)}")
+    hints = typing.get_type_hints(cls)
+    for key, value in d.items():
+        problem = _field_problem(hints[key], value) or _range_problem(prefix + key, value)
+        if problem:
+            raise ValueError(f"{prefix}{key}: expected {problem}, got {value!r}")
     return cls(**d)
+
+
+# Upper bounds that keep a mistyped number from reaching the worker (where it would exhaust memory or time).
+_LIMITS: dict[str, tuple[float, float, str]] = {
+    "steps": (1, 10**10, "a whole number of steps from 1 to 1e10"),
+    "batch_size": (1, 2**20, "a global batch from 1 to 1048576"),
+    "log_every": (1, 10**10, "a positive whole number"),
+    "ckpt_every": (1, 10**10, "a positive whole number"),
+    "optim.lr": (0, 10.0, "a learning rate above 0 and at most 10"),
+    "data.noise": (0, 1e3, "a finite noise epsilon >= 0"),
+    "data.t_in": (1, 4096, "a frame count from 1 to 4096"),
+    "data.t_out": (1, 4096, "a frame count from 1 to 4096"),
+    "data.num_workers": (0, 1024, "a worker count from 0 to 1024"),
+    "optim.weight_decay": (0, 1e3, "a finite weight decay >= 0"),
+    "optim.clip_grad": (0, 1e12, "a finite gradient norm >= 0 (0: no clipping)"),
+    "optim.div_factor": (1e-12, 1e12, "a finite positive factor"),
+    "optim.final_div_factor": (1e-12, 1e12, "a finite positive factor"),
+}
+
+
+_WORDS = {int: "a whole number", float: "a finite number", bool: "true or false", str: "a string"}
+
+
+def _fits(option: Any, value: Any) -> bool:
+    """One type of a field's annotation accepts `value` (bools are not numbers; floats must be finite)."""
+    if option is type(None):
+        return value is None
+    if option is bool or option is str:
+        return isinstance(value, option)
+    if option is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if option is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    origin = typing.get_origin(option) or option
+    return isinstance(value, (list, tuple) if origin in (list, tuple) else origin)
+
+
+def _field_problem(hint: Any, value: Any) -> str | None:
+    """What a field of this type accepts, when `value` does not fit it; None when it does."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if any(_fits(option, value) for option in options):
+        return None
+    return " or ".join(_WORDS.get(o, getattr(o, "__name__", str(o))) for o in options if o is not type(None))
+
+
+def _range_problem(key: str, value: Any) -> str | None:
+    """The allowed range of a numeric field when `value` lies outside it."""
+    low, high, what = _LIMITS.get(key, (-math.inf, math.inf, ""))
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not low <= value <= high:
+        return what
+    if key == "optim.lr" and value == 0:
+        return what
+    return None
 
 
 def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
@@ -191,6 +251,16 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise yaml.YAMLError(f"YAML aliases are not accepted (line {event.start_mark.line + 1})")
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+        """A key given twice is an error (YAML would keep the last one silently)."""
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
 
 class _NoAliasDumper(yaml.SafeDumper):
     """Writes repeated values out in full, so that what we write is what read_yaml accepts."""
@@ -213,7 +283,15 @@ def read_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        raise ValueError(_yaml_problem(path, exc)) from None
+
+
+def _yaml_problem(path: Path, exc: yaml.YAMLError) -> str:
+    """One line `file:line: problem` for a YAML error (PyYAML's own message spans several lines of context)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+    return f"{where}: not valid YAML: {' '.join(str(problem).split())}"
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -255,8 +333,7 @@ def load_config(path: str | Path) -> TrainConfig:
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the config as YAML atomically."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.dump(cfg.to_dict(), Dumper=_NoAliasDumper, sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
+    """Write the config as YAML atomically (fsynced temporary file, rename)."""
+    from dpot_format.io import atomic_write
+
+    atomic_write(Path(path), yaml.dump(cfg.to_dict(), Dumper=_NoAliasDumper, sort_keys=False).encode("utf-8"))

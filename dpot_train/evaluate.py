@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import numpy as np
 import torch
 
 from dpot_train.config import DataConfig
+from dpot_train.data.manifest import DatasetInfo, check_compatible
 from dpot_train.data.prepare import data_reader, load_datasets
 from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
@@ -29,7 +29,8 @@ def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
-                   verify: bool | None = None, recipe: str = "dpot") -> dict[str, Any]:
+                   verify: bool | None = None, recipe: str = "dpot",
+                   datasets: list[DatasetInfo] | None = None) -> dict[str, Any]:
     """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
     recipe "dpot": valid channels and fluid cells; rollout and one-step from the first t_in true frames; padded
@@ -40,11 +41,15 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
 
     rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
     `data.res` > 0 resizes every trajectory to that grid first, as training did (2D and 3D alike).
+    `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     device = torch.device(device)
-    datasets = load_datasets(data, split, verify=verify)
+    if datasets is None:
+        datasets = load_datasets(data, split, verify=verify)
+    else:
+        check_compatible(datasets, data.t_in, data.t_out, split, data.res)
     reader = data_reader(data)
     model = model.to(device).eval()
     predict = _predictor(model, device)
@@ -132,25 +137,13 @@ def require_split(datasets: list[Any], split: str, remedy: str) -> None:
                          f"(`dpot-data ingest ... --split 0.8 --overwrite`: 80% train, the rest test), or {remedy}")
 
 
-def _trained_recipe(checkpoint: str) -> str:
-    """The recipe stored with one of our checkpoints ("dpot" when it names none)."""
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    return str((ckpt.get("train_config") or {}).get("recipe") or "dpot")
-
-
-def _trained_res(checkpoint: str) -> int:
-    """The grid the run resized windows to (its data.res), 0 when none or for released weights."""
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    return int(((ckpt.get("train_config") or {}).get("data") or {}).get("res") or 0)
-
-
 def write_eval(result: dict[str, Any], path: str | Path) -> None:
-    """Write eval.json atomically."""
+    """Write eval.json atomically (fsynced temporary file, rename)."""
+    from dpot_format.io import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -184,20 +177,23 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
     the run's data.res; for a 3D model without one, the model's own grid)."""
+    from dpot_train.checkpoint import trained_recipe, trained_res
     from dpot_train.data.manifest import read_manifests
-    from dpot_train.model import load_pretrained
-    from dpot_train.model_setup import convention_problems, data_overrides, init_model, is_released
+    from dpot_train.model.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint
+    from dpot_train.model_setup import convention_problems, data_overrides, init_model
 
     datasets = read_manifests(manifests)
     require_split(datasets, split, "evaluate another --split")
-    released = is_released(checkpoint, trusted)
+    content = read_checkpoint(checkpoint, trusted=trusted)  # the one load of the file
+    loaded = parse_checkpoint(content, checkpoint)
+    released = loaded[1] is None
     if released and not allow_convention_mismatch:
         problems = convention_problems(datasets, checkpoint)
         if problems:
             raise ValueError(problems[0])
     if recipe is None:
-        recipe = "reference" if released else _trained_recipe(checkpoint)
-    model = load_pretrained(checkpoint, trusted=trusted)
+        recipe = "reference" if released else trained_recipe(content)
+    model = pretrained_from(*loaded, source=str(checkpoint))
     cfg = model.config
     frames_in = cfg.in_timesteps
     grid = datasets[0].shape
@@ -208,10 +204,11 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         raise ValueError(f"{checkpoint}: a {cfg.spatial_dims}D model, but dataset {datasets[0].name!r} is "
                          f"{len(grid)}D (dims {datasets[0].dims})")
     if res is None:  # the run's grid; a 3D model reads its own grid (the reference resizes every sample to it)
-        res = 0 if released else _trained_res(checkpoint)
+        res = 0 if released else trained_res(content)
         res = cfg.img_size if res == 0 and cfg.spatial_dims == 3 else res
     if res == 0 and cfg.img_size != grid[0]:  # released 2D weights at another grid: resample the positional embedding
-        model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted)
+        model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted,
+                           loaded=loaded)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
                       verify_checksums=verify_checksums, res=res, cache_dir=cache_dir, cache_limit=cache_limit)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else

@@ -7,65 +7,33 @@ mismatched channels) is reported before that, one line per problem.
 
 from __future__ import annotations
 
-import json
+import os
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from dpot_train.checkpoint import UnreadableCheckpointsError, list_checkpoints, looks_complete
+from dpot_train.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
+from dpot_format.readers import hold_shared
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
-from dpot_train.data.manifest import DataError, expand_outputs, manifest_url, read_manifests
 from dpot_train.data.cached_reader import uses_cache, with_cache
+from dpot_train.data.manifest import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
+                                      read_manifest_docs)
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.model_setup import data_overrides
-from dpot_train.trainer import RunDirError
+from dpot_train.run_plan import InitFacts, make_plan, save_plan
+from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
+
+__all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_command", "validate_config"]
 
 # Fields a resume may change: they do not alter the data stream or the optimisation.
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
               "allow_convention_mismatch", "data.cache_dir", "data.cache_limit"}
-LAYOUT_NAME = "launch.json"  # RUN_DIR/launch.json: the process layout a resume reuses
-
-
-@dataclass(frozen=True)
-class Topology:
-    """torchrun process layout."""
-
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    rdzv_timeout: int = 600  # seconds a node waits for the others to join (torchrun's join_timeout)
-
-    def waiting_message(self) -> str | None:
-        """What a node of a multi-node job prints before torchrun blocks in the rendezvous (None for one node)."""
-        if self.nnodes <= 1:
-            return None
-        return (f"node {self.node_rank} of {self.nnodes}: waiting at {self.rdzv_endpoint} for the other "
-                f"{self.nnodes - 1} node(s) to join (up to {self.rdzv_timeout} s; --rdzv-timeout changes it)")
-
-
-def torchrun_command(config_path: Path, topo: Topology, resume: bool, checksums_verified: bool) -> list[str]:
-    """`python -m torch.distributed.run ... -m dpot_train.worker --config ...` for this topology."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={topo.nproc_per_node}"]
-    if topo.nnodes > 1:
-        if not topo.rdzv_endpoint:
-            raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
-        cmd += [f"--nnodes={topo.nnodes}", f"--node-rank={topo.node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={topo.rdzv_endpoint}", f"--rdzv-conf=join_timeout={topo.rdzv_timeout}"]
-    else:
-        cmd += ["--standalone", "--nnodes=1"]
-    cmd += ["-m", "dpot_train.worker", "--config", str(config_path)]
-    if resume:
-        cmd.append("--resume")
-    if checksums_verified:
-        cmd.append("--checksums-verified")
-    return cmd
 
 
 # Fields computed from `epochs` and the data at launch: a resume recomputes them, so they are not compared.
@@ -99,24 +67,62 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, data=data, init=_absolute(cfg.init) if cfg.init else None)
 
 
-def resolve_recipe(cfg: TrainConfig) -> TrainConfig:
+def resolve_recipe(cfg: TrainConfig, init: InitFacts | None) -> TrainConfig:
     """cfg with `recipe` decided: as given, else "reference" when --init names released weights, else "dpot"."""
     if cfg.recipe is not None:
         return cfg
-    from dpot_train.model_setup import is_released
-
-    released = bool(cfg.init) and is_released(cfg.init, cfg.trust)
-    return replace(cfg, recipe="reference" if released else "dpot")
+    return replace(cfg, recipe="reference" if init is not None and init.released else "dpot")
 
 
-def validate_config(cfg: TrainConfig) -> None:
-    """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it."""
+MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW states per process: more fits no device
+
+
+def model_parameters(model: str, overrides: dict) -> int:
+    """Parameter count of the preset with its overrides, from two blocks built on the meta device (no memory, and no
+    time spent building a depth a typo made huge)."""
+    from dpot_train.model.factory import build_model, resolve_config
+
+    config = resolve_config(model, **overrides)
+    one, two = (sum(p.numel() for p in build_model(config.replace(depth=d), device="meta").parameters())
+                for d in (1, 2))
+    return one + (config.depth - 1) * (two - one)
+
+
+def validate_config(cfg: TrainConfig, source: str | None = None) -> InitFacts | None:
+    """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it;
+    `source` (the run config file the values came from) prefixes the line. Returns what the one load of `--init`
+    found (None without --init)."""
+    try:
+        _validate_config(cfg)
+    except ValueError as exc:
+        if source is None:
+            raise
+        raise ValueError(f"{source}: {exc}") from None
+    return init_facts(cfg.init, cfg.trust) if cfg.init else None
+
+
+def init_facts(path: str, trust: bool) -> InitFacts:
+    """Load the --init checkpoint once (weights-only unless --trust, its sha256 record checked) and keep what the
+    launch decides from it."""
+    from dpot_train.model.checkpoint import load_state_dict_file
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--init checkpoint not found: {path}")
+    _, config, _ = load_state_dict_file(path, trusted=trust)
+    return InitFacts(_absolute(path), config is None, config)
+
+
+def _validate_config(cfg: TrainConfig) -> None:
     from dpot_train.model.factory import resolve_config
 
     try:
         resolve_config(cfg.model, **cfg.model_overrides)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"--model {cfg.model!r}: {exc}") from None
+    count = model_parameters(cfg.model, cfg.model_overrides)
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"model_overrides {cfg.model_overrides}: expected a model of at most {MAX_PARAMETERS:.0e} "
+                         f"parameters; preset {cfg.model!r} with these overrides has {count:.2e}")
     if cfg.ckpt_every <= 0 or cfg.log_every <= 0 or cfg.steps <= 0:
         raise ValueError("steps, ckpt_every and log_every must be positive")
     if cfg.recipe not in (None, "dpot", "reference"):
@@ -124,14 +130,10 @@ def validate_config(cfg: TrainConfig) -> None:
     check_schedule(cfg)
     if not cfg.init and cfg.load != "all":
         raise ValueError(f"--load {cfg.load}: names components of an --init checkpoint; pass --init CHECKPOINT")
-    if cfg.init:
+    if cfg.init:  # the file itself is loaded once, by init_facts
         from dpot_train.finetune import parse_components
-        from dpot_train.model.checkpoint import load_state_dict_file
 
         parse_components(cfg.load)
-        if not Path(cfg.init).is_file():
-            raise FileNotFoundError(f"--init checkpoint not found: {cfg.init}")
-        load_state_dict_file(cfg.init, trusted=cfg.trust)  # refuses pickled objects unless --trust
 
 
 def check_schedule(cfg: TrainConfig) -> None:
@@ -151,32 +153,19 @@ def check_schedule(cfg: TrainConfig) -> None:
                          f"cannot be built ({type(exc).__name__}: {exc}); choose another --steps") from None
 
 
-def resume_layout(run: Path, topo: Topology | None) -> Topology:
-    """The layout to run: the one given, else (on a resume) the run's recorded one, else one process."""
-    if topo is not None:
-        return topo
-    path = run / LAYOUT_NAME
-    if path.exists():
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        layout = Topology(int(saved["nproc_per_node"]), int(saved["nnodes"]), 0, saved.get("rdzv_endpoint"),
-                          int(saved.get("rdzv_timeout", 600)))
-        print(f"resuming with the run's layout: {layout.nproc_per_node} process(es) per node x {layout.nnodes} "
-              f"node(s) (from {path}; --nproc-per-node/--nnodes override it)", file=sys.stderr)
-        return layout
-    return Topology()
-
-
 MAX_PROBLEM_LINES = 50  # lines `launch` prints before counting the rest
 
 
-def check_outputs(data: DataConfig) -> None:
+def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> None:
     """Run dpot_format's validator on every output the config names (the parts the backend reads, every split);
-    DataError with one line per fatal problem (prefixed by its output folder) when any is found."""
+    DataError with one line per fatal problem (prefixed by its output folder) when any is found. `docs`: the
+    manifests already read (manifest url -> document), not read again."""
     lines: list[str] = []
     part = "zarr" if data.backend == "zarr" else "shards"
     for path in [m for given in data.manifests for m in expand_outputs(given)]:
+        doc = (docs or {}).get(manifest_url(path))
         rehash = data.verify_checksums and not uses_cache([path], data.backend)  # the cache checks each download
-        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False):
+        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc):
             if not problem.fatal:
                 continue
             if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
@@ -189,62 +178,88 @@ def check_outputs(data: DataConfig) -> None:
         raise DataError("\n".join(shown))
 
 
-def check_names(cfg: TrainConfig) -> None:
-    """What the manifests alone can refute, checked before any shard is hashed: each manifest readable, every mixture
-    name present, the evaluation split present (unless --no-eval), and released --init weights on data of their
-    convention."""
+def check_names(cfg: TrainConfig, datasets: list[DatasetInfo], weights: dict[str, float],
+                init: InitFacts | None) -> None:
+    """What the manifests alone can refute, checked before any shard is hashed (every mixture name present was
+    checked by resolve_weights): the evaluation split present (unless --no-eval), and released --init weights on
+    data of their convention."""
     from dpot_train.evaluate import require_split
 
-    datasets = read_manifests(list(cfg.data.manifests))
-    weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
     if cfg.eval_at_end:
         require_split(datasets, cfg.eval_split, "pass --no-eval to train without the final evaluation")
-    if cfg.init and not cfg.allow_convention_mismatch:
-        from dpot_train.model_setup import convention_problems, is_released
+    if init is not None and init.released and not cfg.allow_convention_mismatch:
+        from dpot_train.model_setup import convention_problems
 
-        if is_released(cfg.init, cfg.trust):
-            problems = convention_problems([d for d in datasets if weights[d.name] > 0], cfg.init)
-            if problems:
-                raise ValueError(problems[0])
+        problems = convention_problems([d for d in datasets if weights[d.name] > 0], cfg.init)
+        if problems:
+            raise ValueError(problems[0])
 
 
-def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology) -> tuple[TrainConfig, Path]:
-    """Check RUN_DIR and the data, write config.yaml; returns the config to run and its path."""
-    validate_config(cfg)
+def hold_outputs(data: DataConfig) -> list[int]:
+    """Take the readers' lock (dpot_format.readers) of every local output the run reads, inheritable so that it lasts
+    through the exec into torchrun, for the whole run: `dpot-data ingest --overwrite` then refuses to delete the files
+    the run reads, in one line, instead of the run failing on a missing shard hours later."""
+    fds = []
+    for given in data.manifests:
+        for path in expand_outputs(given):
+            if "://" in path:
+                continue
+            fd = hold_shared(Path(path).parent if path.endswith(".json") else Path(path))
+            if fd is not None:
+                os.set_inheritable(fd, True)
+                fds.append(fd)
+    return fds
+
+
+def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None
+                ) -> tuple[TrainConfig, Path]:
+    """Check the config, RUN_DIR and the data, then write config.yaml, plan.json (the RunPlan the workers load) and
+    launch.json; returns the config to run and its path. `source`: the run config file the settings came from."""
+    init = validate_config(cfg, source)
     cfg = absolute_paths(cfg)
     run = Path(cfg.out)
-    cfg_path = run / "config.yaml"
     found = list_checkpoints(run / "checkpoints")
-    has_ckpt = bool(found)
-    if has_ckpt and not resume:
-        raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
-    if resume and has_ckpt and not any(looks_complete(p) for _, p in found):
-        raise UnreadableCheckpointsError(
-            f"{run / 'checkpoints'}: none of the {len(found)} checkpoints is a complete file; nothing was changed. "
-            "Move them aside to start the run over, or restore a readable checkpoint to resume")
-    if resume and cfg_path.exists():
-        saved = absolute_paths(load_config(cfg_path))  # a run written before paths were stored absolute: from here
-        derived = _FROM_EPOCHS if cfg.epochs > 0 else set()
-        changed = [k for k in _diff(saved.to_dict(), cfg.to_dict()) if k not in _RESUMABLE | derived]
-        if changed and has_ckpt:
-            raise RunDirError(f"--resume: {', '.join(changed)} differ from {cfg_path}; a resumed run keeps its "
-                              "data, model and optimiser settings (start a new --out to change them)")
+    check_run_dir(cfg, resume)
     if cfg.batch_size % (topo.nproc_per_node * topo.nnodes):
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
-    cfg = with_cache(resolve_recipe(cfg))
-    check_names(cfg)  # manifests readable, mixture names, splits, conventions: before the checksum pass
-    check_outputs(cfg.data)  # docs/format.md on every output, sha256 included unless disabled
-    spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True)  # mixture, compatibility, trajectory index
+    cfg = with_cache(resolve_recipe(cfg, init))
+    hold_outputs(cfg.data)  # before the checks: what is checked is what the run reads
+    docs = read_manifest_docs(list(cfg.data.manifests))  # each manifest read once, here
+    datasets = datasets_of_docs(docs)
+    weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
+    check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
+    check_outputs(cfg.data, docs)  # docs/format.md on every output, sha256 included unless disabled
+    spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets)  # compatibility, shard index
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)
     ds0 = spec.datasets[0]
     data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid it can read
-    if resume and has_ckpt and max(step for step, _ in found) >= cfg.steps:
+    if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
     run.mkdir(parents=True, exist_ok=True)
+    cfg_path = run / "config.yaml"
     save_config(cfg, cfg_path)
-    layout = {k: v for k, v in asdict(topo).items() if k != "node_rank"}
-    (run / LAYOUT_NAME).write_text(json.dumps(layout) + "\n", encoding="utf-8")
+    save_plan(make_plan(cfg.to_dict(), docs, weights, spec, init, layout_record(topo)), run)
+    save_layout(run, topo)
     return cfg, cfg_path
+
+
+def check_run_dir(cfg: TrainConfig, resume: bool) -> None:
+    """RUN_DIR fits the request: no checkpoints without --resume; on --resume a checkpoint that loads (damaged newer
+    ones set aside) and the run's data, model and optimiser settings unchanged."""
+    run = Path(cfg.out)
+    cfg_path = run / "config.yaml"
+    has_ckpt = bool(list_checkpoints(run / "checkpoints"))
+    if has_ckpt and not resume:
+        raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
+    if resume and has_ckpt:  # the newest one that loads, damaged newer ones set aside; none: one line, here
+        latest_checkpoint(run / "checkpoints")
+    if resume and has_ckpt and cfg_path.exists():
+        saved = absolute_paths(load_config(cfg_path))  # a run written before paths were stored absolute: from here
+        derived = _FROM_EPOCHS if cfg.epochs > 0 else set()  # recomputed from the data on every launch
+        changed = [k for k in _diff(saved.to_dict(), cfg.to_dict()) if k not in _RESUMABLE | derived]
+        if changed:
+            raise RunDirError(f"--resume: {', '.join(changed)} differ from {cfg_path}; a resumed run keeps its "
+                              "data, model and optimiser settings (start a new --out to change them)")

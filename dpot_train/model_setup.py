@@ -49,18 +49,25 @@ def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:
             for d in datasets if d.convention.get("name") != "dpot-reference"]
 
 
-def checkpoint_config(path: str, trusted: bool = False) -> tuple[dict[str, torch.Tensor], DPOTConfig]:
-    """The state dict of `path` and its model config (stored with our checkpoints, inferred for released ones)."""
-    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
+Loaded = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]  # a checkpoint file's (state, config, hints)
+
+
+def checkpoint_config(path: str, trusted: bool = False, loaded: Loaded | None = None,
+                      ) -> tuple[dict[str, torch.Tensor], DPOTConfig]:
+    """The state dict of `path` and its model config (stored with our checkpoints, inferred for released ones);
+    `loaded`: the file's (state, config, hints) when already read, so it is not loaded again."""
+    state, config_dict, hints = loaded if loaded is not None else load_state_dict_file(path, trusted=trusted)
     return state, DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
 
 
-def init_model(path: str, fixed: dict[str, Any], trusted: bool = False) -> torch.nn.Module:
+def init_model(path: str, fixed: dict[str, Any], trusted: bool = False,
+               loaded: Loaded | None = None) -> torch.nn.Module:
     """Weights of `path` (released `{'model': state_dict}` or ours) adapted to the data grid.
 
     Channels and frame counts must match the data; a different grid side resamples the positional embedding.
+    `loaded`: the file's (state, config, hints) when already read (`parse_checkpoint`), so it is not loaded again.
     """
-    state, config = checkpoint_config(path, trusted)
+    state, config = checkpoint_config(path, trusted, loaded)
     if config.spatial_dims != fixed.get("spatial_dims", config.spatial_dims):
         raise ValueError(f"--init {path}: a {config.spatial_dims}D model, the data is {fixed['spatial_dims']}D")
     for key in ("in_channels", "out_channels", "in_timesteps", "out_timesteps"):

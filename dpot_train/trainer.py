@@ -20,10 +20,10 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpot_train import distributed as D
-from dpot_train.checkpoint import (FORMAT, checkpoint_path, latest_checkpoint, list_checkpoints, prune, rng_state,
-                                   save_atomic, set_rng_state)
+from dpot_train.checkpoint import (RunDirError, checkpoint_path, latest_checkpoint, list_checkpoints, prune, rng_state,
+                                   save_atomic, set_rng_state, training_payload)
 from dpot_train.config import TrainConfig, resolve_epochs, save_config
-from dpot_train.data.prepare import prepare_stream
+from dpot_train.data.prepare import data_reader, prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
@@ -31,10 +31,7 @@ from dpot_train.metrics import per_sample_loss
 from dpot_train.finetune import finetune_model
 from dpot_train.model import DPOTConfig, build_model
 from dpot_train.model_setup import data_overrides, fresh_model
-
-
-class RunDirError(RuntimeError):
-    """RUN_DIR is in a state that does not fit the request (e.g. checkpoints exist but --resume is not given)."""
+from dpot_train.run_plan import RunPlan
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
@@ -98,8 +95,10 @@ def _truncate_jsonl(path: Path, step: int) -> None:
     path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
 
 
-def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None) -> dict[str, Any]:
-    """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir)."""
+def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None,
+          plan: RunPlan | None = None) -> dict[str, Any]:
+    """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir). `plan`: what
+    `dpot-train launch` decided (datasets, stream spec and shard index): nothing is read or checked again."""
     set_determinism(cfg.deterministic)
     info = D.init_distributed(cfg.device)
     run = Path(cfg.out)
@@ -110,12 +109,15 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
 
     random.seed(cfg.seed * 1000003 + info.rank)  # nothing in training draws from these; seeded so runs are identical
     np.random.seed((cfg.seed * 1000003 + info.rank) % 2**32)
-    found = latest_checkpoint(ckpt_dir) if resume else None
+    found = latest_checkpoint(ckpt_dir, keep_damaged=info.is_main) if resume else None
     if not resume and list_checkpoints(ckpt_dir):
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
 
-    verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
-    spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
+    if plan is not None:
+        spec, reader = plan.stream_spec(cfg.data.t_in, cfg.data.t_out, cfg.seed), data_reader(cfg.data)
+    else:
+        verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
+        spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
     cfg = resolve_epochs(cfg, spec.epoch_length)
     ds0 = spec.datasets[0]
     model, init_line = build_run_model(cfg, len(ds0.channels), ds0.shape,
@@ -124,19 +126,9 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     if init_line and info.is_main:
         print(init_line, flush=True)
     opt, sched = build_optimizer(model, cfg)
-    step, position = 0, 0
-    if found is not None:
-        path, ckpt = found
-        saved = ckpt["train_config"]
-        if saved.get("batch_size") != cfg.batch_size or saved.get("seed") != cfg.seed:
-            raise RunDirError(f"{path}: batch_size/seed differ from the checkpoint ({saved.get('batch_size')}, "
-                              f"{saved.get('seed')}); a resume must keep them to continue the same data stream")
-        model.load_state_dict(ckpt["model"], strict=True)
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        step, position = int(ckpt["step"]), int(ckpt["loader"]["position"])
-        if info.is_main:
-            print(f"resumed from {path} at step {step} (stream position {position})", flush=True)
+    step, position = _restore(found, cfg, model, opt, sched) if found is not None else (0, 0)
+    if info.is_main and found is not None:
+        print(f"resumed from {found[0]} at step {step} (stream position {position})", flush=True)
     elif resume and info.is_main:
         print(f"no checkpoint in {ckpt_dir}: starting from step 0", flush=True)
 
@@ -161,7 +153,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         model.eval()
         result = evaluate_model(model, cfg.data, split=cfg.eval_split, rollout_steps=cfg.rollout_steps,
                                 device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False,
-                                recipe=cfg.recipe or "dpot")
+                                recipe=cfg.recipe or "dpot", datasets=plan.datasets() if plan is not None else None)
         result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
         write_eval(result, run / "eval.json")
         print_table(result)
@@ -170,39 +162,35 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     return summary
 
 
+def _restore(found: tuple[Path, dict[str, Any]], cfg: TrainConfig, model: torch.nn.Module,
+             opt: torch.optim.Optimizer, sched: Any) -> tuple[int, int]:
+    """Load a checkpoint's weights, optimiser and schedule; (step, stream position) to continue from."""
+    path, ckpt = found
+    saved = ckpt["train_config"]
+    if saved.get("batch_size") != cfg.batch_size or saved.get("seed") != cfg.seed:
+        raise RunDirError(f"{path}: batch_size/seed differ from the checkpoint ({saved.get('batch_size')}, "
+                          f"{saved.get('seed')}); a resume must keep them to continue the same data stream")
+    model.load_state_dict(ckpt["model"], strict=True)
+    opt.load_state_dict(ckpt["optimizer"])
+    sched.load_state_dict(ckpt["scheduler"])
+    return int(ckpt["step"]), int(ckpt["loader"]["position"])
+
+
 def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,
           opt: torch.optim.Optimizer, sched: Any, it: Any, spec: Any, step: int, position: int,
           run: Path) -> dict[str, Any]:
     """The step loop; rank 0 logs and saves."""
     ckpt_dir = run / "checkpoints"
-    writer = bar = None
     metrics_path = run / "metrics.jsonl"
-    if info.is_main:
-        save_config(cfg, run / "config.yaml")
-        _truncate_jsonl(metrics_path, step)
-        from torch.utils.tensorboard import SummaryWriter
-
-        # events after the resume step are redone; the resume step's own event stays
-        writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step + 1)
-        writer.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False) + "```", step)
-        if cfg.progress:
-            from tqdm import tqdm
-
-            # disable=None: no bar when stderr is not a terminal (logs stay readable); the step lines remain
-            bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=None,
-                       mininterval=1.0)
-    audit = None
-    if cfg.audit:
-        (run / "audit").mkdir(parents=True, exist_ok=True)
-        audit_path = run / "audit" / f"rank-{info.rank}.jsonl"
-        _truncate_jsonl(audit_path, step)
-        audit = open(audit_path, "a", encoding="utf-8")
+    writer, bar = _open_logs(cfg, run, step) if info.is_main else (None, None)
+    audit = _open_audit(run, info.rank, step) if cfg.audit else None
     trainable = [p for p in model.parameters() if p.requires_grad]
     clip = cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf
     log = _StepLog(cfg, spec.epoch_length, metrics_path, writer, bar) if info.is_main else None
     reference = cfg.recipe == "reference"
     pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]] = []  # read back at the next flush
     by_dataset = _DatasetLoss([d.name for d in spec.datasets], info.device) if len(spec.datasets) > 1 else None
+    last_loss = None  # stays None when a resume starts at the final step (only the evaluation is left to do)
     ddp_model.train()
     last_loss = None  # stays None when a resume finds the run already at its last step
     try:
@@ -252,14 +240,48 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             bar.close()
         if writer is not None:
             writer.close()
-    if info.is_main and metrics_path.exists():
-        losses = [json.loads(ln)["loss"] for ln in metrics_path.read_text(encoding="utf-8").splitlines() if ln]
-        k = max(1, min(50, len(losses) // 10))
-        if losses:
-            print(f"loss curve: mean of the first {k} steps {sum(losses[:k]) / k:.4f} -> "
-                  f"mean of the last {k} steps {sum(losses[-k:]) / k:.4f} ({len(losses)} steps, {metrics_path})",
-                  flush=True)
+    if info.is_main:
+        _print_loss_curve(metrics_path)
     return {"step": step, "position": position, "loss": last_loss, "run": str(run)}
+
+
+def _open_logs(cfg: TrainConfig, run: Path, step: int) -> tuple[Any, Any]:
+    """Rank 0's config.yaml, metrics.jsonl cut back to `step`, TensorBoard writer and progress bar (or None)."""
+    save_config(cfg, run / "config.yaml")
+    _truncate_jsonl(run / "metrics.jsonl", step)
+    from torch.utils.tensorboard import SummaryWriter
+
+    # events after the resume step are redone; the resume step's own event stays
+    writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step + 1)
+    writer.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False) + "```", step)
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        # disable=None: no bar when stderr is not a terminal (logs stay readable); the step lines remain
+        bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=None,
+                   mininterval=1.0)
+    return writer, bar
+
+
+def _open_audit(run: Path, rank: int, step: int) -> Any:
+    """This rank's audit log (the trajectories it consumed), cut back to `step`, open for appending."""
+    (run / "audit").mkdir(parents=True, exist_ok=True)
+    audit_path = run / "audit" / f"rank-{rank}.jsonl"
+    _truncate_jsonl(audit_path, step)
+    return open(audit_path, "a", encoding="utf-8")
+
+
+def _print_loss_curve(metrics_path: Path) -> None:
+    """One line comparing the mean loss of the first and the last steps of metrics.jsonl."""
+    if not metrics_path.exists():
+        return
+    losses = [json.loads(ln)["loss"] for ln in metrics_path.read_text(encoding="utf-8").splitlines() if ln]
+    k = max(1, min(50, len(losses) // 10))
+    if losses:
+        print(f"loss curve: mean of the first {k} steps {sum(losses[:k]) / k:.4f} -> "
+              f"mean of the last {k} steps {sum(losses[-k:]) / k:.4f} ({len(losses)} steps, {metrics_path})",
+              flush=True)
 
 
 def _flush(pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]], log: "_StepLog | None") -> float:
@@ -355,18 +377,9 @@ def _save(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, opt: torch
     """Every rank contributes its RNG state; rank 0 writes the checkpoint atomically and prunes old ones."""
     states = D.all_gather_object(rng_state())
     if info.is_main:
-        payload = {
-            "format": FORMAT,
-            "model": model.state_dict(),
-            "config": model.config.to_dict(),
-            "train_config": cfg.to_dict(),
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-            "step": step,
-            "loader": {"position": position, "epoch": position // spec.epoch_length,
-                       "epoch_length": spec.epoch_length, "global_batch": cfg.batch_size},
-            "rng": states,
-        }
+        loader = {"position": position, "epoch": position // spec.epoch_length, "epoch_length": spec.epoch_length,
+                  "global_batch": cfg.batch_size}
+        payload = training_payload(model, cfg.to_dict(), opt, sched, step, loader, states)
         save_atomic(payload, checkpoint_path(ckpt_dir, step))
         prune(ckpt_dir, cfg.keep_checkpoints)
     D.barrier()

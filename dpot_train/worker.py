@@ -2,6 +2,8 @@
 
 torchrun starts workers in their own sessions, so a SIGKILL of the launcher would leave them running; a watchdog
 thread ends this process as soon as its parent is gone, so that a killed launch stops writing into RUN_DIR.
+A problem the user can act on (full disk, damaged checkpoints, data changed under the run) is one `error:` line and
+exit code REPORTED; dpot_train.torchrun then adds nothing to it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ import time
 from pathlib import Path
 
 from dpot_train.config import load_config
+
+REPORTED = 2  # exit code of a worker that printed its one-line error
+
+
+def _reported_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message is the whole story: checkpoint, run-folder and data problems."""
+    from dpot_format.errors import FormatError
+    from dpot_train.checkpoint import CheckpointWriteError, RunDirError, UnreadableCheckpointsError
+    from dpot_train.model.checkpoint import CheckpointError
+
+    return CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError
 
 
 def _watch_parent(interval: float = 0.2) -> None:
@@ -40,16 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     _watch_parent()
     cfg = load_config(args.config)
     from dpot_train import distributed as D
+    from dpot_train.run_plan import load_plan
     from dpot_train.trainer import train
 
     try:
-        summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None)
-    except Exception as exc:  # noqa: BLE001 - a download that kept failing is one line, not a traceback
-        line = fetch_failure(exc)
+        plan = load_plan(Path(args.config).parent, cfg.to_dict())  # written by launch beside config.yaml
+        summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None,
+                        plan=plan)
+    except Exception as exc:  # noqa: BLE001 - a reported error or a download that kept failing: one line
+        line = " ".join(str(exc).split()) if isinstance(exc, _reported_errors()) else fetch_failure(exc)
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr, flush=True)
-        return 2
+        return REPORTED
     finally:
         D.shutdown()
     if int(os.environ.get("RANK", "0")) == 0:

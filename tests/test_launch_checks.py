@@ -28,7 +28,7 @@ def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "torch.distributed.run" not in r.stderr + r.stdout  # stopped before torchrun
+    assert "dpot_train.torchrun" not in r.stderr + r.stdout  # stopped before torchrun
     return lines[0]
 
 

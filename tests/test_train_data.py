@@ -211,8 +211,10 @@ def test_atomic_checkpoints_prune_and_skip_damaged(tmp_path: Path) -> None:
     (d / "step-00000006.pt").write_bytes(b"garbage")  # damaged newest: fall back to the previous one
     path, ckpt = latest_checkpoint(d)
     assert path.name == "step-00000004.pt" and ckpt["step"] == 4
+    assert [s for s, _ in list_checkpoints(d)] == [2, 4]  # the damaged 6 is kept aside, out of the resumed run's way
     prune(d, 1)  # keeps the newest complete one (4); the damaged 6 is never deleted
-    assert [s for s, _ in list_checkpoints(d)] == [4, 6]
+    assert [s for s, _ in list_checkpoints(d)] == [4]
+    assert (d / "step-00000006.pt.damaged").read_bytes() == b"garbage"
 
 
 def test_rng_state_round_trips_through_weights_only_load(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from tests import train_runs
 def test_torchrun_command_single_and_multi_node(tmp_path: Path) -> None:
     cfg = tmp_path / "config.yaml"
     one = torchrun_command(cfg, Topology(2), resume=False, checksums_verified=True)
-    assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert one[:3] == [sys.executable, "-m", "dpot_train.torchrun"]
     assert "--nproc-per-node=2" in one and "--standalone" in one
     assert one[-5:] == ["-m", "dpot_train.worker", "--config", str(cfg), "--checksums-verified"]
     multi = torchrun_command(cfg, Topology(8, 4, 3, "node0:29500"), resume=True, checksums_verified=False)
@@ -39,7 +39,7 @@ def test_yaml_config_with_cli_overrides_dry_run(fno_train_shards: Path, tmp_path
     r = train_runs.run([sys.executable, "-m", "dpot_train", "launch", "--config", str(config), "--steps", "7",
                         "--nproc-per-node", "3", "--dry-run"])
     assert r.returncode == 0, r.stderr
-    assert "torch.distributed.run --nproc-per-node=3 --standalone" in r.stderr
+    assert "dpot_train.torchrun --nproc-per-node=3 --standalone" in r.stderr
     saved = load_config(tmp_path / "run" / "config.yaml")
     assert saved.steps == 7 and saved.batch_size == 6  # CLI wins, the file fills in the rest
     assert saved.optim.lr == 5e-4 and saved.optim.clip_grad == 0.5 and saved.data.noise == 5e-5

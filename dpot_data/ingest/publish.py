@@ -13,6 +13,7 @@ durable set of files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from dpot_format.errors import FormatError
 from dpot_format.io import atomic_write
 from dpot_format.lock import FileLock, LockBusy
 from dpot_format.names import SHARDS_FOLDER, ZARR_PATH
+from dpot_format.readers import ReadersBusy, exclusive
 
 LOCK_NAME = ".dpot-ingest.lock"
 RECORD_NAME = ".dpot-publish.json"  # the names a publish in progress put (or is putting) into OUT
@@ -188,14 +190,21 @@ def publish(out: Path, staging: Path, entry: dict[str, Any], command: str, overw
     if old is not None and not overwrite:  # written by someone else while this ingest ran
         raise InputError(out, "now holds a complete manifest that this ingest did not write; left alone (the "
                               f"staged output stays in {staging.name} for a re-run with --overwrite)")
-    remove_leftovers(out, old, keep_staging=staging.name)
-    taken = referenced_tops(old) | {child.name for child in out.iterdir()}
-    names = {ZARR_PATH: free_name("data", ".zarr", taken), SHARDS_FOLDER: free_name(SHARDS_FOLDER, "", taken)}
-    manifest = mf.build([relocated(entry, names)], command)  # validated before anything moves
-    write_record(out, [*referenced_tops(old), *names.values()])
-    _move_into_place(out, staging, names)
-    mf.write(out, manifest)  # the commit point: one atomic rename
-    shutil.rmtree(staging, ignore_errors=True)  # ours, spent (its lock goes with the journal)
-    remove_leftovers(out, manifest)
-    mf.fsync_dir(out)
+    try:  # replacing an output deletes the files of the old one: not while a training reads them
+        with exclusive(out) if old is not None else contextlib.nullcontext():
+            remove_leftovers(out, old, keep_staging=staging.name)
+            taken = referenced_tops(old) | {child.name for child in out.iterdir()}
+            names = {ZARR_PATH: free_name("data", ".zarr", taken),
+                     SHARDS_FOLDER: free_name(SHARDS_FOLDER, "", taken)}
+            manifest = mf.build([relocated(entry, names)], command)  # validated before anything moves
+            write_record(out, [*referenced_tops(old), *names.values()])
+            _move_into_place(out, staging, names)
+            mf.write(out, manifest)  # the commit point: one atomic rename
+            shutil.rmtree(staging, ignore_errors=True)  # ours, spent (its lock goes with the journal)
+            remove_leftovers(out, manifest)
+            mf.fsync_dir(out)
+    except ReadersBusy as exc:
+        raise InputError(out, f"{str(exc).split(': ', 1)[1]}; --overwrite would delete the files it reads. Nothing "
+                              f"was changed; the staged output stays in {staging.name} for a re-run of the same "
+                              "command once the training has ended") from None
     return manifest

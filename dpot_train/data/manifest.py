@@ -85,6 +85,43 @@ def read_manifest(path: str) -> list[DatasetInfo]:
         doc = read_manifest_doc(url)
     except FormatError as exc:
         raise _as_data_error(exc) from None
+    return datasets_of(url, doc)
+
+
+def read_manifest_docs(paths: list[str]) -> dict[str, dict[str, Any]]:
+    """manifest url -> its document (read and validated once), for every output the paths name."""
+    if not paths:
+        raise DataError("no manifest given: pass --manifest DIR (a folder written by `dpot-data ingest`)")
+    docs = {}
+    for p in [m for path in paths for m in expand_outputs(path)]:
+        url = manifest_url(p)
+        if url in docs:  # the same output named twice: every dataset of it would be trained twice
+            names = [d["name"] for d in docs[url]["datasets"]]
+            raise DataError(f"dataset {names[0] if names else '?'!r} appears in two manifests: {url} and {url} "
+                            "(named twice)")
+        try:
+            docs[url] = read_manifest_doc(url)
+        except FormatError as exc:
+            raise _as_data_error(exc) from None
+    return docs
+
+
+def datasets_of_docs(docs: dict[str, dict[str, Any]]) -> list[DatasetInfo]:
+    """The datasets of manifests already read (`read_manifest_docs`); names must be unique across them."""
+    seen: dict[str, str] = {}
+    out: list[DatasetInfo] = []
+    for url, doc in docs.items():
+        for ds in datasets_of(url, doc):
+            if ds.name in seen:
+                raise DataError(f"dataset {ds.name!r} appears in two manifests: {seen[ds.name]} and {ds.manifest}")
+            seen[ds.name] = ds.manifest
+            out.append(ds)
+    return out
+
+
+def datasets_of(url: str, doc: dict[str, Any]) -> list[DatasetInfo]:
+    """The datasets of a manifest document read from `url` (no file is read); DataError for a path that leaves the
+    folder."""
     root = posixpath.dirname(url)
     out = []
     for d in doc["datasets"]:
@@ -120,17 +157,7 @@ def expand_outputs(path: str) -> list[str]:
 
 def read_manifests(paths: list[str]) -> list[DatasetInfo]:
     """Load several manifests; dataset names must be unique across them."""
-    if not paths:
-        raise DataError("no manifest given: pass --manifest DIR (a folder written by `dpot-data ingest`)")
-    seen: dict[str, str] = {}
-    out: list[DatasetInfo] = []
-    for p in [m for path in paths for m in expand_outputs(path)]:
-        for ds in read_manifest(p):
-            if ds.name in seen:
-                raise DataError(f"dataset {ds.name!r} appears in two manifests: {seen[ds.name]} and {ds.manifest}")
-            seen[ds.name] = ds.manifest
-            out.append(ds)
-    return out
+    return datasets_of_docs(read_manifest_docs(paths))
 
 
 MAX_REPORTED = 3  # problems named in one DataError; `dpot-data verify` lists them all

@@ -28,11 +28,12 @@ def data_reader(cfg: DataConfig) -> TrajectoryReader:
     return reader_for(cfg.backend, list(cfg.manifests), cache_settings(cfg.cache_dir, cfg.cache_limit))
 
 
-def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, validated: bool = False
-                   ) -> tuple[StreamSpec, TrajectoryReader]:
+def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, validated: bool = False,
+                   datasets: list[DatasetInfo] | None = None) -> tuple[StreamSpec, TrajectoryReader]:
     """Weighted datasets of the training split, indexed and checked, ready for WindowStream. `validated`: the
-    outputs were just checked by `dpot_format.validate` (`dpot-train launch` does), so `verify_shards` is skipped."""
-    datasets = read_manifests(list(cfg.manifests))
+    outputs were just checked by `dpot_format.validate` (`dpot-train launch` does), so `verify_shards` is skipped.
+    `datasets`: the manifests' datasets when already read (else they are read here)."""
+    datasets = read_manifests(list(cfg.manifests)) if datasets is None else datasets
     weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.mixture), cfg.mixture_partial)
     datasets = [d for d in datasets if weights[d.name] > 0]
     check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split, cfg.res)

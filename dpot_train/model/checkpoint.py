@@ -3,14 +3,20 @@
 Released format: a torch pickle holding a dict whose `model` entry is the state dict (keys possibly prefixed
 `module.`), optionally beside saved arguments (`args`, an argparse.Namespace) and optimizer state.
 Our trainer's format: the same dict with a `config` entry (`DPOTConfig.to_dict()`).
+Every file we write has a sha256 record beside it (`step-00000042.pt.sha256`, `sha256sum -c` reads it): torch does
+not check the CRCs of a zip's tensor records, so without it a flipped bit in the weights loads as good. A record, when
+present, is checked on every read; released files have none and load as before.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
+import os
 import pickle
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,15 +51,80 @@ def strip_module_prefix(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tor
     return out
 
 
+RECORD_SUFFIX = ".sha256"
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def record_path(path: str | Path) -> Path:
+    """The sha256 record of a checkpoint: its name plus `.sha256`."""
+    path = Path(path)
+    return path.with_name(path.name + RECORD_SUFFIX)
+
+
+def record_text(digest: str, path: str | Path) -> bytes:
+    """A record's content, in `sha256sum` format."""
+    return f"{digest}  {Path(path).name}\n".encode()
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    with open(path, "rb") as fh:
+        return _sha256_of(fh)
+
+
+def _sha256_of(fh: Any) -> str:
+    h = hashlib.sha256()
+    while block := fh.read(4 << 20):
+        h.update(block)
+    return h.hexdigest()
+
+
+def check_regular_file(path: Path) -> None:
+    """FileNotFoundError unless `path` is a regular file (a FIFO or device would block or never end a read)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise FileNotFoundError(f"checkpoint not found: {path}") from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path}: expected a checkpoint file, found something else (a folder, FIFO or device)")
+
+
+def verify_record(path: Path, fh: Any = None) -> None:
+    """Check the file (read through `fh` when given, from its start) against its sha256 record when it has one;
+    CheckpointError naming both files otherwise."""
+    record = record_path(path)
+    if not record.exists():
+        return
+    try:
+        check_regular_file(record)
+        expected = record.read_bytes()[:200].decode("ascii", "replace").split(maxsplit=1)[:1]
+    except (OSError, CheckpointError) as exc:
+        raise CheckpointError(f"{record}: the checkpoint's sha256 record cannot be read ({exc})") from None
+    if not expected or not _HEX.match(expected[0]):
+        raise CheckpointError(f"{record}: expected a sha256 record (64 hex digits and the file name)")
+    actual = file_sha256(path) if fh is None else _sha256_of(fh)
+    if actual != expected[0]:
+        raise CheckpointError(f"{path}: damaged: its sha256 {actual[:16]}... differs from the one recorded when it "
+                              f"was written ({record.name}: {expected[0][:16]}...)")
+
+
 def _read(path: Path, map_location: Any, trusted: bool) -> Any:
-    """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+    """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file, after checking that it is a
+    regular file and that it matches its sha256 record (when it has one)."""
+    check_regular_file(path)
+    with open(path, "rb") as fh:  # one open: the record check and the load read the same file
+        verify_record(path, fh)
+        fh.seek(0)
+        return _load(fh, path, map_location, trusted)
+
+
+def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
+    """torch.load of an open checkpoint file; CheckpointError naming `path` for unsafe or unreadable content."""
     try:
         if trusted:
-            return torch.load(path, map_location=map_location, weights_only=False)
+            return torch.load(fh, map_location=map_location, weights_only=False)
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(fh, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
         if "weights only" not in text.lower():
@@ -69,6 +140,11 @@ def _read(path: Path, map_location: Any, trusted: bool) -> Any:
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({type(exc).__name__}: {exc})") from exc
 
 
+def read_checkpoint(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> Any:
+    """The whole content of a checkpoint file, read safely and checked against its record (see `_read`)."""
+    return _read(Path(path), map_location, trusted)
+
+
 def _is_state_dict(obj: Any) -> bool:
     return isinstance(obj, Mapping) and bool(obj) and all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
@@ -80,7 +156,13 @@ def load_state_dict_file(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
     """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints)."""
     path = Path(path)
-    obj = _read(path, map_location, trusted)
+    return parse_checkpoint(_read(path, map_location, trusted), path)
+
+
+def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None,
+                                                          dict[str, Any]]:
+    """The content of a checkpoint file already read (`read_checkpoint`) -> (state dict without wrapper prefixes, our
+    config dict or None for the released format, config hints from saved arguments); `path` names it in errors."""
     if isinstance(obj, Mapping) and "model" in obj:
         state = obj["model"]
         if not _is_state_dict(state):
@@ -209,7 +291,14 @@ def unwrap_model(model: Any) -> DPOTBase:
 
 def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> DPOTBase:
     """DPOT2D/DPOT3D with the weights of `path`; its config comes from the checkpoint (ours) or the weights (released)."""
-    state, config_dict, hints = load_state_dict_file(path, map_location="cpu", trusted=trusted)
+    return pretrained_from(*load_state_dict_file(path, map_location="cpu", trusted=trusted), source=str(path),
+                           map_location=map_location)
+
+
+def pretrained_from(state: Mapping[str, torch.Tensor], config_dict: dict[str, Any] | None, hints: dict[str, Any],
+                    *, source: str, map_location: Any = "cpu") -> DPOTBase:
+    """`load_pretrained` for a checkpoint already read and parsed (`parse_checkpoint`)."""
+    path = source
     if config_dict is not None:
         try:
             config = DPOTConfig.from_dict(config_dict)

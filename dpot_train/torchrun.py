@@ -1,0 +1,30 @@
+"""`python -m dpot_train.torchrun ARGS`: torch.distributed.run with ARGS, except that when a worker failed with a
+problem it already reported in one line (exit code worker.REPORTED), torchrun's own report (log lines, a failure
+table and a traceback) is left out and the launch exits with that code."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from dpot_train.worker import REPORTED
+
+
+def main(argv: list[str]) -> int:
+    """Run torchrun in this process (the launcher execs it, so signals still reach it directly)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # "sending SIGTERM to the other workers" and "failed (exitcode ...)": the failure table below repeats them
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as exc:
+        if any(f.exitcode == REPORTED for f in exc.failures.values()):
+            return REPORTED
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
