@@ -83,7 +83,7 @@ class TrainConfig:
     init: str | None = None  # checkpoint to fine-tune from (released format or one of ours)
     # components of --init to load, the reference's names: "all" or a list of patch_embed, pos, blocks, time_agg,
     # cls_head, scale_feats, out; what is not loaded (or cannot be: channels, patch size, dimension) starts fresh
-    load: str = "all"  # YAML may give a list; it is kept as the comma-separated string
+    load: str | list[str] = "all"  # YAML may give a list; it is kept as the comma-separated string
     epochs: float = 0  # > 0: steps = epochs x ceil(trajectory visits per epoch / batch_size), as the reference counts
     trust: bool = False  # allow arbitrary pickled objects in the --init checkpoint (unsafe; weights-only otherwise)
     steps: int = 1000

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from dpot_data import manifest_io as mf
 from dpot_data.cli import app
+from dpot_data.errors import InputError
 from dpot_data.ingest import IngestOptions, assign_splits, ingest, ingest_files, run_ingest
 from dpot_data.sources import fno
 from dpot_format.io import sha256_array, sha256_file
@@ -237,9 +238,11 @@ def test_existing_output_is_left_alone_unless_overwrite(native, fno_pair, tmp_pa
     out = tmp_path / "copy"
     shutil.copytree(native["v5"], out)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    outcome = run_ingest("fno", [fno_pair["v5"]], out, _opts(resolution=32))
+    outcome = run_ingest("fno", [fno_pair["v5"]], out, _opts(resolution=64))  # the same ingest: kept
     assert not outcome.written and "left alone" in outcome.notes[0]
     assert outcome.manifest["datasets"][0]["grid"]["shape"] == [64, 64]
+    with pytest.raises(InputError, match="on a 64x64 grid, not the 32x32 that --resolution 32 asks for"):
+        run_ingest("fno", [fno_pair["v5"]], out, _opts(resolution=32))  # another ingest: refused, not "kept"
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     outcome = run_ingest("fno", [fno_pair["v5"]], out, _opts(resolution=32, overwrite=True))
     assert outcome.written and mf.read(out)["datasets"][0]["grid"]["shape"] == [32, 32]

@@ -23,19 +23,21 @@ def _to_model_axes(ndim: int) -> tuple[int, ...]:
 
 
 def to_model_layout(fields: np.ndarray, model_layout: str = "xy") -> np.ndarray:
-    """(T, C, Y, X) as stored in shards -> the model's (H, W, T, C) (contiguous copy): (X, Y, T, C) for the
-    manifest's model_layout "xy", (Y, X, T, C) for "yx"; 3D (T, C, Z, Y, X) -> (X, Y, Z, T, C)."""
-    if model_layout == "yx" and fields.ndim == 4:
-        return np.ascontiguousarray(np.transpose(fields, (2, 3, 0, 1)))
-    return np.ascontiguousarray(np.transpose(fields, _to_model_axes(fields.ndim)))
+    """Stored (T, C, Y, X) -> the model's (H, W, T, C) as a contiguous copy, by the same two steps a training window
+    takes (`as_model_order`, `model_view`): (X, Y, T, C) for the manifest's model_layout "xy", (Y, X, T, C) for
+    "yx"; 3D (T, C, Z, Y, X) -> (X, Y, Z, T, C)."""
+    return np.ascontiguousarray(model_view(_layout_order(fields, model_layout)))
+
+
+def _layout_order(fields: np.ndarray, model_layout: str) -> np.ndarray:
+    """Stored fields as a view whose last two axes are the model's (W, H)."""
+    return np.swapaxes(fields, -1, -2) if model_layout == "yx" else fields
 
 
 def as_model_order(fields: np.ndarray, mask: np.ndarray, model_layout: str) -> tuple[np.ndarray, np.ndarray]:
     """Stored (T, C, Y, X) and (Y, X) as views whose last two axes are the model's (W, H), so that the one
     permutation (T, C, b, a) -> (a, b, T, C) used for every sample gives the model's (H, W, T, C)."""
-    if model_layout == "yx":
-        return np.swapaxes(fields, -1, -2), mask.T
-    return fields, mask
+    return _layout_order(fields, model_layout), (mask.T if model_layout == "yx" else mask)
 
 
 def split_window(window: np.ndarray, t_in: int) -> tuple[np.ndarray, np.ndarray]:
