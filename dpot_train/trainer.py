@@ -146,7 +146,11 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
             torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
     summary = _loop(cfg, info, ddp_model, model, opt, sched, batches, spec, step, position, run)
     del batches  # stops the loader workers (threads or processes) before the evaluation
-    # rank 0 evaluates alone; no collective follows, so a long evaluation cannot hit a process-group timeout
+    del ddp_model
+    # every rank done with its collectives, the process group ends on all ranks together (a rank leaving while a
+    # peer's transport still talks to it can abort that peer); rank 0 then evaluates alone, with no group to time out
+    D.barrier()
+    D.shutdown()
     if info.is_main and cfg.eval_at_end:
         from dpot_train.evaluate import evaluate_model, print_table, write_eval
 
