@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpot_format.io import atomic_write, fsync_dir
+from dpot_format.io import atomic_path, atomic_write, fsync_dir
 from dpot_train.model.checkpoint import read_checkpoint, record_path, record_text
 
 FORMAT = "dpot-train-checkpoint/1"
@@ -103,23 +103,18 @@ def save_atomic(payload: dict[str, Any], path: Path) -> None:
     a partial file, and a file that changes afterwards no longer matches its record. On failure the temporary file is
     removed and CheckpointWriteError says why in one line."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
-            torch.save(payload, writer)
-            f.flush()
-            os.fsync(f.fileno())
-        atomic_write(record_path(path), record_text(writer.sha256.hexdigest(), path))
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:  # fsync, rename, folder fsync; the temporary file removed on failure
+            with open(tmp, "wb") as f:
+                writer = _HashingWriter(f)
+                torch.save(payload, writer)
+            atomic_write(record_path(path), record_text(writer.sha256.hexdigest(), path))
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
         os_error = _os_error(exc)
         if os_error is not None:
             raise CheckpointWriteError(_write_problem(path, os_error)) from exc
         raise
-    fsync_dir(path.parent)
 
 
 def _os_error(exc: BaseException | None) -> OSError | None:

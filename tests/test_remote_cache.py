@@ -292,6 +292,7 @@ spec, reader = prepare_stream(DataConfig(manifests=[url], t_in=4, t_out=1, cache
 batches = iter(make_loader(WindowStream(spec, reader, 0, 4, 2, rank), workers, kind=kind))
 for _ in range(2 * spec.epoch_length // 4):
     next(batches)
+del batches  # stops the loader as the trainer does: reads in flight finish rather than die with the process
 """
 
 

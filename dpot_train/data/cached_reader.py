@@ -7,6 +7,8 @@ local copy of the same shards, whatever the number of ranks, workers or cache mi
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +74,17 @@ def reader_for(backend: str, manifests: list[str], settings: CacheSettings | Non
     return make_reader(backend)
 
 
+def _prefetch_pool() -> ThreadPoolExecutor:
+    """One background thread for prefetches. When the process ends, queued prefetches are cancelled and the one in
+    flight is waited for (before the interpreter stops scheduling the range GETs it needs): a download cut short at
+    exit would have been sent for nothing and fetched again by the next process that reads the shard."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-prefetch")
+    with contextlib.suppress(RuntimeError):  # already shutting down: nothing new is queued anyway
+        shutdown = functools.partial(pool.shutdown, wait=True, cancel_futures=True)
+        threading._register_atexit(shutdown)  # type: ignore[attr-defined]  # runs before concurrent.futures' own
+    return pool
+
+
 class CachedWebDatasetReader:
     """Reads trajectories of remote WebDataset shards from their copies in the node's shard cache."""
 
@@ -135,7 +148,7 @@ class CachedWebDatasetReader:
                 if shard.sha256 in state["inflight"] or cache.entry(shard).exists():
                     continue
                 if state["pool"] is None:
-                    state["pool"] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-prefetch")
+                    state["pool"] = _prefetch_pool()
                 state["inflight"].add(shard.sha256)
                 state["pool"].submit(self._prefetch_one, shard)
 
