@@ -1,5 +1,6 @@
-"""The one file lock of the project: an exclusive, non-blocking `flock` on a lock file. The kernel releases it when
-its holder dies, so a lock left by a killed process is never stale: the next holder simply takes it."""
+"""The one file lock of the project: a non-blocking `flock` on a lock file, exclusive (one writer) or shared (many
+readers, dpot_format.readers). The kernel releases it when its holder dies, so a lock left by a killed process is
+never stale: the next holder simply takes it."""
 
 from __future__ import annotations
 
@@ -20,14 +21,17 @@ class LockBusy(Exception):
 class FileLock:
     """`with FileLock(path, busy="..."):` holds an exclusive lock on the file at `path` (created when missing).
 
-    `busy` is the message of the LockBusy raised when another process holds it. With `remove` the lock file is
-    unlinked on release (a holder that opened the file just before is detected and retries on the new one). A path
-    that is not a regular file (a directory, a FIFO) is refused with a FormatError naming it."""
+    `busy` is the message of the LockBusy raised when another process holds it in a conflicting mode; `shared` takes
+    it shared (any number of shared holders, no exclusive one). With `remove` the lock file is unlinked on release (a
+    holder that opened the file just before is detected and retries on the new one). A path that is not a regular
+    file (a directory, a FIFO) is refused with a FormatError naming it."""
 
-    def __init__(self, path: str | os.PathLike[str], busy: str = "", remove: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], busy: str = "", remove: bool = False,
+                 shared: bool = False) -> None:
         self.path = os.fspath(path)
         self.busy = busy or f"{self.path}: held by another process"
         self.remove = remove
+        self.mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         self.fd = -1
 
     def acquire(self) -> "FileLock":
@@ -35,16 +39,16 @@ class FileLock:
         while True:
             fd = self._open()
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, self.mode | fcntl.LOCK_NB)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in BUSY:
                     raise LockBusy(self.busy) from None
                 raise
-            if not self.remove or self._still_linked(fd):
+            if self._still_linked(fd):
                 self.fd = fd
                 return self
-            os.close(fd)  # the holder before us removed the file after we opened it: lock the one on disk
+            os.close(fd)  # a holder before us removed the file after we opened it: lock the one on disk
 
     def release(self) -> None:
         """Give the lock back (unlinking the file first when `remove`); a no-op when not held."""
