@@ -22,9 +22,11 @@ The last line of output is one JSON object with every figure. The temp folder is
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -61,6 +63,17 @@ class Peak(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
+            self.peak = max(self.peak, self._total())
+            time.sleep(0.02)
+
+    def _total(self) -> int:
+        """Entries plus downloads, summed under the cache's own lock (shared): evictions and reservations happen
+        under it, so the two folders are never listed halfway through an eviction that made room for a download."""
+        lock = self.root / "lock" / "cache"
+        fd = os.open(lock, os.O_RDONLY) if lock.exists() else None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_SH)
             total = 0
             for sub in ("data", "part"):
                 for p in (self.root / sub).glob("*") if (self.root / sub).exists() else []:
@@ -68,8 +81,10 @@ class Peak(threading.Thread):
                         total += p.stat().st_size
                     except FileNotFoundError:
                         pass
-            self.peak = max(self.peak, total)
-            time.sleep(0.02)
+            return total
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def stop(self) -> int:
         self._done.set()
