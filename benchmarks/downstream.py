@@ -118,11 +118,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elif ckpt is None:
         sys.exit("--manifest needs --init (the checkpoint to compare with training from scratch)")
     from dpot_train.data.manifest import read_manifests
-    from dpot_train.model_setup import is_released
+    from dpot_train.model.checkpoint import load_state_dict_file
 
     dims = len(read_manifests([str(manifest)])[0].dims)
     load = a.load or ("blocks,time_agg" if dims == 3 else "all")
-    recipe = "reference" if is_released(str(ckpt)) else "dpot"
+    recipe = "reference" if load_state_dict_file(str(ckpt))[1] is None else "dpot"  # released: no config
     common = ["--config", str(scratch_config(ckpt, work / "scratch.yaml", a.t_in)), "--manifest", str(manifest),
               "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--lr", str(a.lr), "--recipe", recipe,
               "--res", str(res), "--device", a.device, "--nproc-per-node", str(a.nproc_per_node),

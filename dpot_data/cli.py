@@ -387,7 +387,7 @@ def _dry_run(source: str, files: List[str], out: str, given: dict, dataset: Opti
         try:
             options = IngestOptions(**{**given, "shard_size": _parse_bytes(given["shard_size"])},
                                     split=parse_split(split) if split else None)
-            lines = dry_run(source, [_absolute(f) for f in files], options, dataset=dataset,
+            lines = dry_run(source, [_absolute(f) for f in files], options, out=_absolute(out), dataset=dataset,
                             catalog_split=split is None, reader=reader)
         except (InputError, CatalogError) as exc:
             raise _fail(exc) from None

@@ -36,11 +36,6 @@ def fresh_model(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -
     return build_model(resolve_config(preset, **{**fixed, **overrides}))
 
 
-def is_released(path: str, trusted: bool = False) -> bool:
-    """True for the released DPOT format (a bare {'model': state_dict}), False for our own checkpoints."""
-    return load_state_dict_file(path, trusted=trusted)[1] is None
-
-
 def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:
     """One line per dataset whose convention is not the one the released weights were trained on."""
     return [f"dataset {d.name!r} ({d.manifest}) follows the {d.convention.get('name')!r} convention, but the released "

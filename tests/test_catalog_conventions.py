@@ -100,7 +100,7 @@ def _plan(entry: Entry, paths: list[Path], opts: IngestOptions):
     """What `dpot-data ingest --dataset NAME` would write, planned without writing (no I/O)."""
     from dpot_data.ingest.dry_run import plan_only
 
-    return plan_only(None, [str(p) for p in paths], opts, dataset=entry.name)[1]
+    return plan_only(None, [str(p) for p in paths], opts, out=str(paths[0].parent / "out"), dataset=entry.name)[1]
 
 
 @pytest.mark.parametrize("name", ENTRIES)

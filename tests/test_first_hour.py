@@ -233,7 +233,7 @@ def test_ingest_dry_run_writes_nothing_and_reports_the_plan(tmp_path: Path) -> N
 
 def test_model_export_writes_the_released_format(tmp_path: Path) -> None:
     from dpot_train.model import build_model, checkpoint_payload, load_pretrained
-    from dpot_train.model_setup import is_released
+    from dpot_train.model.checkpoint import load_state_dict_file
 
     model = build_model("tiny", img_size=32)
     ours = tmp_path / "step-00000001.pt"
@@ -241,7 +241,7 @@ def test_model_export_writes_the_released_format(tmp_path: Path) -> None:
     result = _run(train_app, "model", "export", str(ours), "--out", str(tmp_path / "w.pth"))
     assert result.exit_code == 0, result.output
     saved = torch.load(tmp_path / "w.pth", weights_only=True)
-    assert list(saved) == ["model"] and is_released(str(tmp_path / "w.pth"))
+    assert list(saved) == ["model"] and load_state_dict_file(tmp_path / "w.pth")[1] is None
     again = load_pretrained(tmp_path / "w.pth")
     assert again.config == model.config
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))

@@ -1,5 +1,5 @@
-"""`dpot-data ingest --dry-run`: what an ingest would read and write, and about how big, decided by the same reader,
-catalog review and plan as the ingest itself (dpot_data.ingest.plan), without writing anything."""
+"""`dpot-data ingest --dry-run`: what an ingest would read and write, and about how big, decided by the same job
+resolution, reader, catalog review and plan as the ingest itself, without writing anything."""
 
 from __future__ import annotations
 
@@ -10,39 +10,33 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpot_data.errors import InputError
-from dpot_data.ingest.options import IngestOptions, check_options
+from dpot_data.ingest.job import IngestJob, resolve
+from dpot_data.ingest.options import IngestOptions
 from dpot_data.ingest.plan import IngestPlan
 from dpot_data.ingest.plan import plan as make_plan
+from dpot_data.ingest.review import review
 from dpot_data.sources.base import SPLITS, ReadResult
 
 
-def plan_only(source: str | None, paths: Sequence[str], options: IngestOptions, *, dataset: str | None = None,
-              catalog_split: bool = True, reader: dict[str, Any] | None = None,
-              ) -> tuple[ReadResult, IngestPlan, str, list[str]]:
-    """Open the files as `run_ingest` would (catalog match, reader, review) and plan the output; nothing is
-    written and no value is scanned (`reader`: the source's own options, as `run_ingest` takes them). Returns the
-    reader's result, the plan, the source and the catalog's notes."""
-    from dpot_data import catalog as cat
-    from dpot_data.ingest.job import IngestJob, Target
+def plan_only(source: str | None, paths: Sequence[str], options: IngestOptions, *, out: str,
+              dataset: str | None = None, catalog_split: bool = True, reader: dict[str, Any] | None = None,
+              ) -> tuple[ReadResult | None, IngestPlan | None, IngestJob, list[str]]:
+    """Resolve the job as `run_ingest` does (`resolve`: options, output, catalog match) and plan its output; nothing
+    is written and no value is scanned (`reader`: the source's own options). Returns the reader's result, the plan,
+    the job and the catalog's notes; result and plan are None when OUT already holds this ingest (`job.existing`)."""
     from dpot_data.ingest.pipeline import read_source
-    from dpot_data.ingest.review import review
 
-    check_options(options)
-    if any("://" in str(p) for p in paths):
-        raise InputError("--dry-run", "expected local files (a URL is copied before it is read; run without "
-                                      "--dry-run)")
-    source = None if source == "auto" else source
-    book = cat.load_catalog()
-    found = cat.match([Path(p) for p in paths], dataset=dataset, source=source, catalog=book,
-                      reader_options=dict(reader or {}))
+    if any("://" in str(p) for p in [*paths, out]):
+        raise InputError("--dry-run", "expected local files and --out (a URL is copied before it is read; run "
+                                      "without --dry-run)")
+    job = resolve(source, paths, out, options, dataset=dataset, catalog=True, catalog_split=catalog_split,
+                  reader_options=reader)
+    if job.existing is not None:
+        return None, None, job, []
     # no NaN/Inf scan: it reads every value, which a dry run is meant to avoid
-    result = read_source(found.source, found.inputs, replace(options, nonfinite="raise"), **found.reader_options)
-    job = IngestJob(found.source, tuple(Path(p) for p in found.inputs), Target("", Path("."), None, None, None),
-                    options, found.reader_options, entry=found.entry, catalog=book,
-                    catalog_split=catalog_split and options.split is None)
+    result = read_source(job.source, job.inputs, replace(job.options, nonfinite="raise"), **job.reader_options)
     checked = review(result, job)
-    result, opts, notes = checked.result, checked.options, checked.warnings
-    return result, make_plan(result, opts), found.source, notes
+    return checked.result, make_plan(checked.result, checked.options), job, checked.warnings
 
 
 def describe(result: ReadResult, p: IngestPlan, source: str) -> list[str]:
@@ -77,5 +71,7 @@ def _size(n: int) -> str:
 
 def dry_run(source: str | None, paths: Sequence[str], options: IngestOptions, **kwargs: Any) -> list[str]:
     """`plan_only` and `describe` together: the lines `dpot-data ingest --dry-run` prints."""
-    result, p, found_source, notes = plan_only(source, paths, options, **kwargs)
-    return [f"warning: {n}" for n in notes] + describe(result, p, found_source)
+    result, p, job, notes = plan_only(source, paths, options, **kwargs)
+    if result is None or p is None:
+        return [f"{n}; nothing would be written" for n in job.existing.notes]
+    return [f"warning: {n}" for n in notes] + describe(result, p, job.source)

@@ -16,9 +16,6 @@ MODEL_LAYOUTS = ("xy", "yx")
 NONFINITE = ("skip", "raise")  # IngestOptions.nonfinite -> the readers' check_finite: True (scan) or "raise"
 NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command"})
 PER_SOURCE = "per-source"
-RESOLUTION_HELP = "per source: 128 per axis for 2D data, the native grid for 3D data"
-
-
 @dataclass
 class IngestOptions:
     """How to turn a ReadResult into shards. `split`: train fraction, or (train, valid) fractions, rest is test."""
