@@ -97,6 +97,7 @@ class ItemResult:
     problems: list[Problem]
     keys: list[int] | None = None  # None: the shard's structure was not read (a size, sha256 or member problem)
     ids: list[str] = field(default_factory=list)
+    samples: list[SampleIndex] | None = None  # a shard's member index, as read from its tar headers
 
 
 def _shape(shape: Iterable[int]) -> str:
@@ -213,6 +214,7 @@ def check_shard(item: Item) -> ItemResult:
             except FormatError as exc:
                 return ItemResult([Problem(item.what, "member", actual=exc.expected, dataset=item.dataset)])
             result = _check_samples(item, fh, samples)
+            result.samples = samples
     except (FormatError, OSError) as exc:
         return ItemResult([Problem(item.what, "unreadable", "a readable file", str(exc), dataset=item.dataset)])
     if len(samples) != item.samples:
@@ -502,7 +504,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
                     progress: Callable[[Item, list[Problem]], None] | None = None, limits: Limits = LIMITS,
                     datasets: Collection[str] | None = None, splits: Collection[str] | None = None,
                     parts: Collection[str] = PARTS, scan: bool = True,
-                    manifest: dict[str, Any] | None = None) -> list[Problem]:
+                    manifest: dict[str, Any] | None = None,
+                    indexes: dict[str, list[SampleIndex]] | None = None) -> list[Problem]:
     """Every problem of the output folder (or URL, or its manifest.json) `root` against docs/format.md, never
     stopping at the first.
 
@@ -513,7 +516,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     sha256 of shards or arrays. Item checks run on `runner` (`imap(fn, items)`) when given, else in this thread;
     `progress(item, problems)` is called after each. `datasets`, `splits` and `parts` ("shards", "zarr") narrow
     what is checked; `scan=False` skips the leftover scan. `manifest`: the document, already read and validated by
-    `dpot_format.manifest.read_manifest` (it is not read again).
+    `dpot_format.manifest.read_manifest` (it is not read again). `indexes`, when given, receives the member index
+    of every shard whose headers were read (shard path or URL -> samples), so a reader need not read them again.
     """
     root = os.fspath(root)
     path = manifest_path(root)
@@ -536,6 +540,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
             progress(item, result.problems)
         results[item.what] = result
         problems.extend(result.problems)
+        if indexes is not None and result.samples is not None:
+            indexes[item.location] = result.samples
     problems.extend(_key_problems(manifest, plan, results, splits))
     if scan:
         problems.extend(leftover_problems(root, plan.listed))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
 from dpot_train.config import DataConfig
 from dpot_train.data.manifest import DatasetInfo, check_compatible
-from dpot_train.data.prepare import data_reader, load_datasets
+from dpot_train.data.prepare import checked_index, data_reader, load_datasets
+from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
@@ -29,8 +30,8 @@ def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
-                   verify: bool | None = None, recipe: str = "dpot",
-                   datasets: list[DatasetInfo] | None = None) -> dict[str, Any]:
+                   verify: bool | None = None, recipe: str = "dpot", datasets: list[DatasetInfo] | None = None,
+                   trajectories: Mapping[str, list[TrajRef]] | None = None) -> dict[str, Any]:
     """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
     recipe "dpot": valid channels and fluid cells; rollout and one-step from the first t_in true frames; padded
@@ -42,28 +43,31 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
     `data.res` > 0 resizes every trajectory to that grid first, as training did (2D and 3D alike).
     `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
+    `trajectories`: per dataset, its `split` trajectories already indexed (their shards' headers are not read again).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     device = torch.device(device)
     if datasets is None:
-        datasets = load_datasets(data, split, verify=verify)
+        datasets, index = load_datasets(data, split, verify=verify)
+        trajectories = indexed_trajectories(datasets, split, index)
     else:
         check_compatible(datasets, data.t_in, data.t_out, split, data.res)
-    reader = data_reader(data)
+    reader = data_reader(data, datasets)
+    given = dict(trajectories or {})
     model = model.to(device).eval()
     predict = _predictor(model, device)
     t_in = data.t_in
     out: dict[str, Any] = {"split": split, "t_in": t_in, "recipe": recipe, "datasets": {}}
     for ds in datasets:
-        if recipe == "reference":
-            out["datasets"][ds.name] = _reference_scores(predict, ds, reader, split, t_in, rollout_steps,
-                                                         max_trajectories, batch_size, data.res)
-            continue
-        steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
-        refs = reader.refs(ds, split)
+        refs = given[ds.name] if ds.name in given else reader.refs(ds, split)
         if max_trajectories > 0:
             refs = refs[:max_trajectories]
+        if recipe == "reference":
+            out["datasets"][ds.name] = _reference_scores(predict, ds, reader, refs, t_in, rollout_steps,
+                                                         batch_size, data.res)
+            continue
+        steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
         sums = {k: [] for k in ("model_one_step", "model_rollout", "persistence_one_step", "persistence_rollout")}
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
@@ -99,14 +103,12 @@ def _model_grid(ds: Any, res: int = 0) -> tuple[tuple[int, ...], list[int]]:
     return tuple(int(s) for s in shape), native
 
 
-def _reference_scores(predict: Any, ds: Any, reader: Any, split: str, t_in: int, rollout_steps: int,
-                      max_trajectories: int, batch_size: int, res: int = 0) -> dict[str, Any]:
-    """One dataset under the reference recipe: model and persistence, rollout_l2re and step_l2re."""
+def _reference_scores(predict: Any, ds: Any, reader: Any, refs: list[TrajRef], t_in: int, rollout_steps: int,
+                      batch_size: int, res: int = 0) -> dict[str, Any]:
+    """One dataset's trajectories `refs` under the reference recipe: model and persistence, rollout_l2re and
+    step_l2re."""
     t_test = int(ds.convention.get("t_test", ds.frames - t_in))
     steps = min(t_test, ds.frames - t_in) if rollout_steps <= 0 else min(rollout_steps, t_test, ds.frames - t_in)
-    refs = reader.refs(ds, split)
-    if max_trajectories > 0:
-        refs = refs[:max_trajectories]
     shape, native = _model_grid(ds, res)
     cells, channels = original_grid_cells(shape, native), ds.pred_channels
     found: dict[str, list[torch.Tensor]] = {k: [] for k in ("model_rollout", "model_step", "persistence_rollout",
@@ -213,7 +215,9 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                       verify_checksums=verify_checksums, res=res, cache_dir=cache_dir, cache_limit=cache_limit)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
+    index = checked_index(data, datasets, split)  # the manifests read above are not read again
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
-                            max_trajectories=max_trajectories, recipe=recipe)
+                            max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,
+                            trajectories=indexed_trajectories(datasets, split, index))
     result["checkpoint"] = str(checkpoint)
     return result

@@ -16,6 +16,7 @@ import torch
 
 from dpot_train.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
 from dpot_format.readers import hold_shared
+from dpot_format.tar import SampleIndex
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
 from dpot_train.data.cached_reader import uses_cache, with_cache
@@ -23,6 +24,7 @@ from dpot_train.data.manifest import (DataError, DatasetInfo, datasets_of_docs, 
                                       read_manifest_docs)
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
+from dpot_train.data.readers import indexed_trajectories
 from dpot_train.model_setup import data_overrides
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
 from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
@@ -156,16 +158,18 @@ def check_schedule(cfg: TrainConfig) -> None:
 MAX_PROBLEM_LINES = 50  # lines `launch` prints before counting the rest
 
 
-def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> None:
+def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> dict[str, list[SampleIndex]]:
     """Run dpot_format's validator on every output the config names (the parts the backend reads, every split);
     DataError with one line per fatal problem (prefixed by its output folder) when any is found. `docs`: the
-    manifests already read (manifest url -> document), not read again."""
+    manifests already read (manifest url -> document), not read again. Returns the member index of every shard
+    (url -> samples) as the validator read it from the tar headers: the run does not read them again."""
     lines: list[str] = []
+    index: dict[str, list[SampleIndex]] = {}
     part = "zarr" if data.backend == "zarr" else "shards"
     for path in [m for given in data.manifests for m in expand_outputs(given)]:
         doc = (docs or {}).get(manifest_url(path))
         rehash = data.verify_checksums and not uses_cache([path], data.backend)  # the cache checks each download
-        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc):
+        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index):
             if not problem.fatal:
                 continue
             if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
@@ -176,6 +180,7 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> None
         more = len(lines) - MAX_PROBLEM_LINES
         shown = lines[:MAX_PROBLEM_LINES] + ([f"... and {more} more problem(s)"] if more > 0 else [])
         raise DataError("\n".join(shown))
+    return index
 
 
 def check_names(cfg: TrainConfig, datasets: list[DatasetInfo], weights: dict[str, float],
@@ -229,8 +234,9 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     datasets = datasets_of_docs(docs)
     weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
-    check_outputs(cfg.data, docs)  # docs/format.md on every output, sha256 included unless disabled
-    spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets)  # compatibility, shard index
+    index = check_outputs(cfg.data, docs)  # docs/format.md on every output, sha256 included unless disabled
+    spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility
+    evaluation = indexed_trajectories(datasets, cfg.eval_split, index) if cfg.eval_at_end else {}
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)
     ds0 = spec.datasets[0]
@@ -241,7 +247,7 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     run.mkdir(parents=True, exist_ok=True)
     cfg_path = run / "config.yaml"
     save_config(cfg, cfg_path)
-    save_plan(make_plan(cfg.to_dict(), docs, weights, spec, init, layout_record(topo)), run)
+    save_plan(make_plan(cfg.to_dict(), docs, weights, spec, evaluation, init, layout_record(topo)), run)
     save_layout(run, topo)
     return cfg, cfg_path
 

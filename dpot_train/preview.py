@@ -27,7 +27,7 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
     # any trajectory length: the frame range is checked below, not a training window
     cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0,
                      cache_dir=cache_dir, cache_limit=cache_limit)
-    datasets = load_datasets(cfg, split, verify=False)
+    datasets, shard_index = load_datasets(cfg, split, verify=False)
     names = [d.name for d in datasets]
     if dataset is None:
         if len(datasets) != 1:
@@ -38,7 +38,7 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
     else:
         raise DataError(f"{manifest}: no dataset {dataset!r}; it holds {names}")
     reader = data_reader(cfg)
-    refs = reader.refs(ds, split)
+    refs = reader.refs(ds, split, shard_index)
     if not 0 <= index < len(refs):
         raise DataError(f"{ds.name}: --index {index} is outside the {len(refs)} {split!r} trajectories")
     length = ds.frames - start if frames is None else frames

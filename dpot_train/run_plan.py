@@ -38,6 +38,7 @@ class RunPlan:
     train: list[str]  # the weighted datasets, in stream order
     visits: list[int]  # per train dataset, visits per epoch
     refs: list[list[list[Any]]]  # per train dataset, its trajectories of the training split (TrajRef fields)
+    evaluation: dict[str, list[list[Any]]]  # per dataset, its trajectories of the evaluation split (when indexed)
     init: InitFacts | None
     topology: dict[str, Any]  # the torchrun process layout
 
@@ -52,6 +53,10 @@ class RunPlan:
                           refs=[[TrajRef(*r) for r in refs] for refs in self.refs],
                           visits=list(self.visits), t_in=t_in, t_out=t_out, seed=seed)
 
+    def eval_trajectories(self) -> dict[str, list[TrajRef]]:
+        """Per dataset, the trajectories of the final evaluation's split that launch indexed: nothing is read."""
+        return {name: [TrajRef(*r) for r in refs] for name, refs in self.evaluation.items()}
+
     def to_json(self) -> bytes:
         return (json.dumps({"format": FORMAT, **asdict(self)}, separators=(",", ":")) + "\n").encode()
 
@@ -62,10 +67,17 @@ def config_digest(config: dict[str, Any]) -> str:
 
 
 def make_plan(config: dict[str, Any], docs: dict[str, dict[str, Any]], weights: dict[str, float], spec: StreamSpec,
-              init: InitFacts | None, topology: dict[str, Any]) -> RunPlan:
-    """The plan of a checked run: the config it belongs to, the manifests read, the stream spec and --init facts."""
+              evaluation: dict[str, list[TrajRef]], init: InitFacts | None, topology: dict[str, Any]) -> RunPlan:
+    """The plan of a checked run: the config it belongs to, the manifests read, the stream spec, the evaluation's
+    trajectories and the --init facts."""
     return RunPlan(config_digest(config), docs, dict(weights), [d.name for d in spec.datasets], list(spec.visits),
-                   [[list(asdict(r).values()) for r in refs] for refs in spec.refs], init, topology)
+                   [_fields(refs) for refs in spec.refs], {name: _fields(refs) for name, refs in evaluation.items()},
+                   init, topology)
+
+
+def _fields(refs: list[TrajRef]) -> list[list[Any]]:
+    """Trajectory references as plain JSON lists of their fields."""
+    return [list(asdict(r).values()) for r in refs]
 
 
 def save_plan(plan: RunPlan, run: Path) -> Path:

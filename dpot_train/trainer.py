@@ -114,7 +114,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
 
     if plan is not None:
-        spec, reader = plan.stream_spec(cfg.data.t_in, cfg.data.t_out, cfg.seed), data_reader(cfg.data)
+        spec = plan.stream_spec(cfg.data.t_in, cfg.data.t_out, cfg.seed)
+        reader = data_reader(cfg.data, spec.datasets)
     else:
         verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
         spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
@@ -157,7 +158,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         model.eval()
         result = evaluate_model(model, cfg.data, split=cfg.eval_split, rollout_steps=cfg.rollout_steps,
                                 device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False,
-                                recipe=cfg.recipe or "dpot", datasets=plan.datasets() if plan is not None else None)
+                                recipe=cfg.recipe or "dpot", datasets=plan.datasets() if plan is not None else None,
+                                trajectories=plan.eval_trajectories() if plan is not None else None)
         result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
         write_eval(result, run / "eval.json")
         print_table(result)

@@ -97,6 +97,31 @@ def test_miss_downloads_each_shard_once_then_hits_read_the_local_bytes(s3, corpu
     assert s3.shard_gets() == {} and again.cache.stats.downloads == 0 and again.cache.stats.hits == len(refs2)
 
 
+def test_trajectories_indexed_by_the_launch_are_read_through_the_cache(s3, corpus, tmp_path: Path) -> None:
+    """A run's workers read the trajectories of its plan (indexed at launch, not by their reader): the reader built
+    for the run's datasets still reads every remote shard through the cache, one whole-object GET each."""
+    from dpot_format.validate import validate_output
+    from dpot_train.data.cached_reader import reader_for
+    from dpot_train.data.readers import indexed_trajectories
+
+    local, url = corpus
+    ds = _train(url)
+    index: dict = {}
+    assert not [p for p in validate_output(url, rehash=False, scan=False, indexes=index) if p.fatal]
+    refs = indexed_trajectories([ds], "train", index)[ds.name]
+    plain = WebDatasetReader()
+    local_refs = plain.refs(_train(str(local)), "train")
+    assert [(r.index, r.fields_offset, r.mask_offset) for r in refs] == [
+        (r.index, r.fields_offset, r.mask_offset) for r in local_refs]
+    s3.reset_counts()
+    reader = pickle.loads(pickle.dumps(reader_for("webdataset", [url], _settings(tmp_path / "cache"), [ds])))
+    for (f, m), (lf, lm) in zip(_read_all(reader, refs), _read_all(plain, local_refs)):
+        assert f.tobytes() == lf.tobytes() and m.tobytes() == lm.tobytes()
+    shards = ds.shards_of("train")
+    assert set(s3.shard_gets().values()) == {1} and len(s3.shard_gets()) == len(shards)
+    assert reader.cache.stats.downloads == len(shards)
+
+
 def test_lru_eviction_keeps_the_cache_under_its_limit(s3, corpus, tmp_path: Path) -> None:
     ds = _train(corpus[1])
     shards = ds.shards_of("train")

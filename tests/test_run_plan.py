@@ -17,7 +17,8 @@ from dpot_train.run_plan import PLAN_NAME, load_plan
 from tests import train_runs
 
 # Counts the opens for reading of manifest.json files and of one watched file, per process, through an audit hook
-# installed at interpreter start-up (sitecustomize) in the launcher, torchrun and every worker.
+# installed at interpreter start-up (sitecustomize) in the launcher, torchrun and every worker; and every reading of a
+# shard's tar headers (dpot_format.tar.index_shard), by shard name.
 _SITECUSTOMIZE = textwrap.dedent('''
     import os
     import sys
@@ -46,11 +47,22 @@ _SITECUSTOMIZE = textwrap.dedent('''
 
     if _LOG:
         sys.addaudithook(_hook)
+        import dpot_format.tar as _tar  # before any module binds index_shard: every caller gets the counting one
+
+        _index = _tar.index_shard
+
+        def _counting(source, where=None, *args, **kwargs):
+            name = os.path.basename(str(where if where is not None else os.fspath(source)))
+            with open(_LOG, "a") as f:
+                f.write(f"{os.getpid()} index:{name}\\n")
+            return _index(source, where, *args, **kwargs)
+
+        _tar.index_shard = _counting
 ''')
 
 
 @pytest.mark.slow
-def test_a_two_process_launch_reads_each_manifest_and_loads_init_once_per_process(
+def test_a_two_process_launch_reads_each_manifest_init_and_tar_headers_once(
         fno_train_shards: Path, reference_dir: Path, tmp_path: Path) -> None:
     released = reference_dir / "dpot_tiny.pth"
     site = tmp_path / "site"
@@ -67,12 +79,20 @@ def test_a_two_process_launch_reads_each_manifest_and_loads_init_once_per_proces
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (out / "eval.json").exists()  # the final evaluation ran in rank 0, from the plan
 
+    assert log.exists(), r.stderr[-3000:]
     counts = collections.Counter(tuple(line.split()) for line in log.read_text().splitlines())
     per_kind: dict[str, list[int]] = collections.defaultdict(list)
     for (pid, kind), n in counts.items():
         per_kind[kind].append(n)
     assert per_kind["manifest"] == [1], counts  # the launcher, once; no worker reads a manifest
     assert sorted(per_kind["init"]) == [1, 1, 1], counts  # the launcher and the two workers, once each
+    indexed = {kind: n for (pid, kind), n in counts.items() if kind.startswith("index:")}
+    shards = {f"index:{Path(s['path']).name}" for s in json.loads((fno_train_shards / "manifest.json").read_text())
+              ["datasets"][0]["shards"]}
+    assert any("test-" in s for s in shards) and any("train-" in s for s in shards)
+    assert indexed == {s: 1 for s in shards}, counts  # each shard's headers once, by the launcher's validator
+    assert {pid for (pid, kind) in counts if kind.startswith("index:")} == {pid for (pid, kind) in counts
+                                                                          if kind == "manifest"}
 
     plan = load_plan(out, load_config(out / "config.yaml").to_dict())
     assert plan is not None and plan.init is not None and plan.init.released
@@ -86,7 +106,7 @@ def test_a_plan_written_for_another_config_is_refused(tmp_path: Path) -> None:
     from dpot_train.run_plan import make_plan, save_plan
 
     spec = StreamSpec(datasets=[], refs=[], visits=[], t_in=10, t_out=1, seed=0)
-    save_plan(make_plan({"steps": 4}, {}, {}, spec, None, {"nproc_per_node": 1}), tmp_path)
+    save_plan(make_plan({"steps": 4}, {}, {}, spec, {}, None, {"nproc_per_node": 1}), tmp_path)
     assert load_plan(tmp_path, {"steps": 4}) is not None
     with pytest.raises(DataError, match=f"{PLAN_NAME}: written for another run config"):
         load_plan(tmp_path, {"steps": 5})

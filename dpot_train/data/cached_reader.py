@@ -13,7 +13,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -22,18 +22,23 @@ from dpot_format.io import is_local
 from dpot_format.tar import index_shard
 from dpot_train.data.cache import DEFAULT_LIMIT, CacheSettings, ShardCache, check_limit, parse_size
 from dpot_train.data.manifest import DataError, DatasetInfo, Shard
-from dpot_train.data.readers import TrajectoryReader, TrajRef, WebDatasetReader, make_reader, read_window
+from dpot_train.data.readers import (ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, make_reader,
+                                     read_window)
 
 CACHE_ENV = "DPOT_CACHE_DIR"  # the cache folder when --cache-dir is not given (shared by every run of the node)
 RUN_CACHE = "shard-cache"
 INDEX_FETCHES = 2  # shards fetched at once while indexing a cold cache  # the folder under RUN_DIR used when neither --cache-dir nor DPOT_CACHE_DIR is set
 
 
-def _build_index(local: Path, shard: Shard) -> list[dict[str, Any]]:
-    try:
-        samples = index_shard(str(local), where=shard.url)
-    except FormatError as e:
-        raise DataError(f"shard {e}") from None
+def _build_index(local: Path, shard: Shard, given: ShardIndex | None) -> list[dict[str, Any]]:
+    """The cache's index entries of a downloaded shard: from `given` (what the launch's validator read) when it
+    holds the shard, else from the local copy's tar headers."""
+    samples = (given or {}).get(shard.url)
+    if samples is None:
+        try:
+            samples = index_shard(str(local), where=shard.url)
+        except FormatError as e:
+            raise DataError(f"shard {e}") from None
     return [{"index": s.index, "fields": s.fields.offset, "mask": s.mask.offset, "mask_size": s.mask.size}
             for s in samples]
 
@@ -67,10 +72,14 @@ def with_cache(cfg: Any) -> Any:
     return replace(cfg, data=replace(data, cache_dir=settings.root))
 
 
-def reader_for(backend: str, manifests: list[str], settings: CacheSettings | None) -> TrajectoryReader:
-    """The cached reader for WebDataset shards in object storage, the plain reader otherwise."""
+def reader_for(backend: str, manifests: list[str], settings: CacheSettings | None,
+               datasets: Sequence[DatasetInfo] = ()) -> TrajectoryReader:
+    """The cached reader for WebDataset shards in object storage, the plain reader otherwise. `datasets`: those whose
+    trajectories come from elsewhere (a run's plan) rather than from the reader's `refs`: their remote shards are
+    read through the cache too."""
     if uses_cache(manifests, backend):
-        return CachedWebDatasetReader(settings or cache_settings(None, None))
+        return CachedWebDatasetReader(settings or cache_settings(None, None),
+                                      [s for d in datasets for s in d.shards if not is_local(s.url)])
     return make_reader(backend)
 
 
@@ -88,9 +97,9 @@ def _prefetch_pool() -> ThreadPoolExecutor:
 class CachedWebDatasetReader:
     """Reads trajectories of remote WebDataset shards from their copies in the node's shard cache."""
 
-    def __init__(self, settings: CacheSettings) -> None:
+    def __init__(self, settings: CacheSettings, shards: Sequence[Shard] = ()) -> None:
         self.settings = settings
-        self._shards: dict[str, Shard] = {}  # remote shards by url; local ones are read by `_plain`
+        self._shards: dict[str, Shard] = {s.url: s for s in shards}  # remote shards by url; local ones: `_plain`
         self._plain = WebDatasetReader()
         self._local: dict[str, Any] = {}
         self._pid = -1
@@ -111,15 +120,16 @@ class CachedWebDatasetReader:
             self._pid = os.getpid()
         return self._local["cache"]
 
-    def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]:
-        """Every trajectory of `split` (sorted by index), from the node-shared member index of each shard."""
+    def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
+        """Every trajectory of `split` (sorted by index), from the node-shared member index of each shard (built from
+        `index` when it holds the shard; the shard is downloaded and its sha256 checked either way)."""
         shards = [s for s in ds.shards_of(split) if not is_local(s.url)]
         if len(shards) < len(ds.shards_of(split)):
-            return self._plain.refs(ds, split)
+            return self._plain.refs(ds, split, index)
         check_limit(self.settings, shards)
         cache = self.cache
         with ThreadPoolExecutor(max_workers=INDEX_FETCHES) as pool:  # one shard checked while the next downloads
-            indexes = list(pool.map(lambda s: cache.index(s, lambda local: _build_index(local, s)), shards))
+            indexes = list(pool.map(lambda s: cache.index(s, lambda local: _build_index(local, s, index)), shards))
         out: list[TrajRef] = []
         for shard, samples in zip(shards, indexes):
             self._shards[shard.url] = shard

@@ -11,6 +11,7 @@ from typing import Any
 from dpot_format.errors import FormatError
 from dpot_format.manifest import manifest_path, read_manifest as read_manifest_doc
 from dpot_format.paths import resolve_member
+from dpot_format.tar import SampleIndex
 from dpot_format.validate import Problem, validate_output
 
 
@@ -181,10 +182,11 @@ def problem_message(ds: DatasetInfo, problem: Problem) -> str:
 
 
 def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webdataset",
-                  checksums: bool = True) -> None:
+                  checksums: bool = True, indexes: dict[str, list[SampleIndex]] | None = None) -> None:
     """Check the data of `split` with dpot_format's validator before training: for the webdataset backend every
     shard of the split (regular file, size, members, .npy headers, meta.json, keys; sha256 unless disabled), for
-    the zarr backend the store (metadata; array digests unless disabled). DataError naming the first problems."""
+    the zarr backend the store (metadata; array digests unless disabled). DataError naming the first problems.
+    `indexes` receives each shard's member index as the validator read it (shard url -> samples)."""
     by_root: dict[str, list[DatasetInfo]] = {}
     for ds in datasets:
         if backend == "zarr":
@@ -199,7 +201,7 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
     for root, group in by_root.items():
         named = {ds.name: ds for ds in group}
         problems = [p for p in validate_output(root, rehash=checksums, datasets=set(named), splits={split},
-                                               parts=(part,), scan=False) if p.fatal]
+                                               parts=(part,), scan=False, indexes=indexes) if p.fatal]
         if problems:
             lines = [problem_message(named[p.dataset], p) if p.dataset in named else f"{group[0].manifest}: {p}"
                      for p in problems[:MAX_REPORTED]]

@@ -6,41 +6,57 @@ mixture, mismatched channel counts or grids) fails in seconds with a message nam
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from dpot_format.tar import SampleIndex
 from dpot_train.config import DataConfig
 from dpot_train.data.cached_reader import cache_settings, reader_for, uses_cache
 from dpot_train.data.manifest import DataError, DatasetInfo, check_compatible, read_manifests, verify_shards
 from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, visit_counts
-from dpot_train.data.readers import TrajectoryReader
+from dpot_train.data.readers import ShardIndex, TrajectoryReader
 from dpot_train.data.stream import StreamSpec
 
 
-def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None) -> list[DatasetInfo]:
-    """Read the manifests, check compatibility, verify the shards of `split` (size always, sha256 if enabled)."""
+def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None
+                  ) -> tuple[list[DatasetInfo], dict[str, list[SampleIndex]]]:
+    """Read the manifests and check their data for `split` (`checked_index`): the datasets and the shards' index."""
     datasets = read_manifests(list(cfg.manifests))
+    return datasets, checked_index(cfg, datasets, split, verify)
+
+
+def checked_index(cfg: DataConfig, datasets: list[DatasetInfo], split: str, verify: bool | None = None
+                  ) -> dict[str, list[SampleIndex]]:
+    """Check compatibility and the shards of `split` (size always, sha256 if enabled); the member index of each
+    shard the check read (shard url -> samples), so that a reader's `refs` need not read its headers again."""
     check_compatible(datasets, cfg.t_in, cfg.t_out, split, cfg.res)
+    index: dict[str, list[SampleIndex]] = {}
     if not uses_cache(list(cfg.manifests), cfg.backend):  # the cache checks each shard's sha256 as it downloads it
-        verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify)
-    return datasets
+        verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
+    return index
 
 
-def data_reader(cfg: DataConfig) -> TrajectoryReader:
-    """The reader of cfg's shards: through the node's shard cache for shards in object storage."""
-    return reader_for(cfg.backend, list(cfg.manifests), cache_settings(cfg.cache_dir, cfg.cache_limit))
+def data_reader(cfg: DataConfig, datasets: Sequence[DatasetInfo] = ()) -> TrajectoryReader:
+    """The reader of cfg's shards: through the node's shard cache for shards in object storage. `datasets`: those
+    read through trajectories it did not index itself (a run's plan)."""
+    return reader_for(cfg.backend, list(cfg.manifests), cache_settings(cfg.cache_dir, cfg.cache_limit), datasets)
 
 
 def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, validated: bool = False,
-                   datasets: list[DatasetInfo] | None = None) -> tuple[StreamSpec, TrajectoryReader]:
+                   datasets: list[DatasetInfo] | None = None,
+                   index: ShardIndex | None = None) -> tuple[StreamSpec, TrajectoryReader]:
     """Weighted datasets of the training split, indexed and checked, ready for WindowStream. `validated`: the
     outputs were just checked by `dpot_format.validate` (`dpot-train launch` does), so `verify_shards` is skipped.
-    `datasets`: the manifests' datasets when already read (else they are read here)."""
+    `datasets`: the manifests' datasets when already read (else they are read here). `index`: the shards' member
+    indexes the validator read (their tar headers are not read again)."""
     datasets = read_manifests(list(cfg.manifests)) if datasets is None else datasets
     weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.mixture), cfg.mixture_partial)
     datasets = [d for d in datasets if weights[d.name] > 0]
     check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split, cfg.res)
     if not validated and not uses_cache(list(cfg.manifests), cfg.backend):
-        verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify)
+        index = {**(index or {})}
+        verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
     reader = data_reader(cfg)
-    refs = [reader.refs(d, cfg.split) for d in datasets]
+    refs = [reader.refs(d, cfg.split, index) for d in datasets]
     for d, r in zip(datasets, refs):
         if len(r) != d.split_counts.get(cfg.split, 0):
             raise DataError(f"{d.manifest}: dataset {d.name!r} lists {d.split_counts.get(cfg.split, 0)} "

@@ -12,15 +12,17 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from dpot_format.errors import FormatError
 from dpot_format.io import open_read
 from dpot_format.npy import load_npy, read_npy_header
-from dpot_format.tar import index_shard
-from dpot_train.data.manifest import DataError, DatasetInfo
+from dpot_format.tar import SampleIndex, index_shard
+from dpot_train.data.manifest import DataError, DatasetInfo, Shard
+
+ShardIndex = Mapping[str, Sequence[SampleIndex]]  # shard url -> its member index, as dpot_format's validator read it
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class TrajectoryReader(Protocol):
     """Reads frames [t0, t0 + length) of a trajectory as float32 (length, C, [Z,] Y, X) and its uint8 mask
     ([Z,] Y, X)."""
 
-    def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]: ...
+    def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
+        """Every trajectory of `split`, sorted by index; `index`: shard member indexes already read (not again)."""
 
     def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -113,25 +116,47 @@ class WebDatasetReader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._handles = _Handles()
 
-    def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]:
-        """Index every trajectory of `split` (sorted by index)."""
+    def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
+        """Every trajectory of `split` (sorted by index), from `index` where it holds a shard, else from the shard's
+        tar headers, read here under dpot_format's member rules (links, odd names, duplicates refused)."""
         out: list[TrajRef] = []
         for shard in ds.shards_of(split):
-            try:
-                samples = index_shard(shard.url)  # dpot_format's member rules: links, odd names, duplicates refused
-            except FormatError as e:
-                raise DataError(f"shard {e}") from None
-            if len(samples) != shard.samples:
-                raise DataError(f"shard {shard.url}: holds {len(samples)} trajectories, "
-                                f"the manifest says {shard.samples}")
-            for s in samples:
-                out.append(TrajRef(ds.name, s.index, shard.url, s.fields.offset, s.mask.offset, s.mask.size, -1))
+            samples = (index or {}).get(shard.url)
+            if samples is None:
+                try:
+                    samples = index_shard(shard.url)
+                except FormatError as e:
+                    raise DataError(f"shard {e}") from None
+            out += shard_refs(ds, shard, samples)
         out.sort(key=lambda r: r.index)
         return out
 
     def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Seek to frame t0 of fields.npy and read `length` frames; read the mask whole."""
         return read_window(self._handles.get(ref.url), ref, t0, length)
+
+
+def shard_refs(ds: DatasetInfo, shard: Shard, samples: Sequence[SampleIndex]) -> list[TrajRef]:
+    """The trajectories of one indexed shard of `ds`; DataError when it holds another count than the manifest."""
+    if len(samples) != shard.samples:
+        raise DataError(f"shard {shard.url}: holds {len(samples)} trajectories, the manifest says {shard.samples}")
+    return [TrajRef(ds.name, s.index, shard.url, s.fields.offset, s.mask.offset, s.mask.size, -1) for s in samples]
+
+
+def indexed_refs(ds: DatasetInfo, split: str, index: ShardIndex) -> list[TrajRef] | None:
+    """Every trajectory of `split` from `index` alone (sorted by index), reading nothing; None when `index` lacks
+    one of the split's shards."""
+    shards = ds.shards_of(split)
+    if not shards or any(s.url not in index for s in shards):
+        return None
+    return sorted((r for s in shards for r in shard_refs(ds, s, index[s.url])), key=lambda r: r.index)
+
+
+def indexed_trajectories(datasets: Sequence[DatasetInfo], split: str, index: ShardIndex) -> dict[str, list[TrajRef]]:
+    """Per dataset, its `split` trajectories from `index` alone (nothing is read), for the datasets whose shards of
+    that split it all holds."""
+    found = {d.name: indexed_refs(d, split, index) for d in datasets}
+    return {name: refs for name, refs in found.items() if refs is not None}
 
 
 def read_window(f: Any, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -188,8 +213,8 @@ class ZarrReader:
                 self._groups[key] = zarr.open_group(url, mode="r", path=group)
             return self._groups[key]
 
-    def refs(self, ds: DatasetInfo, split: str) -> list[TrajRef]:
-        """Rows whose `split` entry matches; the row number is the trajectory index."""
+    def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
+        """Rows whose `split` entry matches; the row number is the trajectory index (`index`: unused, no shards)."""
         if ds.zarr_url is None or ds.zarr_group is None:
             raise DataError(f"{ds.manifest}: dataset {ds.name!r} has no Zarr store; use the webdataset backend")
         g = self._group(ds.zarr_url, ds.zarr_group)
