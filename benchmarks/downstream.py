@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elif ckpt is None:
         sys.exit("--manifest needs --init (the checkpoint to compare with training from scratch)")
     from dpot_train.data.manifest import read_manifests
-    from dpot_train.model.checkpoint import load_state_dict_file
+    from dpot_train.checkpoint import load_state_dict_file
 
     dims = len(read_manifests([str(manifest)])[0].dims)
     load = a.load or ("blocks,time_agg" if dims == 3 else "all")

@@ -1,19 +1,29 @@
-"""Atomic rank-0 training checkpoints that resume exactly, loadable with torch.load(weights_only=True).
+"""Checkpoint files, all in one place: their layouts, safe reading and verifying, atomic writing with a sha256 record,
+the released-format export, a model from a file, and a run's `checkpoints/step-XXXXXXXX.pt` folder.
 
-A checkpoint is the released DPOT format (a dict whose `model` entry is the state dict, plus `config`, the model's
-DPOTConfig dict, so `load_pretrained` reads it) extended with everything an exact resume needs: optimizer,
-scheduler, step, the loader position, every rank's RNG states (as tensors and lists) and the run config.
+Layouts (each a dict that torch.load(weights_only=True) reads):
+- released DPOT weights: `model` (the state dict, keys possibly prefixed `module.`), optionally beside saved
+  arguments (`args`, an argparse.Namespace) and optimizer state;
+- our model payload: the same plus `config` (`DPOTConfig.to_dict()`), so the architecture is not inferred;
+- a training checkpoint: our model payload plus the format tag and everything an exact resume needs: optimizer,
+  scheduler, step, the loader position, every rank's RNG states (as tensors and lists) and the run config.
+Every file we write has a sha256 record beside it (`step-00000042.pt.sha256`, `sha256sum -c` reads it): torch does
+not check the CRCs of a zip's tensor records, so without it a flipped bit in the weights loads as good. A record, when
+present, is checked on every read; released files have none and load as before.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import hashlib
 import os
+import pickle
 import random
 import re
 import stat
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,64 +31,274 @@ import numpy as np
 import torch
 
 from dpot_format.io import atomic_path, atomic_write, fsync_dir
-from dpot_train.model.checkpoint import read_checkpoint, record_path, record_text
+from dpot_train.model import (CheckpointError, DPOTBase, DPOTConfig, build_model, infer_config, load_weights,
+                              strip_module_prefix, unwrap_model)
+from dpot_train.model.weights import HINT_FIELDS
 
 FORMAT = "dpot-train-checkpoint/1"
+# Python types that released checkpoints hold besides tensors and containers (the saved training arguments).
+SAFE_GLOBALS: list[Any] = [argparse.Namespace]
+RECORD_SUFFIX = ".sha256"
+_HEX = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+# --- layouts --------------------------------------------------------------------------------------------------------
+
+def released_payload(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The released format: a bare {'model': state_dict}."""
+    return {"model": state}
+
+
+def model_payload(model: Any) -> dict[str, Any]:
+    """Our model layout: the released format's `model` (unwrapped, no prefixes) plus `config`, the config dict."""
+    core = unwrap_model(model)
+    return {**released_payload(core.state_dict()), "config": core.config.to_dict()}
+
+
+def checkpoint_payload(model: Any, **extra: Any) -> dict[str, Any]:
+    """Dict in our checkpoint format: {'model': state dict (unwrapped, no prefixes), 'config': config dict, **extra}."""
+    if "model" in extra or "config" in extra:
+        raise ValueError("'model' and 'config' are reserved checkpoint keys")
+    return {**model_payload(model), **extra}
 
 
 def training_payload(model: torch.nn.Module, train_config: dict[str, Any], optimizer: Any, scheduler: Any, step: int,
                      loader: dict[str, int], rng: list[dict[str, Any]]) -> dict[str, Any]:
     """The layout of a training checkpoint: the released format's `model` and our `config` (so `load_pretrained` and
     `--init` read it), plus the format tag and everything an exact resume needs."""
-    return {"format": FORMAT, "model": model.state_dict(), "config": model.config.to_dict(),
+    return {"format": FORMAT, **model_payload(model),
             "train_config": train_config, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "step": step, "loader": loader, "rng": rng}
+
+
+def stored_config(content: Any) -> Any:
+    """A checkpoint content's `config` entry (our DPOTConfig dict), None for released weights."""
+    return content.get("config") if isinstance(content, Mapping) else None
+
+
+def trained_config(content: Any) -> dict[str, Any]:
+    """The run config a checkpoint was trained with (its `train_config`); {} for released weights and files
+    without one."""
+    train_config = content.get("train_config") if isinstance(content, dict) else None
+    return train_config if isinstance(train_config, dict) else {}
 
 
 def trained_recipe(content: Any) -> str:
     """The recipe a checkpoint's run was trained with, from its content ("dpot" when it names none: released weights
     and runs from before recipes)."""
-    train_config = content.get("train_config") if isinstance(content, dict) else None
-    return str((train_config if isinstance(train_config, dict) else {}).get("recipe") or "dpot")
+    return str(trained_config(content).get("recipe") or "dpot")
 
 
 def trained_res(content: Any) -> int:
     """The grid a checkpoint's run resized windows to (its data.res), 0 when none or for released weights."""
-    train_config = content.get("train_config") if isinstance(content, dict) else None
-    data = (train_config if isinstance(train_config, dict) else {}).get("data")
+    data = trained_config(content).get("data")
     return int((data if isinstance(data, dict) else {}).get("res") or 0)
 
 
-def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
-    """checkpoints/step-00000042.pt."""
-    return Path(ckpt_dir) / f"step-{step:08d}.pt"
+def restore_training(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any) -> tuple[int, int]:
+    """Load a training checkpoint's weights, optimiser and schedule state; (step, stream position) to continue from."""
+    model.load_state_dict(ckpt["model"], strict=True)
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    return int(ckpt["step"]), int(ckpt["loader"]["position"])
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states (python, numpy, torch CPU and CUDA) as tensors and plain lists."""
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    return {
-        "python": [py_state[0], list(py_state[1]), py_state[2]],
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
+def rng_states(ckpt: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's RNG states saved in a training checkpoint (`rng_state()` of each rank, in rank order)."""
+    return ckpt["rng"]
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of rng_state()."""
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    npst = state["numpy"]
-    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
-                         npst["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+# --- the sha256 record and file checks ------------------------------------------------------------------------------
 
+def record_path(path: str | Path) -> Path:
+    """The sha256 record of a checkpoint: its name plus `.sha256`."""
+    path = Path(path)
+    return path.with_name(path.name + RECORD_SUFFIX)
+
+
+def record_text(digest: str, path: str | Path) -> bytes:
+    """A record's content, in `sha256sum` format."""
+    return f"{digest}  {Path(path).name}\n".encode()
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    with open(path, "rb") as fh:
+        return _sha256_of(fh)
+
+
+def _sha256_of(fh: Any) -> str:
+    h = hashlib.sha256()
+    while block := fh.read(4 << 20):
+        h.update(block)
+    return h.hexdigest()
+
+
+def _is_regular(path: Path) -> bool:
+    """Whether `path` is a regular file (OSError when it cannot be stat'ed); a FIFO or device is never opened."""
+    return stat.S_ISREG(os.stat(path).st_mode)
+
+
+def check_regular_file(path: Path) -> None:
+    """FileNotFoundError unless `path` is a regular file (a FIFO or device would block or never end a read)."""
+    try:
+        regular = _is_regular(path)
+    except OSError:
+        raise FileNotFoundError(f"checkpoint not found: {path}") from None
+    if not regular:
+        raise CheckpointError(f"{path}: expected a checkpoint file, found something else (a folder, FIFO or device)")
+
+
+def verify_record(path: Path, fh: Any = None) -> None:
+    """Check the file (read through `fh` when given, from its start) against its sha256 record when it has one;
+    CheckpointError naming both files otherwise."""
+    record = record_path(path)
+    if not record.exists():
+        return
+    try:
+        check_regular_file(record)
+        expected = record.read_bytes()[:200].decode("ascii", "replace").split(maxsplit=1)[:1]
+    except (OSError, CheckpointError) as exc:
+        raise CheckpointError(f"{record}: the checkpoint's sha256 record cannot be read ({exc})") from None
+    if not expected or not _HEX.match(expected[0]):
+        raise CheckpointError(f"{record}: expected a sha256 record (64 hex digits and the file name)")
+    actual = file_sha256(path) if fh is None else _sha256_of(fh)
+    if actual != expected[0]:
+        raise CheckpointError(f"{path}: damaged: its sha256 {actual[:16]}... differs from the one recorded when it "
+                              f"was written ({record.name}: {expected[0][:16]}...)")
+
+
+# --- reading --------------------------------------------------------------------------------------------------------
+
+def _read(path: Path, map_location: Any, trusted: bool) -> Any:
+    """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file, after checking that it is a
+    regular file and that it matches its sha256 record (when it has one)."""
+    check_regular_file(path)
+    with open(path, "rb") as fh:  # one open: the record check and the load read the same file
+        verify_record(path, fh)
+        fh.seek(0)
+        return _load(fh, path, map_location, trusted)
+
+
+def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
+    """torch.load of an open checkpoint file; CheckpointError naming `path` for unsafe or unreadable content."""
+    try:
+        if trusted:
+            return torch.load(fh, map_location=map_location, weights_only=False)
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(fh, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        if "weights only" not in text.lower():
+            raise CheckpointError(f"{path}: not a readable torch checkpoint: {text.strip()[:300]}") from exc
+        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", text)))
+        what = f" (found {', '.join(found)})" if found else f" ({text.strip().splitlines()[-1][:300]})" if text.strip() else ""
+        raise CheckpointError(
+            f"{path}: refused to load: the file holds Python objects outside the allowed set (tensors, containers, "
+            f"numbers, strings, argparse.Namespace){what}. Load it with trusted=True "
+            "(CLI: --trust) only if you trust its origin."
+        ) from exc
+    except Exception as exc:  # torch.load raises many types on corrupt input (IndexError, EOFError, RuntimeError ...)
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({type(exc).__name__}: {exc})") from exc
+
+
+def read_checkpoint(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> Any:
+    """The whole content of a checkpoint file, read safely and checked against its record (see `_read`)."""
+    return _read(Path(path), map_location, trusted)
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and bool(obj) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    )
+
+
+def load_state_dict_file(
+    path: str | Path, *, map_location: Any = "cpu", trusted: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
+    """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints)."""
+    path = Path(path)
+    return parse_checkpoint(_read(path, map_location, trusted), path)
+
+
+def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None,
+                                                          dict[str, Any]]:
+    """The content of a checkpoint file already read (`read_checkpoint`) -> (state dict without wrapper prefixes, our
+    config dict or None for the released format, config hints from saved arguments); `path` names it in errors."""
+    if isinstance(obj, Mapping) and "model" in obj:
+        state = obj["model"]
+        if not _is_state_dict(state):
+            raise CheckpointError(f"{path}: entry 'model' is not a state dict (a mapping of names to tensors), "
+                                  f"got {type(state).__name__}")
+    elif _is_state_dict(obj):
+        state = obj
+    else:
+        keys = sorted(map(str, obj.keys()))[:20] if isinstance(obj, Mapping) else None
+        raise CheckpointError(f"{path}: expected a dict with a 'model' entry holding the state dict; "
+                              f"got {type(obj).__name__}" + (f" with keys {keys}" if keys is not None else ""))
+    config = stored_config(obj)
+    if config is not None and not isinstance(config, Mapping):
+        raise CheckpointError(f"{path}: entry 'config' must be a dict (DPOTConfig.to_dict()), got {type(config).__name__}")
+    hints: dict[str, Any] = {}
+    args = obj.get("args") if isinstance(obj, Mapping) else None
+    if args is not None:
+        values = vars(args) if isinstance(args, argparse.Namespace) else args if isinstance(args, Mapping) else {}
+        hints = {k: values[k] for k in HINT_FIELDS if k in values}
+    return strip_module_prefix(state), (dict(config) if config is not None else None), hints
+
+
+# --- a model from a checkpoint, and the released-format export ------------------------------------------------------
+
+def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> DPOTBase:
+    """DPOT2D/DPOT3D with the weights of `path`; its config comes from the checkpoint (ours) or the weights (released)."""
+    return pretrained_from(*load_state_dict_file(path, map_location="cpu", trusted=trusted), source=str(path),
+                           map_location=map_location)
+
+
+def pretrained_from(state: Mapping[str, torch.Tensor], config_dict: dict[str, Any] | None, hints: dict[str, Any],
+                    *, source: str, map_location: Any = "cpu") -> DPOTBase:
+    """`load_pretrained` for a checkpoint already read and parsed (`parse_checkpoint`)."""
+    path = source
+    if config_dict is not None:
+        try:
+            config = DPOTConfig.from_dict(config_dict)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: entry 'config' is not a valid DPOTConfig: {exc}") from exc
+    else:
+        try:
+            config = infer_config(state, hints)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path}: {exc}") from exc
+    model = build_model(config, device="meta")  # no random initialisation: every tensor comes from the file
+    load_weights(model, state, source=str(path))
+    return model.to(map_location) if map_location is not None else model
+
+
+def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
+    """Write the weights of one of our checkpoints in the released format, a bare {'model': state_dict} (what the
+    reference code and `--init`/`evaluate` take as released weights); returns the config the weights imply.
+
+    Refused when the bare weights would not say the architecture back (a field only our config records)."""
+    state, config_dict, _ = load_state_dict_file(src)
+    if config_dict is None:
+        raise CheckpointError(f"{src}: already in the released format (no 'config' entry); nothing to export")
+    config = DPOTConfig.from_dict(config_dict)
+    inferred = infer_config(state)
+    lost = sorted(k for k, v in config.to_dict().items() if inferred.to_dict().get(k) != v)
+    if lost:
+        said = ", ".join(f"{k}={inferred.to_dict().get(k)}" for k in lost)
+        raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
+                              f"(the weights alone say {said})")
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    torch.save(released_payload(state), tmp)
+    tmp.replace(dst)
+    return config
+
+
+# --- writing --------------------------------------------------------------------------------------------------------
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (full disk, no permission): nothing partial is left behind."""
@@ -135,6 +355,13 @@ def _write_problem(path: Path, err: OSError) -> str:
             "already written are intact: free space (or fix the folder) and continue with --resume")
 
 
+# --- a run's checkpoints folder -------------------------------------------------------------------------------------
+
+def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
+    """checkpoints/step-00000042.pt."""
+    return Path(ckpt_dir) / f"step-{step:08d}.pt"
+
+
 def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     """(step, path) of complete checkpoints, oldest first (temporary files are ignored)."""
     ckpt_dir = Path(ckpt_dir)
@@ -159,7 +386,7 @@ def looks_complete(path: Path) -> bool:
     Truncated or overwritten files fail it; pruning never deletes a file that fails it (a damaged checkpoint is
     left for the user to inspect, and it does not count among the checkpoints kept)."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        if not _is_regular(path):
             return False
         with zipfile.ZipFile(path) as z:
             return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
@@ -226,3 +453,30 @@ def latest_checkpoint(ckpt_dir: Path, keep_damaged: bool = True) -> tuple[Path, 
             f"{ckpt_dir}: none of the {len(found)} checkpoints loads ({names}); nothing was changed. "
             f"Move them aside to start the run over, or restore a readable checkpoint to resume")
     return None
+
+
+# --- RNG states saved with a training checkpoint --------------------------------------------------------------------
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch CPU and CUDA) as tensors and plain lists."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of rng_state()."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npst = state["numpy"]
+    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
+                         npst["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -66,7 +66,7 @@ def model_info_cmd(
     """Parameters, config and weight memory (fp32/bf16) of a preset or checkpoint."""
     import json
 
-    from dpot_train.model.info import format_info, model_info
+    from dpot_train.model_info import format_info, model_info
 
     try:
         info = model_info(target, trusted=trust)
@@ -83,7 +83,7 @@ def model_export_cmd(
 ) -> None:
     """Write a run checkpoint's weights in the released DPOT format, a bare {'model': state_dict}: what the
     reference implementation loads, and what --init and evaluate treat as released weights (the reference recipe)."""
-    from dpot_train.model.checkpoint import export_released
+    from dpot_train.checkpoint import export_released
 
     try:
         config = export_released(checkpoint, out)

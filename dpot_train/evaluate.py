@@ -179,9 +179,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
     the run's data.res; for a 3D model without one, the model's own grid)."""
-    from dpot_train.checkpoint import trained_recipe, trained_res
+    from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_recipe, trained_res
     from dpot_train.data.manifest import read_manifests
-    from dpot_train.model.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
 
     datasets = read_manifests(manifests)

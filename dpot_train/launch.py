@@ -106,7 +106,7 @@ def validate_config(cfg: TrainConfig, source: str | None = None) -> InitFacts | 
 def init_facts(path: str, trust: bool) -> InitFacts:
     """Load the --init checkpoint once (weights-only unless --trust, its sha256 record checked) and keep what the
     launch decides from it."""
-    from dpot_train.model.checkpoint import load_state_dict_file
+    from dpot_train.checkpoint import load_state_dict_file
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--init checkpoint not found: {path}")

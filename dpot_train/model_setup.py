@@ -7,7 +7,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dpot_train.model import DPOTConfig, build_model, infer_config, load_state_dict_file, resolve_config
+from dpot_train.checkpoint import load_state_dict_file
+from dpot_train.model import DPOTConfig, build_model, infer_config, resolve_config
 
 
 def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int, res: int = 0) -> dict[str, Any]:

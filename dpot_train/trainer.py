@@ -20,8 +20,9 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpot_train import distributed as D
-from dpot_train.checkpoint import (RunDirError, checkpoint_path, latest_checkpoint, list_checkpoints, prune, rng_state,
-                                   save_atomic, set_rng_state, training_payload)
+from dpot_train.checkpoint import (RunDirError, checkpoint_path, latest_checkpoint, list_checkpoints, prune,
+                                   restore_training, rng_state, rng_states, save_atomic, set_rng_state, stored_config,
+                                   trained_config, training_payload)
 from dpot_train.config import TrainConfig, resolve_epochs, save_config
 from dpot_train.data.prepare import data_reader, prepare_stream
 from dpot_train.data.loader import make_loader
@@ -122,7 +123,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     cfg = resolve_epochs(cfg, spec.epoch_length)
     ds0 = spec.datasets[0]
     model, init_line = build_run_model(cfg, len(ds0.channels), ds0.shape,
-                                       found[1].get("config") if found is not None else None)
+                                       stored_config(found[1]) if found is not None else None)
     model = model.to(info.device)
     if init_line and info.is_main:
         print(init_line, flush=True)
@@ -140,7 +141,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     batches = iter(make_loader(stream, cfg.data.num_workers, pin_memory=info.device.type == "cuda",
                                kind=cfg.data.worker_kind))
     if found is not None:
-        states = found[1]["rng"]
+        states = rng_states(found[1])
         if len(states) == info.world:
             set_rng_state(states[info.rank])
         else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
@@ -172,14 +173,11 @@ def _restore(found: tuple[Path, dict[str, Any]], cfg: TrainConfig, model: torch.
              opt: torch.optim.Optimizer, sched: Any) -> tuple[int, int]:
     """Load a checkpoint's weights, optimiser and schedule; (step, stream position) to continue from."""
     path, ckpt = found
-    saved = ckpt["train_config"]
+    saved = trained_config(ckpt)
     if saved.get("batch_size") != cfg.batch_size or saved.get("seed") != cfg.seed:
         raise RunDirError(f"{path}: batch_size/seed differ from the checkpoint ({saved.get('batch_size')}, "
                           f"{saved.get('seed')}); a resume must keep them to continue the same data stream")
-    model.load_state_dict(ckpt["model"], strict=True)
-    opt.load_state_dict(ckpt["optimizer"])
-    sched.load_state_dict(ckpt["scheduler"])
-    return int(ckpt["step"]), int(ckpt["loader"]["position"])
+    return restore_training(ckpt, model, opt, sched)
 
 
 def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,

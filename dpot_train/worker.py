@@ -24,8 +24,7 @@ REPORTED = 2  # exit code of a worker that printed its one-line error
 def _reported_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message is the whole story: checkpoint, run-folder and data problems."""
     from dpot_format.errors import FormatError
-    from dpot_train.checkpoint import CheckpointWriteError, RunDirError, UnreadableCheckpointsError
-    from dpot_train.model.checkpoint import CheckpointError
+    from dpot_train.checkpoint import CheckpointError, CheckpointWriteError, RunDirError, UnreadableCheckpointsError
 
     return CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError
 

@@ -232,8 +232,8 @@ def test_ingest_dry_run_writes_nothing_and_reports_the_plan(tmp_path: Path) -> N
 
 
 def test_model_export_writes_the_released_format(tmp_path: Path) -> None:
-    from dpot_train.model import build_model, checkpoint_payload, load_pretrained
-    from dpot_train.model.checkpoint import load_state_dict_file
+    from dpot_train.checkpoint import checkpoint_payload, load_pretrained, load_state_dict_file
+    from dpot_train.model import build_model
 
     model = build_model("tiny", img_size=32)
     ours = tmp_path / "step-00000001.pt"

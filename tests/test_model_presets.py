@@ -9,7 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 from dpot_train.cli import app
-from dpot_train.model import DPOTConfig, build_model, model_info, preset
+from dpot_train.model import DPOTConfig, build_model, preset
+from dpot_train.model_info import model_info
 
 PAPER_COUNTS = {"Ti": 7.54e6, "S": 30.80e6, "M": 122.13e6, "L": 509.02e6, "H": 1031.1e6}
 

@@ -12,9 +12,9 @@ import torch
 from typer.testing import CliRunner
 
 from dpot_train import checkpoint as C
+from dpot_train.checkpoint import CheckpointError, checkpoint_payload, file_sha256, load_state_dict_file, record_path
 from dpot_train.cli import app
-from dpot_train.model import build_model, checkpoint_payload, load_state_dict_file
-from dpot_train.model.checkpoint import CheckpointError, file_sha256, record_path
+from dpot_train.model import build_model
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "dpot_small.pth"
 

@@ -1,30 +1,21 @@
-"""DPOT model: 2D/3D networks, typed config and presets, safe loading of released and own checkpoints.
+"""DPOT model: 2D/3D networks, typed config and presets, the weight helpers that need no file.
 
 Public API:
     build_model(preset_or_config, *, device=None, **overrides) -> DPOT2D | DPOT3D
-    load_pretrained(path, *, map_location="cpu", trusted=False) -> DPOT2D | DPOT3D
     model(x) -> prediction (B, X, Y, T_out, C); model(x, return_logits=True) -> (prediction, logits (B, n_cls));
     model.classify(x) -> logits
+Checkpoint files (`load_pretrained`, `checkpoint_payload`, ...): `dpot_train.checkpoint`; `dpot-train model info`:
+`dpot_train.model_info`.
 """
 
 from __future__ import annotations
 
 from .base import DPOTBase
-from .checkpoint import (
-    CheckpointError,
-    checkpoint_payload,
-    infer_config,
-    load_pretrained,
-    load_state_dict_file,
-    load_weights,
-    strip_module_prefix,
-    unwrap_model,
-)
 from .config import PRESETS, DPOTConfig, preset
 from .dpot2d import DPOT2D
 from .dpot3d import DPOT3D, config_3d_from_2d, dpot3d_from_2d, transfer_2d_to_3d
 from .factory import build_model, resolve_config
-from .info import model_info
+from .weights import CheckpointError, infer_config, load_weights, strip_module_prefix, unwrap_model
 
 __all__ = [
     "CheckpointError",
@@ -34,14 +25,10 @@ __all__ = [
     "DPOTConfig",
     "PRESETS",
     "build_model",
-    "checkpoint_payload",
     "config_3d_from_2d",
     "dpot3d_from_2d",
     "infer_config",
-    "load_pretrained",
-    "load_state_dict_file",
     "load_weights",
-    "model_info",
     "preset",
     "resolve_config",
     "strip_module_prefix",

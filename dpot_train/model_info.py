@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import infer_config, load_state_dict_file
-from .config import PRESETS, DPOTConfig, preset
-from .factory import build_model
+from dpot_train.checkpoint import load_state_dict_file
+from dpot_train.model import PRESETS, DPOTConfig, build_model, infer_config, preset
 
 _GROUPS = ("pos_embed", "patch_embed", "time_agg_layer", "blocks", "cls_head", "out_layer", "scale_feats_mu",
            "scale_feats_sigma")
