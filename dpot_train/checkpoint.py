@@ -292,9 +292,8 @@ def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
                               f"(the weights alone say {said})")
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    torch.save(released_payload(state), tmp)
-    tmp.replace(dst)
+    with atomic_path(dst) as tmp:
+        torch.save(released_payload(state), tmp)
     return config
 
 
