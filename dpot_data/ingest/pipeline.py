@@ -23,7 +23,7 @@ from dpot_data.ingest.job import IngestJob, Target, check_out_name, resolve, url
 from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options
 from dpot_data.ingest.plan import IngestPlan, zarr_attrs
 from dpot_data.ingest.plan import plan as make_plan
-from dpot_data.ingest.publish import OutputLock, existing_manifest, left_alone_note, remove_leftovers
+from dpot_data.ingest.publish import OutputLock, existing_outcome, remove_leftovers
 from dpot_data.ingest.publish import publish as publish_output
 from dpot_data.ingest.review import review
 from dpot_data.ingest.run import Written, zarr_layout
@@ -66,10 +66,8 @@ def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = 
     opts = options or IngestOptions()
     out = Path(out)
     with output_lock(str(out)):
-        existing = existing_manifest(out)
-        if existing is not None and not opts.overwrite:
-            return IngestOutcome(existing, out / mf.MANIFEST_NAME, False, [left_alone_note(out)])
-        return write_locked(result, out, opts, hashes, input_names or {})
+        existing = existing_outcome(out, opts.overwrite)  # the one "complete: leave it alone" decision
+        return existing or write_locked(result, out, opts, hashes, input_names or {})
 
 
 def write_locked(result: ReadResult, out: Path, opts: IngestOptions, hashes: InputHashes | None,
