@@ -5,25 +5,22 @@ Run it under torchrun (`dpot-train launch` builds the command); a plain `python 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
-import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpot_train import distributed as D
 from dpot_train.checkpoint import (RunDirError, checkpoint_path, latest_checkpoint, list_checkpoints, prune,
                                    restore_training, rng_state, rng_states, save_atomic, set_rng_state, stored_config,
                                    trained_config, training_payload)
-from dpot_train.config import TrainConfig, resolve_epochs, save_config
+from dpot_train.config import TrainConfig, resolve_epochs
 from dpot_train.data.prepare import data_reader, prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import WindowStream
@@ -33,6 +30,7 @@ from dpot_train.finetune import finetune_model
 from dpot_train.model import DPOTConfig, build_model
 from dpot_train.model_setup import data_overrides, fresh_model
 from dpot_train.run_plan import RunPlan
+from dpot_train.train_log import TrainLog, eval_to_tensorboard
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
@@ -86,14 +84,6 @@ def _autocast(device: torch.device, enabled: bool) -> Any:
     if enabled and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext()
-
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Drop log lines written after `step` (they are redone after a resume)."""
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and json.loads(ln).get("step", 0) <= step]
-    path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
 
 
 def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None,
@@ -164,7 +154,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
         write_eval(result, run / "eval.json")
         print_table(result)
-        _eval_to_tensorboard(run / "tb", result, summary["step"])
+        eval_to_tensorboard(run / "tb", result, summary["step"])
         summary["eval"] = result
     return summary
 
@@ -180,200 +170,50 @@ def _restore(found: tuple[Path, dict[str, Any]], cfg: TrainConfig, model: torch.
     return restore_training(ckpt, model, opt, sched)
 
 
+def train_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
+               batch: dict[str, Any], device: torch.device, trainable: list[torch.nn.Parameter]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimiser step on a batch: resize to the run's grid, add the noise, predict, loss, clip, step. Returns
+    the loss, the per-sample losses and the gradient norm, left on the device."""
+    reference = cfg.recipe == "reference"
+    x, y, mask, cv = (batch[k].to(device, non_blocking=True) for k in ("x", "y", "mask", "channel_valid"))
+    if cfg.data.res > 0:  # the run's grid (the reference resizes in its loader, before the noise)
+        x, y, mask = resize_frames(x, cfg.data.res), resize_frames(y, cfg.data.res), resize_mask(mask, cfg.data.res)
+    if reference:  # the reference's noise touches every channel and cell
+        x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed)
+    else:
+        x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, batch["channel_valid"])
+    with _autocast(device, cfg.amp):
+        pred = model(x)
+    per_sample = per_sample_loss(pred.float(), y, mask, cv, "all" if reference else cfg.loss)
+    loss = per_sample.mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf)
+    opt.step()
+    sched.step()
+    return loss.detach(), per_sample.detach(), grad_norm.detach()
+
+
 def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,
           opt: torch.optim.Optimizer, sched: Any, it: Any, spec: Any, step: int, position: int,
           run: Path) -> dict[str, Any]:
-    """The step loop; rank 0 logs and saves."""
-    ckpt_dir = run / "checkpoints"
-    metrics_path = run / "metrics.jsonl"
-    writer, bar = _open_logs(cfg, run, step) if info.is_main else (None, None)
-    audit = _open_audit(run, info.rank, step) if cfg.audit else None
+    """The step loop from (step, position) to cfg.steps; every rank records, rank 0 saves."""
+    log = TrainLog(cfg, info, run, step, spec)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    clip = cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf
-    log = _StepLog(cfg, spec.epoch_length, metrics_path, writer, bar) if info.is_main else None
-    reference = cfg.recipe == "reference"
-    pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]] = []  # read back at the next flush
-    by_dataset = _DatasetLoss([d.name for d in spec.datasets], info.device) if len(spec.datasets) > 1 else None
-    last_loss = None  # stays None when a resume starts at the final step (only the evaluation is left to do)
     ddp_model.train()
-    last_loss = None  # stays None when a resume finds the run already at its last step
     try:
         while step < cfg.steps:
             batch = next(it)
-            x = batch["x"].to(info.device, non_blocking=True)
-            y = batch["y"].to(info.device, non_blocking=True)
-            mask = batch["mask"].to(info.device, non_blocking=True)
-            cv = batch["channel_valid"].to(info.device, non_blocking=True)
-            if cfg.data.res > 0:  # the run's grid (the reference resizes in its loader, before the noise)
-                x, y = resize_frames(x, cfg.data.res), resize_frames(y, cfg.data.res)
-                mask = resize_mask(mask, cfg.data.res)
-            if reference:  # the reference's noise touches every channel and cell
-                x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed)
-            else:
-                x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, batch["channel_valid"])
-            with _autocast(info.device, cfg.amp):
-                pred = ddp_model(x)
-            per_sample = per_sample_loss(pred.float(), y, mask, cv, "all" if reference else cfg.loss)
-            loss = per_sample.mean()
-            if by_dataset is not None:
-                by_dataset.add(batch["dataset"].to(info.device, non_blocking=True), per_sample.detach())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
-            opt.step()
-            sched.step()
-            lr = sched.get_last_lr()[0]
-            step += 1
-            position += cfg.batch_size
-            if audit is not None:
-                audit.write(json.dumps({"step": step, "rank": info.rank, "ids": batch["id"],
-                                        "positions": batch["position"].tolist()}) + "\n")
-                audit.flush()
-            # no host sync here: loss and grad norm stay on the device until the next log or checkpoint step
-            pending.append((step, position, lr, D.mean_across_ranks(loss.detach()), grad_norm.detach()))
-            if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.steps:
-                last_loss = _flush(pending, log)
-                if by_dataset is not None:
-                    by_dataset.flush(log.writer if log is not None else None, step)
+            loss, per_sample, grad_norm = train_step(cfg, ddp_model, opt, sched, batch, info.device, trainable)
+            step, position = step + 1, position + cfg.batch_size
+            log.record(step, position, sched.get_last_lr()[0], batch, loss, per_sample, grad_norm)
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
-                _save(cfg, info, model, opt, sched, step, position, spec, ckpt_dir)
+                _save(cfg, info, model, opt, sched, step, position, spec, run / "checkpoints")
     finally:
-        if audit is not None:
-            audit.close()
-        if bar is not None:
-            bar.close()
-        if writer is not None:
-            writer.close()
-    if info.is_main:
-        _print_loss_curve(metrics_path)
-    return {"step": step, "position": position, "loss": last_loss, "run": str(run)}
-
-
-def _open_logs(cfg: TrainConfig, run: Path, step: int) -> tuple[Any, Any]:
-    """Rank 0's config.yaml, metrics.jsonl cut back to `step`, TensorBoard writer and progress bar (or None)."""
-    save_config(cfg, run / "config.yaml")
-    _truncate_jsonl(run / "metrics.jsonl", step)
-    from torch.utils.tensorboard import SummaryWriter
-
-    # events after the resume step are redone; the resume step's own event stays
-    writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step + 1)
-    writer.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False) + "```", step)
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-
-        # disable=None: no bar when stderr is not a terminal (logs stay readable); the step lines remain
-        bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=None,
-                   mininterval=1.0)
-    return writer, bar
-
-
-def _open_audit(run: Path, rank: int, step: int) -> Any:
-    """This rank's audit log (the trajectories it consumed), cut back to `step`, open for appending."""
-    (run / "audit").mkdir(parents=True, exist_ok=True)
-    audit_path = run / "audit" / f"rank-{rank}.jsonl"
-    _truncate_jsonl(audit_path, step)
-    return open(audit_path, "a", encoding="utf-8")
-
-
-def _print_loss_curve(metrics_path: Path) -> None:
-    """One line comparing the mean loss of the first and the last steps of metrics.jsonl."""
-    if not metrics_path.exists():
-        return
-    losses = [json.loads(ln)["loss"] for ln in metrics_path.read_text(encoding="utf-8").splitlines() if ln]
-    k = max(1, min(50, len(losses) // 10))
-    if losses:
-        print(f"loss curve: mean of the first {k} steps {sum(losses[:k]) / k:.4f} -> "
-              f"mean of the last {k} steps {sum(losses[-k:]) / k:.4f} ({len(losses)} steps, {metrics_path})",
-              flush=True)
-
-
-def _flush(pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]], log: "_StepLog | None") -> float:
-    """Read the pending steps' loss and grad norm back in one device sync, log them (rank 0); the last loss."""
-    values = torch.stack([torch.stack([l.float(), g.float()]) for *_, l, g in pending]).cpu().tolist()
-    if log is not None:
-        for (step, position, lr, _, _), (loss, grad) in zip(pending, values):
-            log.record(step, position, lr, loss, grad)
-    pending.clear()
-    return values[-1][0]
-
-
-class _DatasetLoss:
-    """Per-dataset mean training loss of a mixture since the last flush, summed on the device and reduced over the
-    ranks at flush time only; rank 0 writes it to TensorBoard as train/loss/<dataset>."""
-
-    def __init__(self, names: list[str], device: torch.device) -> None:
-        self.names = names
-        self.sums = torch.zeros(len(names), device=device)
-        self.counts = torch.zeros(len(names), device=device)
-
-    def add(self, dataset: torch.Tensor, per_sample: torch.Tensor) -> None:
-        self.sums.index_add_(0, dataset, per_sample.float())
-        self.counts.index_add_(0, dataset, torch.ones_like(per_sample, dtype=torch.float32))
-
-    def flush(self, writer: Any, step: int) -> None:
-        sums, counts = (D.mean_across_ranks(t).cpu().tolist() for t in (self.sums, self.counts))  # ratio unaffected
-        if writer is not None:
-            for name, s, c in zip(self.names, sums, counts):
-                if c > 0:
-                    writer.add_scalar(f"train/loss/{name}", s / c, step)
-        self.sums.zero_()
-        self.counts.zero_()
-
-
-class _StepLog:
-    """Rank 0's per-step records: metrics.jsonl, TensorBoard, the progress bar and the periodic step line."""
-
-    def __init__(self, cfg: TrainConfig, epoch_length: int, path: Path, writer: Any, bar: Any) -> None:
-        self.cfg, self.epoch_length, self.path, self.writer, self.bar = cfg, epoch_length, path, writer, bar
-        self.t_last, self.n_last = time.perf_counter(), 0
-        self.t_start = self.t_last
-
-    def record(self, step: int, position: int, lr: float, loss: float, grad_norm: float) -> None:
-        cfg = self.cfg
-        self.n_last += cfg.batch_size
-        rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                               "epoch": position / self.epoch_length}
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            now = time.perf_counter()
-            rec["samples_per_s"] = self.n_last / max(now - self.t_last, 1e-9)
-            self.t_last, self.n_last = now, 0
-            eta = (cfg.steps - step) * cfg.batch_size / max(rec["samples_per_s"], 1e-9)
-            msg = (f"step {step}/{cfg.steps} | epoch {rec['epoch']:.2f} | loss {loss:.4f} | lr {lr:.2e} "
-                   f"| grad {grad_norm:.3f} | {rec['samples_per_s']:.1f} samples/s "
-                   f"| elapsed {_clock(now - self.t_start)} | eta {_clock(eta)}")
-            (self.bar.write if self.bar is not None else print)(msg)
-            self.writer.add_scalar("train/samples_per_s", rec["samples_per_s"], step)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
-        self.writer.add_scalar("train/loss", loss, step)
-        self.writer.add_scalar("train/lr", lr, step)
-        self.writer.add_scalar("train/grad_norm", grad_norm, step)
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.4f}")
-
-
-def _clock(seconds: float) -> str:
-    """H:MM:SS."""
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def _eval_to_tensorboard(log_dir: Path, result: dict[str, Any], step: int) -> None:
-    """Every number of the evaluation, per dataset, as eval/<dataset>/<name> scalars at the final step."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    def leaves(prefix: str, node: Any) -> list[tuple[str, float]]:
-        if isinstance(node, dict):
-            return [kv for k, v in node.items() for kv in leaves(f"{prefix}/{k}", v)]
-        if isinstance(node, (int, float)) and not isinstance(node, bool):
-            return [(prefix, float(node))]
-        return []
-
-    with SummaryWriter(log_dir=str(log_dir)) as writer:
-        for name, value in leaves("eval", result.get("datasets", {})):
-            writer.add_scalar(name, value, step)
+        log.close()
+    log.print_loss_curve()
+    return {"step": step, "position": position, "loss": log.last_loss, "run": str(run)}
 
 
 def _save(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
