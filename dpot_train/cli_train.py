@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -118,35 +118,14 @@ def launch_cmd(
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
+    given = dict(locals())  # every option by name, before anything else is bound here
     from dpot_train.launch import prepare_run
     from dpot_train.topology import choose_topology, torchrun_command
 
     try:
-        cfg, source = _base_config(config, out, resume)
-        overrides = {
-            "out": out, "model": model, "init": init, "load": load, "data.res": res,
-            "epochs": epochs if epochs is not None else (0 if steps is not None else None),  # --steps beats epochs
-            "steps": steps, "batch_size": batch_size, "seed": seed,
-            "ckpt_every": ckpt_every, "log_every": log_every, "loss": loss, "device": device,
-            "rollout_steps": rollout_steps, "optim.lr": lr, "optim.clip_grad": clip_grad, "data.noise": noise, "data.mixture": mixture,
-            "data.mixture_partial": True if mixture_partial else None,
-            "data.backend": backend, "data.num_workers": num_workers,
-            "data.worker_kind": worker_kind,
-            "data.manifests": [str(m) for m in manifest] or None,
-            "audit": True if audit else None, "deterministic": True if deterministic else None,
-            "trust": True if trust else None, "recipe": recipe,
-            "allow_convention_mismatch": True if allow_convention_mismatch else None,
-            "progress": False if no_progress else None,
-            "eval_at_end": False if no_eval else None,
-            "data.verify_checksums": False if no_verify_checksums else None,
-            "data.cache_dir": cache_dir, "data.cache_limit": cache_limit,
-        }
-        cfg = apply_overrides(cfg, overrides)
-        if out is None and config is None:
-            raise ValueError("--out RUN_DIR is required")
-        if resume and not cfg.data.manifests and not (Path(cfg.out) / "config.yaml").exists():
-            raise ValueError(f"--resume: there is no run to resume at {cfg.out} (no {Path(cfg.out) / 'config.yaml'}); "
-                             "start one with --manifest DIR --out RUN_DIR, or name the run's folder with --out")
+        base, source = _base_config(config, out, resume)
+        cfg = apply_overrides(base, launch_overrides(given))
+        _check_request(cfg, out, config, resume)
         topo = choose_topology(Path(cfg.out), resume, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
                                rdzv_timeout)
         cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None)
@@ -157,9 +136,40 @@ def launch_cmd(
     typer.echo(" ".join(cmd), err=True)
     if topo.waiting_message():
         typer.echo(topo.waiting_message(), err=True)
-    if dry_run:
-        return
-    os.execv(cmd[0], cmd)
+    if not dry_run:
+        os.execv(cmd[0], cmd)
+
+
+# launch options -> the run-config keys they set when given (None: not given, the run config's value stays)
+_VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res": "data.res", "steps": "steps",
+           "batch_size": "batch_size", "seed": "seed", "ckpt_every": "ckpt_every", "log_every": "log_every",
+           "loss": "loss", "device": "device", "rollout_steps": "rollout_steps", "lr": "optim.lr",
+           "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
+           "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
+           "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit"}
+_SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
+             "deterministic": ("deterministic", True), "trust": ("trust", True),
+             "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),
+             "no_eval": ("eval_at_end", False), "no_verify_checksums": ("data.verify_checksums", False)}
+
+
+def launch_overrides(given: dict[str, Any]) -> dict[str, Any]:
+    """The run-config overrides of launch's options (`given` by parameter name): a value where one was given, a
+    switch's value where it is on, None (keep the run config's) elsewhere; --steps wins over a config's epochs."""
+    out = {key: given[name] for name, key in _VALUES.items()}
+    out.update({key: value if given[name] else None for name, (key, value) in _SWITCHES.items()})
+    out["data.manifests"] = [str(m) for m in given["manifest"]] or None
+    out["epochs"] = given["epochs"] if given["epochs"] is not None else (0 if given["steps"] is not None else None)
+    return out
+
+
+def _check_request(cfg: TrainConfig, out: str | None, config: str | None, resume: bool) -> None:
+    """What the options alone can refute: no RUN_DIR, or a --resume with no run to resume."""
+    if out is None and config is None:
+        raise ValueError("--out RUN_DIR is required")
+    if resume and not cfg.data.manifests and not (Path(cfg.out) / "config.yaml").exists():
+        raise ValueError(f"--resume: there is no run to resume at {cfg.out} (no {Path(cfg.out) / 'config.yaml'}); "
+                         "start one with --manifest DIR --out RUN_DIR, or name the run's folder with --out")
 
 
 def evaluate_cmd(

@@ -63,3 +63,35 @@ def test_the_shipped_presets_are_within_the_model_limit() -> None:
         count = model_parameters(name, {})
         assert count == sum(p.numel() for p in build_model(name, device="meta").parameters())
         assert count < MAX_PARAMETERS
+
+
+def test_every_launch_option_sets_its_run_config_key_or_is_the_launchers_own() -> None:
+    import inspect
+
+    from dpot_train.cli_train import _SWITCHES, _VALUES, launch_cmd, launch_overrides
+    from dpot_train.config import TrainConfig
+
+    launcher = {"config", "nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_timeout", "resume",
+                "dry_run"}
+    names = set(inspect.signature(launch_cmd).parameters)
+    assert names == set(_VALUES) | set(_SWITCHES) | {"manifest", "epochs"} | launcher  # none silently dropped
+    defaults = TrainConfig().to_dict()
+
+    def exists(key: str) -> bool:
+        node = defaults
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    none_given = {**{n: None for n in names}, **{n: False for n in _SWITCHES}, "manifest": []}
+    assert all(v is None for v in launch_overrides(none_given).values())  # nothing given: the run config stays
+    for name, key in _VALUES.items():
+        assert exists(key), key
+        assert launch_overrides({**none_given, name: 7})[key] == 7
+    for name, (key, value) in _SWITCHES.items():
+        assert exists(key) and launch_overrides({**none_given, name: True})[key] is value
+    both = launch_overrides({**none_given, "steps": 5, "manifest": ["a"]})
+    assert both["steps"] == 5 and both["epochs"] == 0 and both["data.manifests"] == ["a"]  # --steps beats epochs
+    assert launch_overrides({**none_given, "steps": 5, "epochs": 2.0})["epochs"] == 2.0
