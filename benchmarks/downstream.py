@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ckpt = ckpt or pretrain(work, pre, a.pretrain_steps, a.batch_size, a.device)
     elif ckpt is None:
         sys.exit("--manifest needs --init (the checkpoint to compare with training from scratch)")
-    from dpot_train.data.manifest import read_manifests
+    from dpot_train.data.datasets import read_manifests
     from dpot_train.checkpoint import load_state_dict_file
 
     dims = len(read_manifests([str(manifest)])[0].dims)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from dpot_train.config import DataConfig
-from dpot_train.data.manifest import DatasetInfo, check_compatible
+from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
@@ -180,7 +180,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
     the run's data.res; for a 3D model without one, the model's own grid)."""
     from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_recipe, trained_res
-    from dpot_train.data.manifest import read_manifests
+    from dpot_train.data.datasets import read_manifests
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
 
     datasets = read_manifests(manifests)

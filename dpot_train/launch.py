@@ -20,7 +20,7 @@ from dpot_format.tar import SampleIndex
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
 from dpot_train.data.cached_reader import uses_cache, with_cache
-from dpot_train.data.manifest import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
+from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
                                       read_manifest_docs)
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream

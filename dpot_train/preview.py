@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dpot_train.config import DataConfig
-from dpot_train.data.manifest import DataError
+from dpot_train.data.datasets import DataError
 from dpot_train.data.prepare import data_reader, load_datasets
 from dpot_train.data.windows import resize_frames, to_model_layout
 

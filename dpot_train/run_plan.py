@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dpot_format.io import atomic_write
-from dpot_train.data.manifest import DataError, DatasetInfo, datasets_of_docs
+from dpot_train.data.datasets import DataError, DatasetInfo, datasets_of_docs
 from dpot_train.data.readers import TrajRef
 from dpot_train.data.stream import StreamSpec
 

@@ -13,7 +13,7 @@ import torch
 
 from dpot_train.config import DataConfig
 from dpot_train.data.readers import WebDatasetReader
-from dpot_train.data.manifest import read_manifest
+from dpot_train.data.datasets import read_manifest
 from dpot_train.evaluate import evaluate_checkpoint, evaluate_model
 from tests import train_runs
 

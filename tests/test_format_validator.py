@@ -25,7 +25,7 @@ from dpot_format.errors import FormatError
 from dpot_format.manifest import read_manifest
 from dpot_format.tar import iter_samples
 from dpot_format.validate import Problem, validate_output
-from dpot_train.data.manifest import DataError, read_manifests, verify_shards
+from dpot_train.data.datasets import DataError, read_manifests, verify_shards
 from dpot_train.data.readers import WebDatasetReader
 from tests import train_runs
 from tests.toy_output import toy_arrays, write_toy_output

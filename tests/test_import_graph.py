@@ -55,7 +55,7 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]
 
 
 def test_the_import_walker_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
-    probe = ROOT / "dpot_train" / "data" / "manifest.py"
+    probe = ROOT / "dpot_train" / "data" / "datasets.py"
     names = _imports(probe)
     assert "dpot_format.validate" in names and "dpot_format.manifest.read_manifest" in names
     fake = tmp_path / "x.py"

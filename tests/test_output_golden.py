@@ -93,7 +93,7 @@ def test_version_1_outputs_read_as_before(tmp_path, monkeypatch) -> None:
     from dpot_data.writers import zarr_store
     from dpot_format.io import atomic_write
     from dpot_format.validate import validate_output
-    from dpot_train.data.manifest import read_manifests
+    from dpot_train.data.datasets import read_manifests
     from dpot_train.data.readers import make_reader
 
     raw = synth_fno(tmp_path / "raw", n=3, frames=5, resolution=16, seed=4)[0]

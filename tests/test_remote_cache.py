@@ -26,7 +26,7 @@ import s3_local  # noqa: E402
 from dpot_train.config import DataConfig  # noqa: E402
 from dpot_train.data.cache import CacheError, CacheSettings, ShardCache  # noqa: E402
 from dpot_train.data.cached_reader import CachedWebDatasetReader  # noqa: E402
-from dpot_train.data.manifest import DatasetInfo, read_manifests  # noqa: E402
+from dpot_train.data.datasets import DatasetInfo, read_manifests  # noqa: E402
 from dpot_train.data.prepare import prepare_stream  # noqa: E402
 from dpot_train.data.readers import WebDatasetReader  # noqa: E402
 from dpot_train.data.remote_fetch import FetchError, FetchPlan, RetryPolicy  # noqa: E402
@@ -175,7 +175,7 @@ def test_an_entry_being_read_is_not_evicted(s3, corpus, tmp_path: Path) -> None:
 _KILLED_DOWNLOAD = """
 import sys
 from dpot_train.data.cache import CacheSettings, ShardCache
-from dpot_train.data.manifest import read_manifests
+from dpot_train.data.datasets import read_manifests
 from dpot_train.data.remote_fetch import FetchPlan
 shard = read_manifests([sys.argv[1]])[0].shards_of("train")[0]
 ShardCache(CacheSettings(sys.argv[2], plan=FetchPlan(part=16 << 10, range_from=0, concurrency=1))).ensure(shard)

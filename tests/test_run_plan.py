@@ -101,7 +101,7 @@ def test_a_two_process_launch_reads_each_manifest_init_and_tar_headers_once(
 
 
 def test_a_plan_written_for_another_config_is_refused(tmp_path: Path) -> None:
-    from dpot_train.data.manifest import DataError
+    from dpot_train.data.datasets import DataError
     from dpot_train.data.stream import StreamSpec
     from dpot_train.run_plan import make_plan, save_plan
 

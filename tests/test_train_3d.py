@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dpot_train.config import DataConfig
-from dpot_train.data.manifest import DataError, check_compatible, read_manifests
+from dpot_train.data.datasets import DataError, check_compatible, read_manifests
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.stream import EpochPlans, WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask, to_model_layout

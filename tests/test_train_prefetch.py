@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dpot_train.config import DataConfig, TrainConfig, apply_overrides
-from dpot_train.data.manifest import DataError
+from dpot_train.data.datasets import DataError
 from dpot_train.data.prefetch import ThreadLoader, WorkerError
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.loader import make_loader

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dpot_train.data.manifest import DataError, Shard
+from dpot_train.data.datasets import DataError, Shard
 from dpot_train.data.remote_fetch import FetchError, FetchPlan, fetch_into
 
 DEFAULT_LIMIT = 100 << 30  # bytes: the cache's default size bound

@@ -21,7 +21,7 @@ from dpot_format.errors import FormatError
 from dpot_format.io import is_local
 from dpot_format.tar import index_shard
 from dpot_train.data.cache import DEFAULT_LIMIT, CacheSettings, ShardCache, check_limit, parse_size
-from dpot_train.data.manifest import DataError, DatasetInfo, Shard
+from dpot_train.data.datasets import DataError, DatasetInfo, Shard
 from dpot_train.data.readers import (ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, make_reader,
                                      read_window)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 
-from dpot_train.data.manifest import DataError
+from dpot_train.data.datasets import DataError
 
 
 def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | None:

@@ -11,7 +11,7 @@ from typing import Sequence
 from dpot_format.tar import SampleIndex
 from dpot_train.config import DataConfig
 from dpot_train.data.cached_reader import cache_settings, reader_for, uses_cache
-from dpot_train.data.manifest import DataError, DatasetInfo, check_compatible, read_manifests, verify_shards
+from dpot_train.data.datasets import DataError, DatasetInfo, check_compatible, read_manifests, verify_shards
 from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.readers import ShardIndex, TrajectoryReader
 from dpot_train.data.stream import StreamSpec

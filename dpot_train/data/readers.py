@@ -20,7 +20,7 @@ from dpot_format.errors import FormatError
 from dpot_format.io import open_read
 from dpot_format.npy import load_npy, read_npy_header
 from dpot_format.tar import SampleIndex, index_shard
-from dpot_train.data.manifest import DataError, DatasetInfo, Shard
+from dpot_train.data.datasets import DataError, DatasetInfo, Shard
 
 ShardIndex = Mapping[str, Sequence[SampleIndex]]  # shard url -> its member index, as dpot_format's validator read it
 

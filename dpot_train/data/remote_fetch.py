@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dpot_train.data.manifest import DataError
+from dpot_train.data.datasets import DataError
 
 _RETRY_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
                  errno.ECONNREFUSED, errno.EIO}

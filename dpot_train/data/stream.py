@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from dpot_train.data.manifest import DataError, DatasetInfo
+from dpot_train.data.datasets import DataError, DatasetInfo
 from dpot_train.data.readers import TrajectoryReader, TrajRef
 from dpot_train.data.windows import as_model_order, model_view, split_window, window_start
 

@@ -1,4 +1,5 @@
-"""Read dpot shard manifests (docs/format.md) through dpot_format and check shards before any training step."""
+"""The datasets a run reads: DatasetInfo from dpot shard manifests (docs/format.md) through dpot_format, and the
+checks of their shards before any training step."""
 
 from __future__ import annotations
 
