@@ -16,7 +16,7 @@ from dpot_train.data.readers import TrajRef
 from dpot_train.data.stream import StreamSpec
 
 PLAN_NAME = "plan.json"
-FORMAT = "dpot-run-plan/1"
+FORMAT = "dpot-run-plan/2"  # 2: with the evaluation split's trajectories
 
 
 @dataclass(frozen=True)
