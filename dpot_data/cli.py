@@ -405,11 +405,13 @@ def _run_corpus(files: List[str], out: str, options: object, dataset: Optional[s
 
     if any("://" in p for p in [*files, out]):
         raise InputError(out, "expected local folders for `ingest corpus` (URLs work per dataset)")
-    run = ingest_corpus([Path(p) for p in files], Path(out), options, dataset=dataset, catalog_split=catalog_split)
+    catalog = load_catalog()  # once, for the corpus plan, every dataset's job and the warnings below
+    run = ingest_corpus([Path(p) for p in files], Path(out), options, dataset=dataset, catalog_split=catalog_split,
+                        catalog=catalog)
     for path in run.plan.unknown:
         typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
     for missing in run.plan.missing:
-        expected = load_catalog().get(missing).files[0]
+        expected = catalog.get(missing).files[0]
         typer.echo(f"warning: pre-training dataset {missing}: no raw files found (expected "
                    f"{expected}; `dpot-data catalog {missing}` says where it comes from)", err=True)
     return run.done, run.failed
