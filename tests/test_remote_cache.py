@@ -388,3 +388,17 @@ def test_remote_loader_benchmark_runs_and_reports_its_figures() -> None:
     assert res["local_warm"]["warm_shard_gets"] == 0 and res["fault"]["equal_to_fault_free"] is True
     assert res["tight"]["peak_cache_bytes"] <= res["limits"]["tight"]
     assert all(x["cold"]["peak_cache_bytes"] <= res["limits"]["cold_warm"] for x in res["cold"]["rounds"])
+
+
+def test_the_zarr_backend_reads_object_storage_directly_with_the_local_stores_values(s3, corpus) -> None:
+    """`--backend zarr` on an s3:// output reads its chunks straight from the store (no shard cache): the same
+    trajectories, windows and masks as the local copy."""
+    local, url = corpus
+    windows = []
+    for manifest in (str(local), url):
+        spec, reader = prepare_stream(DataConfig(manifests=[manifest], backend="zarr", t_in=4, t_out=1), seed=0)
+        assert spec.refs[0][0].url.startswith(manifest)
+        windows.append([(r.index, *reader.read(r, 2, 5)) for r in spec.refs[0]])
+    assert len(windows[0]) == 9 and [w[0] for w in windows[0]] == [w[0] for w in windows[1]]
+    for (_, f, m), (_, rf, rm) in zip(*windows):
+        assert f.tobytes() == rf.tobytes() and m.tobytes() == rm.tobytes() and f.shape == (5, 4, 32, 32)
