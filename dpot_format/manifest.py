@@ -268,11 +268,3 @@ def read_manifest(folder_or_file: str | os.PathLike[str], limits: Limits = LIMIT
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise FormatError(path, f"expected a manifest following schema version {SCHEMA_VERSION}: {errors[0]}{more}")
     return doc
-
-
-def find_dataset(manifest: dict[str, Any], name: str) -> dict[str, Any]:
-    """The dataset entry called `name`; KeyError listing the names present otherwise."""
-    for entry in manifest["datasets"]:
-        if entry["name"] == name:
-            return entry
-    raise KeyError(f"dataset {name!r} not in manifest (has: {', '.join(d['name'] for d in manifest['datasets'])})")

@@ -19,10 +19,6 @@ MEMBER_KINDS = ("fields.npy", "mask.npy", "meta.json")
 MEMBER_NAME = re.compile(r"^(s\d{7})\.(fields\.npy|mask\.npy|meta\.json)$")
 """A shard member: `s<7 digits>.fields.npy`, `.mask.npy` or `.meta.json`, nothing else (no folders, no dots)."""
 
-OUTPUT_FOLDER = re.compile(r"^(data(\.\d+)?\.zarr|shards(\.\d+)?)$")
-"""A top-level store or shard folder of an output, of any generation (`data.zarr`, `data.1.zarr`, `shards.1`, ...):
-publishing over an output moves the new folders in beside the old ones under the next free names."""
-
 SHARD_FILE = re.compile(r"^(train|valid|test)-(\d{6})\.tar$")
 """A shard file's own name: `<split>-NNNNNN.tar` (it lives in `shards/<dataset>/`)."""
 
@@ -69,23 +65,7 @@ def shard_file(split: str, number: int) -> str:
     return f"{split}-{number:06d}.tar"
 
 
-def shard_path(dataset: str, split: str, number: int) -> str:
-    """`shards/<dataset>/<split>-NNNNNN.tar`: where a shard lives, relative to the output folder."""
-    return f"{SHARDS_FOLDER}/{dataset}/{shard_file(split, number)}"
-
-
-def shard_split(path: str) -> str | None:
-    """The split a shard path's file name names (`.../train-000003.tar` -> "train"), None when it breaks the rule."""
-    match = SHARD_FILE.match(path.rsplit("/", 1)[-1])
-    return match.group(1) if match else None
-
-
 def is_temporary(name: str) -> bool:
     """Whether a file or folder name (one path component) is a temporary name a writer uses before its rename:
     `.<name>.tmp*`, `*.partial`, `*.part`, `.staging-*`."""
     return any(p.match(name) for p in _TEMPORARY)
-
-
-def has_temporary_part(rel: str) -> bool:
-    """Whether any component of a relative path is a temporary name (a file inside `.staging-x/` counts)."""
-    return any(is_temporary(part) for part in rel.split("/") if part)

@@ -33,14 +33,6 @@ def path_error(rel: object) -> str | None:
     return None
 
 
-def check_relative(rel: object, where: str = "path") -> str:
-    """`rel` itself when it is a plain relative POSIX path (FormatError naming `where` otherwise)."""
-    problem = path_error(rel)
-    if problem is not None:
-        raise FormatError(f"{where} {rel!r}", problem)
-    return str(rel)
-
-
 def resolve_member(root: str, rel: str, where: str | None = None) -> str:
     """The path or URL of `rel` inside the output folder `root`, after checking that it stays inside it.
 

@@ -71,15 +71,6 @@ def mean_across_ranks(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank src's object on every rank."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 def shutdown() -> None:
     """Destroy the process group if one exists."""
     if dist.is_available() and dist.is_initialized():

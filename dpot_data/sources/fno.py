@@ -228,7 +228,7 @@ def _open_v5(path: Path, header: bytes) -> _MatFile:
                 budget -= inflated
                 with open(tmp, "rb") as inner:
                     head = inner.read(4096 + 8)
-                inner_type, inner_n, _ = _tag(head, 0, endian)
+                inner_type, _, _ = _tag(head, 0, endian)
                 if inner_type != _MI_MATRIX:
                     raise InputError(path, f"compressed element at offset {pos} does not hold a matrix")
                 name, var = _parse_matrix(path, tmp, head[8:], 8, endian, os.path.getsize(tmp))

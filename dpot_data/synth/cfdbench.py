@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 PROBLEMS = ("cavity", "tube", "cylinder", "dam")
-SUBSETS = ("bc", "geo", "prop")
 FRAME_DT = 0.1
 
 

@@ -16,7 +16,6 @@ import h5py
 import numpy as np
 
 EXTENT = 32.0
-SPLIT_SIZES = {"train": 100, "valid": 25, "test": 25}  # published trajectories per file (standard set)
 
 
 def file_name(split: str, seed: int, buo_y: float, n: int) -> str:

@@ -25,12 +25,6 @@ DEFAULT_SHARD_BYTES = 256 << 20
 _BLOCK = tarfile.BLOCKSIZE
 
 
-def npy_bytes(array: np.ndarray) -> bytes:
-    """A plain .npy (format 1.0, C order, no pickle) of the array."""
-    array = np.ascontiguousarray(array)
-    return npy_header(array) + array.tobytes()
-
-
 def npy_header(array: np.ndarray) -> bytes:
     """The .npy format 1.0 header of a C-order array (what `numpy.save` writes before the data)."""
     buf = io.BytesIO()

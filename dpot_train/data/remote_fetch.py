@@ -114,7 +114,6 @@ def fetch_into(url: str, fd: int, size: int, plan: FetchPlan = FetchPlan(),
         from dpot_format.io import filesystem
     fs, path = filesystem(url)
     ranges = plan.ranges(size)
-    digest = hashlib.sha256()
     rng = random.Random()
     whole = len(ranges) == 1
 
