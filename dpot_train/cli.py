@@ -30,7 +30,10 @@ app.command("evaluate")(evaluate_cmd)
 @app.command("preview")
 def preview_cmd(
     manifest: str = typer.Option(..., "--manifest", help="Folder holding manifest.json."),
-    out: Path = typer.Option(..., "--out", help="Where to write the array (.npy, numpy format, no pickle)."),
+    out: str = typer.Option(..., "--out", help="The file to write the array to, as named (.npy format, no pickle)."),
+    mask_out: Optional[str] = typer.Option(None, "--mask-out", help="Also write the fluid mask the loss uses, "
+                                           "(H, W) or (X, Y, Z) bool in the same orientation as --out's array "
+                                           "(.npy format)."),
     dataset: str = typer.Option(None, "--dataset", help="Dataset name (needed when the manifest holds several)."),
     split: str = typer.Option("test", "--split", help="train, valid or test."),
     index: int = typer.Option(0, "--index", help="Trajectory index within the split, in stored order."),
@@ -42,19 +45,26 @@ def preview_cmd(
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:
     """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32 ((X, Y, Z, T, C) for 3D),
-    padded channels included, in the manifest's convention (docs/conventions.md); no noise."""
-    import numpy as np
-
-    from dpot_train.preview import model_input
+    padded channels included, in the manifest's convention (docs/conventions.md); no noise. --mask-out adds the
+    loss's fluid mask, cell for cell in the same order."""
+    from dpot_train.cli_train import check_out_file
+    from dpot_train.preview import model_window, save_array
 
     try:
-        x = model_input(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)
+        check_out_file(out, "--out", "x.npy")
+        if mask_out is not None:
+            check_out_file(mask_out, "--mask-out", "mask.npy")
+            if Path(mask_out).absolute() == Path(out).absolute():
+                raise ValueError(f"--mask-out {mask_out}: the same file as --out; expected another file")
+        x, mask = model_window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out, x, allow_pickle=False)
-    typer.echo(f"{out}: {x.dtype} {tuple(x.shape)} {'(X, Y, Z, T, C)' if x.ndim == 5 else '(H, W, T, C)'}")
+    axes = "(X, Y, Z" if x.ndim == 5 else "(H, W"
+    typer.echo(f"{save_array(out, x)}: {x.dtype} {tuple(x.shape)} {axes}, T, C)")
+    if mask_out is not None:
+        typer.echo(f"{save_array(mask_out, mask)}: loss mask {mask.dtype} {tuple(mask.shape)} {axes}) "
+                   "(True: fluid)")
 
 
 @model_app.command("info")

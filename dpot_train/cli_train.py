@@ -24,6 +24,19 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(code=2) from exc
 
 
+def check_out_file(path: str, option: str = "--out", example: str = "eval.json") -> None:
+    """A file path the command can write: not a folder (an existing one or a name ending in a slash), its parent
+    not a file. Checked before any work, so a long evaluation never ends in a failed write; ValueError, one line."""
+    target = Path(path)
+    if path.endswith(("/", os.sep)) or target.is_dir():
+        raise ValueError(f"{option} {path}: is a folder; expected the file to write (e.g. {target / example})")
+    if target.exists() and not target.is_file():
+        raise ValueError(f"{option} {path}: exists and is not a regular file; expected a file path")
+    parent = next((a for a in target.absolute().parents if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{option} {path}: {parent} is a file, not a folder; expected a file path in a folder")
+
+
 def _default(key: str, text: str = "") -> str:
     """A launch option's help with its default: the run config's value (a --config file or a resumed run's wins)."""
     value: object = TrainConfig().to_dict()
@@ -113,7 +126,8 @@ def launch_cmd(
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT for multi-node."),
     rdzv_timeout: int = typer.Option(600, "--rdzv-timeout", help="Seconds a node waits for the others to join."),
     resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the run config (YAML, on "
+                                 "stdout) and the torchrun command, exit; writes nothing."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:
@@ -128,11 +142,15 @@ def launch_cmd(
         _check_request(cfg, out, config, resume)
         topo = choose_topology(Path(cfg.out), resume, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
                                rdzv_timeout)
-        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None)
+        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None, write=not dry_run)
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2
         _fail(exc)
         return
+    if dry_run:  # what config.yaml would hold
+        import yaml
+
+        typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
     typer.echo(" ".join(cmd), err=True)
     if topo.waiting_message():
         typer.echo(topo.waiting_message(), err=True)
@@ -175,7 +193,7 @@ def _check_request(cfg: TrainConfig, out: str | None, config: str | None, resume
 def evaluate_cmd(
     checkpoint: str = typer.Argument(..., help="Checkpoint (ours, or the released {'model': state_dict} format)."),
     manifest: list[str] = typer.Option(..., "--manifest", help="Folder holding manifest.json (repeat for several)."),
-    out: Path = typer.Option(..., "--out", help="Where to write eval.json."),
+    out: str = typer.Option(..., "--out", help="The file to write the results to (eval.json; a folder is refused)."),
     rollout_steps: int = typer.Option(0, "--rollout-steps", help="Frames to roll out (0: to the trajectory end)."),
     split: str = typer.Option("test", "--split"),
     backend: str = typer.Option("webdataset", "--backend"),
@@ -198,6 +216,7 @@ def evaluate_cmd(
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
 
     try:
+        check_out_file(out)  # before the evaluation, not after it
         result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
                                      backend=backend, device=device, max_trajectories=max_trajectories,
                                      verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,

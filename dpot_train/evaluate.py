@@ -13,7 +13,7 @@ from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets
 from dpot_train.data.readers import TrajRef, indexed_trajectories
-from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
+from dpot_train.data.windows import model_shape, resize_frames, resize_mask, to_model_layout, to_model_mask
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
 
@@ -74,7 +74,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
             frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout)
                                                               for f, _ in arrays])), data.res)
-            mask = resize_mask(torch.from_numpy(np.stack([np.ascontiguousarray(m.T if ds.model_layout == "xy" else m)
+            mask = resize_mask(torch.from_numpy(np.stack([to_model_mask(m, ds.model_layout)
                                                           for _, m in arrays]).astype(bool)), data.res)
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
             true = frames[..., t_in:t_in + steps, :]
@@ -95,9 +95,8 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
 def _model_grid(ds: Any, res: int = 0) -> tuple[tuple[int, ...], list[int]]:
     """(H, W[, D]) of the model's grid (`res` per axis when the run resizes) and of the native grid, in the model's
     orientation."""
-    shape, native = list(ds.shape), list(ds.entry.get("grid", {}).get("native_shape", ds.shape))
-    if ds.model_layout == "xy":  # stored (y, x) or (z, y, x): the model's H is x
-        shape, native = shape[::-1], native[::-1]
+    shape = list(model_shape(ds.shape, ds.model_layout))
+    native = list(model_shape(ds.entry.get("grid", {}).get("native_shape", ds.shape), ds.model_layout))
     if res > 0:
         shape = [res] * len(shape)
     return tuple(int(s) for s in shape), native

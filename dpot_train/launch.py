@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from dpot_train.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
+from dpot_format.names import MANIFEST_NAME
 from dpot_format.readers import hold_shared
 from dpot_format.tar import SampleIndex
 from dpot_format.validate import validate_output
@@ -207,19 +208,21 @@ def hold_outputs(data: DataConfig) -> list[int]:
     fds = []
     for given in data.manifests:
         for path in expand_outputs(given):
-            if "://" in path:
-                continue
-            fd = hold_shared(Path(path).parent if path.endswith(".json") else Path(path))
+            folder = Path(path).parent if path.endswith(".json") else Path(path)
+            if "://" in path or not (folder / MANIFEST_NAME).is_file():  # no dpot output there: nothing to lock,
+                continue                                                 # and no lock file left in the user's folder
+            fd = hold_shared(folder)
             if fd is not None:
                 os.set_inheritable(fd, True)
                 fds.append(fd)
     return fds
 
 
-def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None
+def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None, write: bool = True
                 ) -> tuple[TrainConfig, Path]:
     """Check the config, RUN_DIR and the data, then write config.yaml, plan.json (the RunPlan the workers load) and
-    launch.json; returns the config to run and its path. `source`: the run config file the settings came from."""
+    launch.json; returns the config to run and its path. `source`: the run config file the settings came from.
+    `write` False (`launch --dry-run`): every check, nothing written (no RUN_DIR files, no readers' lock)."""
     init = validate_config(cfg, source)
     cfg = absolute_paths(cfg)
     run = Path(cfg.out)
@@ -229,7 +232,8 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
                          f"{topo.nproc_per_node * topo.nnodes} processes")
     cfg = with_cache(resolve_recipe(cfg, init))
-    hold_outputs(cfg.data)  # before the checks: what is checked is what the run reads
+    if write:
+        hold_outputs(cfg.data)  # before the checks: what is checked is what the run reads
     docs = read_manifest_docs(list(cfg.data.manifests))  # each manifest read once, here
     datasets = datasets_of_docs(docs)
     weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
@@ -244,8 +248,10 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
-    run.mkdir(parents=True, exist_ok=True)
     cfg_path = run / "config.yaml"
+    if not write:
+        return cfg, cfg_path
+    run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, cfg_path)
     save_plan(make_plan(cfg.to_dict(), docs, weights, spec, evaluation, init, layout_record(topo)), run)
     save_layout(run, topo)

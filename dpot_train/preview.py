@@ -2,7 +2,8 @@
 
 `model_input` reads frames of one trajectory through the same readers and layout rule as training and evaluation
 (the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32, or
-(X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on.
+(X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on. `model_window` adds the
+fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell for cell in the same order.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DataError
 from dpot_train.data.prepare import data_reader, load_datasets
-from dpot_train.data.windows import resize_frames, to_model_layout
+from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout, to_model_mask
 
 
 def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
@@ -24,6 +25,14 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
     """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
     (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res` per
     axis when > 0 (as `launch --res` does)."""
+    return model_window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)[0]
+
+
+def model_window(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
+                 start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
+                 cache_dir: str | None = None, cache_limit: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`model_input`'s frames and the trajectory's fluid mask as the loss sees it: (H, W[, D]) bool in the same
+    orientation (True: fluid), resized by nearest neighbour to `res` when > 0, as the trainer does."""
     # any trajectory length: the frame range is checked below, not a training window
     cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0,
                      cache_dir=cache_dir, cache_limit=cache_limit)
@@ -44,6 +53,23 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
     length = ds.frames - start if frames is None else frames
     if start < 0 or length < 1 or start + length > ds.frames:
         raise DataError(f"{ds.name}: frames [{start}, {start + length}) are outside its {ds.frames} frames")
-    fields, _ = reader.read(refs[index], start, length)
+    fields, stored_mask = reader.read(refs[index], start, length)
     x = to_model_layout(fields, ds.model_layout)
-    return resize_frames(torch.from_numpy(x)[None], res)[0].numpy() if res > 0 else x
+    mask = to_model_mask(stored_mask, ds.model_layout).astype(bool)
+    if res > 0:
+        x = resize_frames(torch.from_numpy(x)[None], res)[0].numpy()
+        mask = resize_mask(torch.from_numpy(mask)[None], res)[0].numpy()
+    return x, mask
+
+
+def save_array(path: str | Path, array: np.ndarray) -> str:
+    """Write `array` in .npy format (no pickle) to exactly `path` (numpy would add `.npy` to a bare name), in one
+    atomic step, its folder created; returns the path written."""
+    import io
+
+    from dpot_format.io import atomic_write
+
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, buf.getvalue())

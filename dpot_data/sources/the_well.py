@@ -34,6 +34,7 @@ import h5py
 import numpy as np
 import xarray as xr
 
+from dpot_format.layout import own_data_layout
 from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, all_finite, as_path, auto_block, check_h5_dataset, check_sizes,
@@ -346,7 +347,8 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
                 **{c: first["coords"][d] for c, d in zip(canonical, first["dims"][::-1])}},
         attrs={"source": "the_well", "dataset": manifest_name(name or _default_name(first["name"])),
                "boundary": _boundary(first), "parameters": {**_parameters(first), "simulation_parameters": shared},
-               "dt": dt, "provenance": _provenance(files, infos), "model_layout": "yx"},
+               "dt": dt, "provenance": _provenance(files, infos),
+               "model_layout": own_data_layout(nd)},
     )
     return ReadResult(data=data, split=np.array(split, dtype=str) if splits[0] else None, sample_params=varying,
                       skipped=skipped, inputs=files)

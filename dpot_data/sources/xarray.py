@@ -30,6 +30,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from dpot_format.layout import own_data_layout
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import SampleBlocks, as_path, auto_block, check_sizes, distinct_files, text_path, \
     to_dask, unique_names
@@ -380,5 +381,5 @@ def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask:
         {"fields": (("sample", "time", "channel", *canonical), fields), "mask": (("sample", *canonical), mask)},
         coords=coords,
         attrs={"source": "xarray", "dataset": "data", "boundary": boundary, "parameters": params, "dt": dt,
-               "provenance": extra, "model_layout": "yx"},  # the model's (H, W) are the stored (y, x)
+               "provenance": extra, "model_layout": own_data_layout(len(canonical))},
     )

@@ -30,7 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dpot_train.data.datasets import DataError, DatasetInfo
 from dpot_train.data.readers import TrajectoryReader, TrajRef
-from dpot_train.data.windows import as_model_order, model_view, split_window, window_start
+from dpot_train.data.windows import as_model_order, mask_view, model_batch_view, model_view, split_window, window_start
 
 
 def _name_seed(name: str) -> int:
@@ -105,8 +105,9 @@ class EpochPlans:
 
 def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int
                 ) -> dict[str, Any]:
-    """Read the window of the sample at `position`: frames (T, C, W, H) (the stored (T, C, Y, X), axes swapped for a
-    model_layout "yx" dataset; 3D: (T, C, Z, Y, X)) plus the model's (H, W[, Z], T, C) views x and y.
+    """Read the window of the sample at `position`: frames (T, C, *S) and frames_mask (*S), the stored window and
+    mask with their space axes in the model's reverse order (windows.as_model_order: the stored ones, or for a 2D
+    "yx" dataset the last two swapped), plus the model's (H, W[, D], T, C) views x and y and its (H, W[, D]) mask.
 
     No noise here: it is injected on the training device (windows.inject_noise), seeded by the same position.
     """
@@ -116,7 +117,7 @@ def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef
     t0 = window_start(rng, ds.frames, length)
     fields, mask = as_model_order(*reader.read(ref, t0, length), ds.model_layout)
     x, y = split_window(model_view(fields), spec.t_in)
-    return {"frames": fields, "x": x, "y": y, "mask_yx": mask, "mask": mask.T.astype(bool),
+    return {"frames": fields, "x": x, "y": y, "frames_mask": mask, "mask": mask_view(mask).astype(bool),
             "channel_valid": np.asarray(ds.channel_valid, bool), "dataset": k, "id": ref.id,
             "position": position, "t0": t0}
 
@@ -124,13 +125,11 @@ def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef
 def collate(samples: list[dict[str, Any]], t_in: int) -> dict[str, Any]:
     """Batch: x (B, X, Y[, Z], T_in, C), y (B, X, Y[, Z], T_out, C), mask (B, X, Y[, Z]), channel_valid (B, C), ids.
 
-    Windows are stacked in their stored (T, C, [Z,] Y, X) order (a plain copy) and x, y, mask are permuted views.
+    Windows and masks are stacked as make_sample orders them (a plain copy) and x, y, mask are permuted views
+    (windows.model_batch_view: the model's order for the fields and the mask alike).
     """
-    stacked = torch.from_numpy(np.stack([s["frames"] for s in samples]))  # (B, T, C, *stored space)
-    space = list(range(stacked.ndim - 1, 2, -1))  # stored space axes reversed: (X, Y) or (X, Y, Z)
-    frames = stacked.permute(0, *space, 1, 2)  # (B, X, Y[, Z], T, C)
-    masks = torch.from_numpy(np.stack([s["mask_yx"] for s in samples]).astype(bool))
-    mask = masks.permute(0, *range(masks.ndim - 1, 0, -1))
+    frames, mask = model_batch_view(torch.from_numpy(np.stack([s["frames"] for s in samples])),
+                                    torch.from_numpy(np.stack([s["frames_mask"] for s in samples]).astype(bool)))
     return {
         "x": frames[..., :t_in, :],
         "y": frames[..., t_in:, :],

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpot_format.layout import space_order
+
 
 def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
     """Uniform start t0 in [0, frames - length] so that frames [t0, t0 + length) exist."""
@@ -17,27 +19,58 @@ def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
     return int(rng.integers(0, frames - length + 1))
 
 
-def _to_model_axes(ndim: int) -> tuple[int, ...]:
-    """Permutation (T, C, *stored space) -> (*reversed space, T, C): (X, Y, T, C) or (X, Y, Z, T, C)."""
-    return tuple(range(ndim - 1, 1, -1)) + (0, 1)
+def model_shape(shape: tuple[int, ...] | list[int], model_layout: str) -> tuple[int, ...]:
+    """A stored grid shape ((Y, X) or (Z, Y, X)) in the model's orientation ((H, W) or (X, Y, Z))."""
+    return tuple(int(shape[a]) for a in space_order(len(shape), model_layout))
+
+
+def _stored_reversed(a: np.ndarray, space_ndim: int, model_layout: str) -> np.ndarray:
+    """`a` (leading axes, then the stored space axes) as a view whose space axes are the model's in reverse order:
+    reversing them (`model_view`, `collate`) then gives the model's order. For the stored layouts this is the
+    stored array itself, except 2D "yx" (its last two axes swapped)."""
+    lead = a.ndim - space_ndim
+    order = space_order(space_ndim, model_layout)[::-1]
+    return np.transpose(a, tuple(range(lead)) + tuple(lead + k for k in order))
 
 
 def to_model_layout(fields: np.ndarray, model_layout: str = "xy") -> np.ndarray:
     """Stored (T, C, Y, X) -> the model's (H, W, T, C) as a contiguous copy, by the same two steps a training window
     takes (`as_model_order`, `model_view`): (X, Y, T, C) for the manifest's model_layout "xy", (Y, X, T, C) for
     "yx"; 3D (T, C, Z, Y, X) -> (X, Y, Z, T, C)."""
-    return np.ascontiguousarray(model_view(_layout_order(fields, model_layout)))
+    return np.ascontiguousarray(model_view(_stored_reversed(fields, fields.ndim - 2, model_layout)))
 
 
-def _layout_order(fields: np.ndarray, model_layout: str) -> np.ndarray:
-    """Stored fields as a view whose last two axes are the model's (W, H)."""
-    return np.swapaxes(fields, -1, -2) if model_layout == "yx" else fields
+def to_model_mask(mask: np.ndarray, model_layout: str = "xy") -> np.ndarray:
+    """Stored (Y, X) or (Z, Y, X) fluid mask -> the model's (H, W) or (X, Y, Z) as a contiguous copy: the same rule
+    as `to_model_layout`, so a mask's cell lines up with the field's."""
+    return np.ascontiguousarray(_stored_reversed(mask, mask.ndim, model_layout).T)
 
 
 def as_model_order(fields: np.ndarray, mask: np.ndarray, model_layout: str) -> tuple[np.ndarray, np.ndarray]:
-    """Stored (T, C, Y, X) and (Y, X) as views whose last two axes are the model's (W, H), so that the one
-    permutation (T, C, b, a) -> (a, b, T, C) used for every sample gives the model's (H, W, T, C)."""
-    return _layout_order(fields, model_layout), (mask.T if model_layout == "yx" else mask)
+    """Stored (T, C, [Z,] Y, X) and ([Z,] Y, X) as views whose space axes are the model's in reverse order, so that
+    the one permutation (T, C, *space) -> (*reversed space, T, C) used for every sample (and the mask's reversal)
+    gives the model's (H, W[, D], T, C) and (H, W[, D])."""
+    space = mask.ndim
+    if fields.ndim != space + 2:
+        raise ValueError(f"fields of shape {fields.shape} and a mask of shape {mask.shape}: expected (T, C, *S) "
+                         "and (*S)")
+    return _stored_reversed(fields, space, model_layout), _stored_reversed(mask, space, model_layout)
+
+
+def model_batch_view(frames: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked `as_model_order` windows (B, T, C, *S) and masks (B, *S) -> the model's (B, H, W[, D], T, C) and
+    (B, H, W[, D]) as views: the batch form of `model_view`, the same reversal for the fields and the mask."""
+    space = masks.ndim - 1
+    if frames.ndim != space + 3:
+        raise ValueError(f"windows of shape {tuple(frames.shape)} and masks of shape {tuple(masks.shape)}: expected "
+                         "(B, T, C, *S) and (B, *S)")
+    order = tuple(range(space, 0, -1))
+    return frames.permute(0, *(a + 2 for a in order), 1, 2), masks.permute(0, *order)
+
+
+def mask_view(mask: np.ndarray) -> np.ndarray:
+    """An `as_model_order` mask (*S) -> the model's (H, W[, D]) as a view: the mask's form of `model_view`."""
+    return mask.T
 
 
 def split_window(window: np.ndarray, t_in: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,9 +79,9 @@ def split_window(window: np.ndarray, t_in: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def model_view(fields: np.ndarray) -> np.ndarray:
-    """(T, C, Y, X) -> (X, Y, T, C) (3D: (T, C, Z, Y, X) -> (X, Y, Z, T, C)) as a view (no copy): batches are
-    stacked in stored order and permuted once."""
-    return np.transpose(fields, _to_model_axes(fields.ndim))
+    """(T, C, *S) -> (*reversed S, T, C) as a view (no copy): (T, C, Y, X) -> (X, Y, T, C), 3D (T, C, Z, Y, X) ->
+    (X, Y, Z, T, C). Applied to `as_model_order`'s fields it gives the model's order."""
+    return np.transpose(fields, tuple(range(fields.ndim - 1, 1, -1)) + (0, 1))
 
 
 def resize_frames(frames: torch.Tensor, res: int) -> torch.Tensor:
