@@ -12,6 +12,8 @@ import torch
 import yaml
 
 from dpot_train.checkpoint import UnreadableCheckpointsError, latest_checkpoint, prune
+from dpot_train.config import load_config
+from dpot_train.launch import Topology, prepare_run
 from dpot_train.model import build_model
 from tests import train_runs
 
@@ -65,8 +67,14 @@ def test_paths_are_absolute_and_resume_reuses_the_layout(fno_train_shards: Path,
             "--batch-size", "4", "--nproc-per-node", "2", "--no-progress", "--device", "cpu", "--dry-run"]
     r = subprocess.run(args, capture_output=True, text=True, timeout=240, env=train_runs.env(), cwd=elsewhere)
     assert r.returncode == 0, r.stderr[-2000:]
-    saved = yaml.safe_load((out / "config.yaml").read_text())
+    saved = yaml.safe_load(r.stdout)  # the run config --dry-run prints; it writes nothing
     assert saved["data"]["manifests"] == [str(fno_train_shards.resolve())]
+    assert not out.exists()
+    # the run folder a launch on 2 processes writes before torchrun (config.yaml, plan.json, launch.json)
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(r.stdout)
+    prepare_run(load_config(printed), False, Topology(nproc_per_node=2))
+    assert yaml.safe_load((out / "config.yaml").read_text())["data"]["manifests"] == saved["data"]["manifests"]
     # --resume from another directory, no --nproc-per-node: the run's 2 processes, said so
     r = subprocess.run([sys.executable, "-m", "dpot_train", "launch", "--out", str(out), "--resume", "--dry-run"],
                        capture_output=True, text=True, timeout=240, env=train_runs.env(), cwd=tmp_path)
@@ -82,7 +90,8 @@ def test_paths_are_absolute_and_resume_reuses_the_layout(fno_train_shards: Path,
 def test_resume_with_only_unreadable_checkpoints_stops_and_keeps_them(fno_train_shards: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert _launch(fno_train_shards, out, "--dry-run").returncode == 0
-    (out / "checkpoints").mkdir()
+    assert not out.exists()  # --dry-run writes nothing
+    (out / "checkpoints").mkdir(parents=True)
     damaged = [out / "checkpoints" / f"step-0000000{k}.pt" for k in (2, 4)]
     for p in damaged:
         p.write_bytes(b"truncated")

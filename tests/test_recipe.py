@@ -50,13 +50,14 @@ def test_released_weights_on_another_convention_are_refused(canonical_shards: Pa
     r = train_runs.run(train_runs.launch_args(canonical_shards, tmp_path / "ft", "--init", str(RELEASED),
                                               "--allow-convention-mismatch", "--dry-run", nproc=1))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert yaml.safe_load((tmp_path / "ft" / "config.yaml").read_text())["recipe"] == "reference"
+    assert yaml.safe_load(r.stdout)["recipe"] == "reference"  # the run config --dry-run prints
 
 
 def test_recipe_defaults_to_dpot_from_scratch(fno_train_shards: Path, tmp_path: Path) -> None:
     r = train_runs.run(train_runs.launch_args(fno_train_shards, tmp_path / "run", "--dry-run", nproc=1))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["recipe"] == "dpot"
+    assert yaml.safe_load(r.stdout)["recipe"] == "dpot"  # the run config --dry-run prints
+    assert not (tmp_path / "run").exists()  # and writes nothing
 
 
 def test_reference_noise_touches_padded_channels_and_ours_does_not() -> None:

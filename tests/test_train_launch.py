@@ -40,10 +40,12 @@ def test_yaml_config_with_cli_overrides_dry_run(fno_train_shards: Path, tmp_path
                         "--nproc-per-node", "3", "--dry-run"])
     assert r.returncode == 0, r.stderr
     assert "dpot_train.torchrun --nproc-per-node=3 --standalone" in r.stderr
-    saved = load_config(tmp_path / "run" / "config.yaml")
+    printed = tmp_path / "printed.yaml"  # --dry-run prints the run config and writes nothing
+    printed.write_text(r.stdout)
+    saved = load_config(printed)
     assert saved.steps == 7 and saved.batch_size == 6  # CLI wins, the file fills in the rest
     assert saved.optim.lr == 5e-4 and saved.optim.clip_grad == 0.5 and saved.data.noise == 5e-5
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run").exists()
     r = train_runs.run([sys.executable, "-m", "dpot_train", "launch", "--config", str(config),
                         "--nproc-per-node", "4", "--dry-run"])
     assert r.returncode == 2 and "--batch-size 6 (global) must be divisible by the 4 processes" in r.stderr
