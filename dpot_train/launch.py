@@ -208,10 +208,10 @@ def hold_outputs(data: DataConfig) -> list[int]:
     fds = []
     for given in data.manifests:
         for path in expand_outputs(given):
-            folder = Path(path).parent if path.endswith(".json") else Path(path)
-            if "://" in path or not (folder / MANIFEST_NAME).is_file():  # no dpot output there: nothing to lock,
-                continue                                                 # and no lock file left in the user's folder
-            fd = hold_shared(folder)
+            manifest = Path(path) if path.endswith(".json") else Path(path) / MANIFEST_NAME
+            if "://" in path or not manifest.is_file():  # no dpot output there: nothing to lock, and no lock file
+                continue                                 # left in the user's folder
+            fd = hold_shared(manifest.parent)
             if fd is not None:
                 os.set_inheritable(fd, True)
                 fds.append(fd)
