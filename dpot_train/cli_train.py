@@ -127,7 +127,7 @@ def launch_cmd(
     rdzv_timeout: int = typer.Option(600, "--rdzv-timeout", help="Seconds a node waits for the others to join."),
     resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the run config (YAML, on "
-                                 "stdout) and the torchrun command, exit; writes nothing."),
+                                 "stdout) and the torchrun command, exit; writes no run files."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:

@@ -81,7 +81,8 @@ def test_launch_with_no_eval_trains_on_an_all_train_split(all_train: Path, tmp_p
     result = _run(train_app, "launch", "--manifest", str(all_train), "--out", str(tmp_path / "r"), "--steps", "20",
                   "--no-eval", "--dry-run")
     assert result.exit_code == 0, result.output
-    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["eval_at_end"] is False
+    assert yaml.safe_load(result.stdout)["eval_at_end"] is False  # the run config --dry-run prints
+    assert not (tmp_path / "r").exists()  # and writes nothing
 
 
 def test_evaluate_without_the_split_says_what_to_do(all_train: Path, tmp_path: Path) -> None:
@@ -120,14 +121,14 @@ def test_launch_takes_a_shipped_config_by_name_and_a_path(canonical: Path, tmp_p
     result = _run(train_app, "launch", "--config", "pretrain-ti", "--manifest", str(canonical), "--out", "r",
                   "--steps", "20", "--dry-run")
     assert result.exit_code == 0, result.output
-    saved = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    saved = yaml.safe_load(result.stdout)  # the run config --dry-run prints
     assert saved["batch_size"] == 160 and saved["model"] == "Ti" and saved["steps"] == 20
     own = tmp_path / "mine.yaml"
     own.write_text("batch_size: 4\n")
     result = _run(train_app, "launch", "--config", str(own), "--manifest", str(canonical), "--out", "r2",
                   "--steps", "20", "--dry-run")
     assert result.exit_code == 0, result.output
-    assert yaml.safe_load((tmp_path / "r2" / "config.yaml").read_text())["batch_size"] == 4
+    assert yaml.safe_load(result.stdout)["batch_size"] == 4
     line = _one_line_error(_run(train_app, "launch", "--config", "pretrain-tii", "--out", "r3"))
     assert "pretrain-ti" in line and "demo" in line
 

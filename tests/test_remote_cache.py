@@ -294,7 +294,8 @@ def test_launch_fills_the_cache_and_writes_no_credentials(s3, corpus, tmp_path: 
     s3.reset_counts()
     result = CliRunner().invoke(app, base)
     assert result.exit_code == 0, result.output
-    cfg = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    cfg = yaml.safe_load(result.stdout)  # the run config --dry-run prints (no config.yaml: it writes no run files)
+    assert not (out / "config.yaml").exists()
     assert cfg["data"]["cache_dir"] == str(out / "shard-cache")
     shards = _train(corpus[1]).shards_of("train")
     assert sorted(p.name for p in (out / "shard-cache" / "data").iterdir()) == sorted(f"{s.sha256}.tar"
