@@ -312,8 +312,8 @@ def _consistent(paths: list[Path], infos: list[dict]) -> list[str | None]:
         for d in first["dims"]:
             a, b = first["coords"][d], info["coords"][d]
             if not np.allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.ptp(a) or 1.0)):
-                raise InputError(p, f"dimensions/{d}: coordinates from {a[0]:g} to {a[-1]:g} in {paths[0].name}, "
-                                    f"from {b[0]:g} to {b[-1]:g} here; expected one domain per ingest")
+                raise InputError(p, f"dimensions/{d}: coordinates from {b[0]:g} to {b[-1]:g}; expected {a[0]:g} to "
+                                    f"{a[-1]:g} like {paths[0].name} (one domain per ingest)")
     splits = [_split_of(p) for p in paths]
     if len(set(s is None for s in splits)) > 1:
         odd = next(p for p, s in zip(paths, splits) if s is None)

@@ -430,7 +430,7 @@ def _times(openers: list[Opener], timed: list[tuple[np.ndarray | None, str | Non
             names = [Path(op.path).name + "#" for op in openers]
             starts = np.array([file_starts[next(k for k, nm in enumerate(names) if i.startswith(nm))] for i in ids])
     if times is None:
-        return (np.arange(window, dtype=np.float64) if window else None), None, None
+        return None, None, None  # frame indices (of a window, with `window`), dt unknown
     times = times[:window] - times[0] if window else times  # a window's frames, from 0
     return times, uniform_step(times), starts
 
@@ -443,12 +443,13 @@ def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask:
     canonical = ("z", "y", "x")[3 - len(choice.space):]
     params, boundary, extra = _attrs_of(ds, choice, periodic)
     times, dt = frame_times
-    times = np.arange(fields.shape[1], dtype=np.float64) if times is None else times
+    unknown = times is None
+    times = np.arange(fields.shape[1], dtype=np.float64) if unknown else times
     coords = {"sample": np.array(ids, dtype=str), "time": times, "channel": np.array(choice.variables),
               **{c: space_values(ds, d) for d, c in zip(choice.space, canonical)}}
     return xr.Dataset(
         {"fields": (("sample", "time", "channel", *canonical), fields), "mask": (("sample", *canonical), mask)},
         coords=coords,
         attrs={"source": "xarray", "dataset": "data", "boundary": boundary, "parameters": params, "dt": dt,
-               "provenance": extra, "model_layout": "yx"},  # the model's (H, W) are the stored (y, x)
+               "time_is_index": unknown, "provenance": extra, "model_layout": "yx"},  # the model's (H, W) are the stored (y, x)
     )
