@@ -203,6 +203,11 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
 
 
 def test_xarray_nan_in_one_frame_is_refused_not_masked_for_the_whole_trajectory(ocean, tmp_path):
+    land = _xread([ocean])  # NaN in every frame (land): geometry, masked
+    with xr.open_dataset(ocean, engine="h5netcdf") as ds:
+        nan = np.isnan(ds["u"].values[0, 0])
+    assert nan.any() and (land.data["mask"].values == np.where(nan, 0, 1)[None]).all()
+
     def one_nan(ds):
         ds["u"][1, 2, 0, 0] = np.nan
 
@@ -213,14 +218,6 @@ def test_xarray_nan_in_one_frame_is_refused_not_masked_for_the_whole_trajectory(
     line = _one_error_line(_cli(["xarray", str(bad), "--out", str(out)]), str(bad), "gap.nc#1", "missing data")
     assert "frame 2" in line
     assert [p.name for p in out.iterdir()] == [".staging-gap"]  # nothing under a final name: no manifest, no data
-
-
-def test_xarray_land_nan_in_every_frame_is_still_geometry(ocean):
-    result = _xread([ocean])
-    with xr.open_dataset(ocean, engine="h5netcdf") as ds:
-        land = np.isnan(ds["u"].values[0, 0])
-    mask = result.data["mask"].values
-    assert land.any() and (mask == np.where(land, 0, 1)[None]).all()
 
 
 def test_xarray_trajectory_with_every_cell_nan_is_refused(ocean, tmp_path):

@@ -7,8 +7,8 @@ A Well file has root attributes `dataset_name`, `n_spatial_dims`, `n_trajectorie
 `sample_varying`, `time_varying` and `dim_varying`). A field is stored float32 with the axes
 [trajectory if sample_varying][time if time_varying][each spatial dimension where dim_varying][D] * tensor order.
 
-Channels, in the Well's own order (t0, then t1, then t2 fields, each in `field_names` order): a scalar field is one
-channel; a vector or tensor field is one channel per component, named as the Well names them (`velocity_x`,
+Channels, in the file's order (t0, then t1, then t2 fields, each in `field_names` order; the Well's own loader puts
+the fields constant in time last instead, docs/sources.md has the table): a scalar field is one channel; a vector or tensor field is one channel per component, named as the Well names them (`velocity_x`,
 `D_xy`: the component letters from `spatial_dims`). Fields constant in time (`time_varying` False) are broadcast
 over the frames as ordinary channels (the model sees them in every frame, as the reference's CFDBench geometry
 channel), and fields constant over trajectories or along a spatial dimension are broadcast likewise. Spatial axes
@@ -17,8 +17,17 @@ are stored reversed, (y, x) or (z, y, x), so that stored x is the Well's x. Cons
 
 Split: files under a `train`, `valid` or `test` folder (the Well's `data/<split>/` layout) keep that split and are
 named "<split>/<file>#<trajectory>"; otherwise ingest draws the seeded split. The boundary conditions are recorded
-in `parameters`; the dataset is periodic when every spatial dimension's conditions are all PERIODIC, which makes
+in `parameters`, with the condition on each side of each dimension as the Well's own reader (`WellDataset`) reads
+it from the `mask` datasets (`_boundary_sides`); the dataset is periodic when every side is PERIODIC, which makes
 `--convention canonical` resample spectrally (the default convention resamples bilinearly).
+
+NaN: the one rule of `_blocks.nan_rule`. A cell NaN in every frame (the obstacle cells of a Well dataset, which the
+Well's formatter sets to 0) gets mask 0 and is stored as 0; a trajectory with NaN that comes and goes, or with no
+cell left, is left out with one warning line naming the file and the trajectory (`check_finite="raise"`: refused).
+Times: `dimensions/time` is (T,) or, `sample_varying`, (n, T): every trajectory's own times are kept, as `time`
+from its start plus the sample parameter `time_start` where the starts differ; trajectories stepping differently
+are refused. Times must be finite and strictly increasing, coordinates finite, and the files of one call must agree
+on frames, grid, domain and boundary.
 """
 
 from __future__ import annotations
