@@ -62,7 +62,7 @@ class Entry:
     segment: int | None = None
     uncertain: tuple[str, ...] = ()
     notes: str = ""
-    download: Mapping[str, Any] | None = None  # {"url", ["md5"], ["stated"], ["note"], ["files"]}: where it is published
+    download: Mapping[str, Any] | None = None  # {"url", ["md5"], ["stated"], ["note"], ["files"]}: where published
     reference: Mapping[str, Any] | None = None  # what the default (dpot-reference) ingest of the complete set gives
 
     def conventions(self) -> dict[str, dict[str, Any]]:

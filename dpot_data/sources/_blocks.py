@@ -461,9 +461,9 @@ def common_times(rows: Sequence[tuple[str | Path, str, np.ndarray]]) -> tuple[np
         t = np.asarray(times, dtype=np.float64)
         if t.shape != first.shape or not np.allclose(t - t[0], rel, rtol=1e-5, atol=1e-6 * span):
             step = uniform_step(t)
-            raise InputError(where, f"{label}: frame times {_times_text(t)} (step {step if step is not None else 'uneven'}); "
-                                    f"expected the time steps of {rows[0][1]}, {_times_text(first)}, in every "
-                                    "trajectory of one ingest")
+            raise InputError(where, f"{label}: frame times {_times_text(t)} (step "
+                                    f"{step if step is not None else 'uneven'}); expected the time steps of "
+                                    f"{rows[0][1]}, {_times_text(first)}, in every trajectory of one ingest")
         starts[k] = t[0]
     if np.allclose(starts, starts[0], rtol=1e-5, atol=1e-6 * span):
         return first, None

@@ -8,12 +8,13 @@ A Well file has root attributes `dataset_name`, `n_spatial_dims`, `n_trajectorie
 [trajectory if sample_varying][time if time_varying][each spatial dimension where dim_varying][D] * tensor order.
 
 Channels, in the file's order (t0, then t1, then t2 fields, each in `field_names` order; the Well's own loader puts
-the fields constant in time last instead, docs/sources.md has the table): a scalar field is one channel; a vector or tensor field is one channel per component, named as the Well names them (`velocity_x`,
-`D_xy`: the component letters from `spatial_dims`). Fields constant in time (`time_varying` False) are broadcast
-over the frames as ordinary channels (the model sees them in every frame, as the reference's CFDBench geometry
-channel), and fields constant over trajectories or along a spatial dimension are broadcast likewise. Spatial axes
-are stored reversed, (y, x) or (z, y, x), so that stored x is the Well's x. Constant scalars become parameters
-(sample parameters when they vary per trajectory); time-varying scalars are listed in the provenance, not stored.
+the fields constant in time last instead, docs/sources.md has the table): a scalar field is one channel; a vector or
+tensor field is one channel per component, named as the Well names them (`velocity_x`, `D_xy`: the component letters
+from `spatial_dims`). Fields constant in time (`time_varying` False) are broadcast over the frames as ordinary
+channels (the model sees them in every frame, as the reference's CFDBench geometry channel), and fields constant over
+trajectories or along a spatial dimension are broadcast likewise. Spatial axes are stored reversed, (y, x) or (z, y,
+x), so that stored x is the Well's x. Constant scalars become parameters (sample parameters when they vary per
+trajectory); time-varying scalars are listed in the provenance, not stored.
 
 Split: files under a `train`, `valid` or `test` folder (the Well's `data/<split>/` layout) keep that split and are
 named "<split>/<file>#<trajectory>"; otherwise ingest draws the seeded split. The boundary conditions are recorded

@@ -6,15 +6,15 @@ concatenated along the sample dimension (a file without one is one trajectory). 
 from the options or are guessed (`dpot_data.sources._xr_choose`); one line says what was chosen (a warning of
 category `Chosen`, also kept in the provenance).
 
-Values are cast to float32 as they are read. NaN follows the one rule of every reader (`_blocks.nan_rule`): a cell
-NaN in every frame of a trajectory (land, an obstacle) is geometry, mask 0 and stored as 0 (the mask has no time
-axis); NaN that comes and goes (a missing frame, member or Zarr chunk) is missing data, and a trajectory left with
-no unmasked cell is nothing to train on: both are refused in one line naming the file and the trajectory. ±Inf is
-refused (InputError naming the file, variable and trajectory). Frame times come from the time coordinate, or
-`time_var` (a 1-D variable, e.g. py-pde's `times`; found by itself when the time dimension has no coordinate); with
-neither they are frame indices and `dt` is None (unknown). Time coordinates must be finite and strictly
-increasing, spatial coordinates finite, and several inputs must agree on time steps, domain, units and
-periodicity (InputError naming the file and the variable). Units, long names, standard names and per-dimension periodicity go into `parameters`, hence into the
+Values are cast to float32 as they are read. NaN follows the one rule of every reader (`_blocks.nan_rule`): a cell NaN
+in every frame of a trajectory (land, an obstacle) is geometry, mask 0 and stored as 0 (the mask has no time axis);
+NaN that comes and goes (a missing frame, member or Zarr chunk) is missing data, and a trajectory left with no
+unmasked cell is nothing to train on: both are refused in one line naming the file and the trajectory. ±Inf is refused
+(InputError naming the file, variable and trajectory). Frame times come from the time coordinate, or `time_var` (a 1-D
+variable, e.g. py-pde's `times`; found by itself when the time dimension has no coordinate); with neither they are
+frame indices and `dt` is None (unknown). Time coordinates must be finite and strictly increasing, spatial coordinates
+finite, and several inputs must agree on time steps, domain, units and periodicity (InputError naming the file and the
+variable). Units, long names, standard names and per-dimension periodicity go into `parameters`, hence into the
 store's attributes and the manifest; the dataset is periodic when every spatial dimension is (or `periodic=True`).
 
 Memory: a block task opens the input itself and reads only its trajectories (NetCDF/HDF5/Zarr slices, .npy memory
@@ -403,7 +403,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
 
 
 def _times(openers: list[Opener], timed: list[tuple[np.ndarray | None, str | None, str | None]], concat: str,
-           window: int | None, ids: list[str]) -> tuple[np.ndarray, float | None, np.ndarray | None]:
+           window: int | None, ids: list[str]) -> tuple[np.ndarray | None, float | None, np.ndarray | None]:
     """(stored frame times, dt or None when unknown, per-sample start times or None) of the inputs' times
     (`_input_times`): concatenated along time (then increasing across the inputs, or InputError), or, inputs as
     trajectories, the same steps in each (`common_times`; differing starts give `time_start`). Times nobody stated
@@ -419,16 +419,17 @@ def _times(openers: list[Opener], timed: list[tuple[np.ndarray | None, str | Non
         times = None
     elif concat == "time":
         times = np.concatenate([t for t, _u, _n in timed])
-        if len(timed) > 1 and not (np.diff(times) > 0).all():
+        back = np.flatnonzero(np.diff(times) <= 0)
+        if back.size:  # within each input they increase (`_input_times`): a later input starts too early
             cut = np.cumsum([len(t) for t, _u, _n in timed])
-            where = openers[int(np.searchsorted(cut, int(np.argmin(np.diff(times))) + 1, side="right"))].path
+            where = openers[int(np.searchsorted(cut, int(back[0]) + 1, side="right"))].path
             raise InputError(where, "expected times increasing across the inputs in the order given (--concat "
                                     "time); give the files in time order")
     else:
         times, file_starts = common_times([(op.path, str(n), t) for op, (t, _u, n) in zip(openers, timed)])
         if file_starts is not None and not window:  # windows have times from 0 anyway
-            names = [Path(op.path).name + "#" for op in openers]
-            starts = np.array([file_starts[next(k for k, nm in enumerate(names) if i.startswith(nm))] for i in ids])
+            start_of = {Path(op.path).name: start for op, start in zip(openers, file_starts)}
+            starts = np.array([start_of[i.rsplit("#", 1)[0]] for i in ids])  # ids: "<file name>#<trajectory>"
     if times is None:
         return None, None, None  # frame indices (of a window, with `window`), dt unknown
     times = times[:window] - times[0] if window else times  # a window's frames, from 0
@@ -451,5 +452,6 @@ def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask:
         {"fields": (("sample", "time", "channel", *canonical), fields), "mask": (("sample", *canonical), mask)},
         coords=coords,
         attrs={"source": "xarray", "dataset": "data", "boundary": boundary, "parameters": params, "dt": dt,
-               "time_is_index": unknown, "provenance": extra, "model_layout": "yx"},  # the model's (H, W) are the stored (y, x)
+               "time_is_index": unknown,  # no times stated: `time` holds frame indices, dt stays null
+               "provenance": extra, "model_layout": "yx"},  # the model's (H, W) are the stored (y, x)
     )
