@@ -198,14 +198,14 @@ def _boundary_sides(f: h5py.File, path: Path, dims: list[str]) -> dict[str, list
             raise InputError(path, f"boundary_conditions/{key}: bc_type {bc_type!r}, associated_dims {assoc}; expected "
                                    f"WALL, OPEN or PERIODIC on some of {dims} with a 'mask' dataset")
         mask = bc["mask"]
-        if mask.ndim != len(assoc) or mask.size > MAX_GRID_SIDE ** 3:
+        if mask.ndim < len(assoc) or mask.size > MAX_GRID_SIDE ** 3:
             raise InputError(path, f"boundary_conditions/{key}/mask: shape {tuple(mask.shape)}; expected one axis "
                                    f"per associated dimension {assoc}")
         values = np.asarray(mask[()]).astype(bool)
         agg = np.all if bc_type == "WALL" else np.any
         for axis, d in enumerate(assoc):
-            for side, index in ((0, 0), (1, -1)):
-                if values.shape[axis] and agg(np.take(values, index, axis=axis)):
+            for side, index in ((0, 0), (1, -1)):  # the side's entries, indexed as the Well's reader does
+                if values.shape[axis] and agg(values[(slice(None),) * axis + (index,)]):
                     sides[d][side] = bc_type
     return sides
 
