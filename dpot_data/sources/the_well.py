@@ -140,9 +140,11 @@ def _coords(f: h5py.File, path: Path, dims: list[str], n: int) -> tuple[np.ndarr
                                    f"trajectory), found {dset.dtype} {tuple(dset.shape)}")
         return np.asarray(dset[()], dtype=np.float64)
     times = values("time")
-    times = np.broadcast_to(times, (n, times.shape[-1])) if times.ndim == 1 else times
-    for i, row in enumerate(times):
-        check_times(path, "dimensions/time" + (f" (trajectory {i})" if len(times) > 1 else ""), row)
+    if times.ndim == 1:  # one time axis for every trajectory
+        check_times(path, "dimensions/time", times)
+        times = np.broadcast_to(times, (n, times.shape[-1]))
+    for i, row in enumerate(times if times.strides[0] else ()):
+        check_times(path, f"dimensions/time (trajectory {i})", row)
     coords = {}
     for d in dims:
         v = values(d)
