@@ -62,7 +62,7 @@ class Entry:
     segment: int | None = None
     uncertain: tuple[str, ...] = ()
     notes: str = ""
-    download: Mapping[str, str] | None = None  # {"url", ["md5"], ["stated"], ["note"]}: where it is published
+    download: Mapping[str, Any] | None = None  # {"url", ["md5"], ["stated"], ["note"], ["files"]}: where published
     reference: Mapping[str, Any] | None = None  # what the default (dpot-reference) ingest of the complete set gives
 
     def conventions(self) -> dict[str, dict[str, Any]]:
@@ -198,21 +198,30 @@ def _entry(where: str, raw: object) -> Entry:
     )
 
 
-_DOWNLOAD_KEYS = {"url", "md5", "stated", "note"}
+_DOWNLOAD_KEYS = {"url", "md5", "stated", "note", "files"}
 _REFERENCE_KEYS = {"frames", "first_frame", "split", "counts", "t_test", "grid"}
 
 
-def _download(where: str, raw: object) -> dict[str, str] | None:
+def _download(where: str, raw: object) -> dict[str, Any] | None:
     """The optional `download` entry: {url: https://..., md5: 32 hex digits (where the publisher lists one),
-    stated: where the publisher states the location, note: how to fetch it}."""
+    stated: where the publisher states the location, note: how to fetch it, files: the published file names of each
+    split (at <url><split>/<name>)}."""
     if raw is None:
         return None
     if not isinstance(raw, dict) or "url" not in raw or not set(raw) <= _DOWNLOAD_KEYS \
             or not str(raw["url"]).startswith("https://") \
             or ("md5" in raw and not re.fullmatch(r"[0-9a-f]{32}", str(raw["md5"]))):
         raise CatalogError(f"{where}: download must be {{url: https://..., [md5: 32 hex digits], [stated: text], "
-                           f"[note: text]}}, got {raw!r}")
-    return {k: str(raw[k]) for k in ("url", "md5", "stated", "note") if k in raw}
+                           f"[note: text], [files: {{split: [names]}}]}}, got {raw!r}")
+    out: dict[str, Any] = {k: str(raw[k]) for k in ("url", "md5", "stated", "note") if k in raw}
+    if "files" in raw:
+        files = raw["files"]
+        if not isinstance(files, dict) or not files or not set(files) <= set(SPLITS) or not all(
+                isinstance(names, list) and all(isinstance(n, str) and n and "/" not in n for n in names)
+                for names in files.values()):
+            raise CatalogError(f"{where}: download.files must map {SPLITS} to lists of file names, got {files!r}")
+        out["files"] = {s: list(files[s]) for s in SPLITS if s in files}
+    return out
 
 
 def _reference(where: str, raw: object) -> dict[str, Any] | None:

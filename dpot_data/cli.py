@@ -456,6 +456,9 @@ _ingest_command("xarray", "Your own grid data: NetCDF, HDF5, Zarr stores (anythi
                     "variables": typer.Option(None, "--vars", help="Comma list of variables (channels), e.g. u,v; "
                                               "with a C axis in --axes: the names of its components."),
                     "time_dim": typer.Option(None, "--time-dim", help="The time dimension (default: guessed)."),
+                    "time_var": typer.Option(None, "--time-var", help="A 1-D variable holding the frame times "
+                                             "(default: the time coordinate, else a 1-D times/time/t variable, e.g. "
+                                             "py-pde's `times`; none: frame indices, dt unknown)."),
                     "space_dims": typer.Option(None, "--space-dims", help="Spatial dimensions in (z,) y, x order, "
                                                "e.g. lat,lon (default: guessed)."),
                     "sample_dim": typer.Option(None, "--sample-dim", help="The trajectory dimension, e.g. member "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import dask.array as da
@@ -245,3 +246,35 @@ def test_corpus_sorts_a_download_folder_into_datasets_and_resumes(tmp_path):
     assert (tmp_path / "out" / "pdebench-cfd-m0p1-eta0p01" / "manifest.json").is_file()
     again = ingest_corpus([raw], tmp_path / "out", opts)
     assert not any(d.written for d in again.done)  # complete datasets are kept: a rerun resumes
+
+
+def test_every_well_entry_lists_its_published_files_per_split(catalog):
+    """The 23 Well datasets of the_well 1.2.0's registry: each entry gives the folder URL and the file names of
+    train, valid and test (<url><split>/<name>), names its own pattern accepts, and a note that reads as one."""
+    well = [e for e in catalog.entries.values() if e.source == "the_well"]
+    assert len(well) == 23
+    for e in well:
+        download = e.download
+        assert download is not None, e.name
+        folder = e.files[0].split("/")[0]  # "MHD_64/data/*/*.hdf5"
+        assert download["url"] == ("https://sdsc-users.flatironinstitute.org/~polymathic/data/the_well/datasets/"
+                                   f"{folder}/data/"), e.name
+        assert "registry.yaml" in download["stated"], e.name
+        assert set(download["files"]) == {"train", "valid", "test"}, e.name
+        for split, names in download["files"].items():
+            assert names and len(set(names)) == len(names), (e.name, split)
+            assert catalog.match_files([f"{folder}/data/{split}/{n}" for n in names]) == [e], (e.name, split)
+        assert not re.search(r"about not stated|: $|trajectories: \"?$", e.notes), e.name
+    assert catalog.get("the-well-mhd_64").download["files"]["test"][0] == "MHD_Ma_0.7_Ms_0.5.hdf5"
+    assert len(catalog.get("the-well-planetswe").download["files"]["train"]) == 96
+    assert catalog.get("the-well-shear_flow").samples == 1120
+
+
+def test_download_files_must_be_file_names_per_split(tmp_path):
+    raw = yaml.safe_load((ROOT / "dpot_data" / "manifests" / "catalog.yaml").read_text())
+    entry = next(d for d in raw["datasets"] if d["name"] == "the-well-mhd_64")
+    entry["download"]["files"] = {"training": ["a.hdf5"]}
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text(yaml.safe_dump({"datasets": [entry]}))
+    with pytest.raises(CatalogError, match=r"download.files must map"):
+        load_catalog(bad)

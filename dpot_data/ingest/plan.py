@@ -225,7 +225,8 @@ def _time(result: ReadResult, frames: int, segment: int | None) -> tuple[np.ndar
     if segment is not None:
         time = time - time[0]
     dt = result.data.attrs.get("dt")
-    if dt is None and len(time) > 1 and np.allclose(np.diff(time), time[1] - time[0], rtol=1e-6):
+    unknown = bool(result.data.attrs.get("time_is_index", False))  # frame indices, no times: dt stays null
+    if dt is None and not unknown and len(time) > 1 and np.allclose(np.diff(time), time[1] - time[0], rtol=1e-6):
         dt = float(time[1] - time[0])
     return time, None if dt is None else float(dt)
 

@@ -13,6 +13,13 @@ once when the file is opened (NaN/Inf, read errors of files corrupt past their h
 the SampleBlocks itself (`Subset`), so no later read ever touches them again. `check_finite="raise"` reads every
 value once, in the block reads, with no scan when opened.
 
+NaN follows one rule in every reader built on this module (`nan_rule`, applied by `NanMasked` as blocks are read
+and by `checked(..., nan_rule=True)` when a file is opened): a cell NaN in every frame of a trajectory is geometry
+(an obstacle, land: mask 0, stored as 0); NaN that comes and goes (a missing frame, member or chunk) is missing
+data, and a trajectory with no cell left unmasked is refused: such trajectories are dropped with one line each in
+`skipped` (a scan) or refused in one line naming the file and the trajectory (a block read). Never is a trajectory
+stored fully masked.
+
 Also here: the size checks every reader applies before reading (`check_sizes`, `check_stored`, `check_h5_dataset`,
 limits in `dpot_data.sources.base`), and the input-path checks (`text_path`, `distinct_files`).
 """
@@ -23,8 +30,10 @@ import errno
 import math
 import os
 import stat
+import threading
 import warnings
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +122,102 @@ def nonfinite_error(where: str | Path, key: str, index: object, raw: np.ndarray,
 def read_error(where: str | Path, key: str, index: object, exc: BaseException) -> InputError:
     """The InputError of raw data that cannot be read (a file corrupt past its header)."""
     return InputError(where, f"{key}: trajectory {index} cannot be read (corrupt data): {type(exc).__name__}: {exc}")
+
+
+def no_inf(raw: np.ndarray) -> bool:
+    """Whether a raw array holds no ±Inf and, stored wider than float32, no finite value beyond the float32 range
+    (it would become Inf when stored); NaN is allowed (`nan_rule` decides about it)."""
+    if raw.size == 0:
+        return True
+    with np.errstate(invalid="ignore"):
+        if raw.dtype.itemsize <= 4:
+            return not bool(np.isinf(raw).any())
+        return not bool((np.abs(raw) > FLOAT32_MAX).any())  # NaN compares False
+
+
+def nan_rule(block: np.ndarray, *, fill: bool = True) -> tuple[np.ndarray, list[str | None]]:
+    """The one NaN rule of every reader (module docstring), on a block (b, T, C, *space) as read, NaN kept.
+
+    Returns the (b, *space) uint8 masks (0 where a cell is NaN in every frame of some channel: geometry) and, per
+    trajectory, None or what is wrong in words: NaN that comes and goes (missing data), or no cell left unmasked.
+    With `fill`, NaN of geometry cells is set to 0 in place (the stored value of a masked cell)."""
+    nan = np.isnan(block)
+    always, ever = nan.all(axis=1), nan.any(axis=1)  # (b, C, *space)
+    geometry = always.any(axis=1)  # (b, *space)
+    masks = (~geometry).astype(np.uint8)
+    problems: list[str | None] = []
+    for j in range(block.shape[0]):
+        flaky = ever[j] & ~always[j]
+        if flaky.any():
+            frames = np.flatnonzero(nan[j][:, flaky].any(axis=1))
+            problems.append(f"NaN in {frames.size} of {block.shape[1]} frames (first: frame {int(frames[0])}) at "
+                            f"{int(flaky.sum())} cell values that hold numbers in other frames: missing data, not "
+                            "geometry (only a cell NaN in every frame is masked)")
+        elif geometry[j].all():
+            problems.append("NaN in every cell of every frame: no cell left unmasked, nothing to store")
+        else:
+            problems.append(None)
+    if fill and nan.any():
+        block[nan & geometry[:, None, None]] = 0.0
+    return masks, problems
+
+
+_MASK_CACHE = 32  # masks of blocks read but not yet asked for (one per block in flight is what is needed)
+
+
+class NanMasked(SampleBlocks):
+    """The blocks of a reader that returns NaN as read, under `nan_rule`: geometry cells masked and stored as 0, a
+    trajectory with NaN that comes and goes (when `strict`) or with no cell left refused in one line naming `where`
+    and its id. The mask a block read leaves behind is kept for `MaskBlocks`, so nothing is read twice (ingest asks
+    for the fields of a block, then for its mask)."""
+
+    def __init__(self, base: SampleBlocks, where: str | Path, ids: Sequence[str], strict: bool = True) -> None:
+        self.base, self.where, self.ids, self.strict = base, where, list(ids), strict
+        self.shape = tuple(base.shape)
+        self._masks: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_masks", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _masks=OrderedDict(), _lock=threading.Lock())
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        out = self.base.block(n0, n1, check=check)
+        masks, problems = nan_rule(out)
+        for j, problem in enumerate(problems):
+            if problem is not None and (self.strict or not masks[j].any()):
+                raise InputError(self.where, f"trajectory {self.ids[n0 + j]}: {problem}; expected NaN only in cells "
+                                             "NaN in every frame (geometry)")
+        with self._lock:
+            self._masks[(n0, n1)] = masks
+            while len(self._masks) > _MASK_CACHE:
+                self._masks.popitem(last=False)
+        return out
+
+    def mask(self, n0: int, n1: int) -> np.ndarray:
+        """(n1 - n0, *space) uint8 mask of a block: the one its read left behind, else read again."""
+        with self._lock:
+            found = self._masks.pop((n0, n1), None)
+        if found is None:
+            self.block(n0, n1)
+            with self._lock:
+                found = self._masks.pop((n0, n1))
+        return found
+
+
+class MaskBlocks(SampleBlocks):
+    """(n, *space) uint8 mask of a `NanMasked`, block by block."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, fields: NanMasked) -> None:
+        self.fields = fields
+        self.shape = (fields.shape[0], *fields.shape[3:])
+
+    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
+        return self.fields.mask(n0, n1)
 
 
 def _row_dtype(dset: h5py.Dataset) -> np.dtype:
@@ -305,6 +410,71 @@ def check_file_total(path: Path, declared: int, what: str) -> None:
                                "truncated, sparse or not what it declares")
 
 
+# ------------------------------------------------------------------------------------------------- coordinates
+
+def check_times(where: str | Path, key: str, times: np.ndarray) -> None:
+    """One trajectory's frame times: finite and strictly increasing, or InputError naming `where` and `key` (a
+    constant, non-monotonic, NaN or Inf time coordinate gives no frame times and no time step)."""
+    t = np.asarray(times, dtype=np.float64).ravel()
+    bad = np.flatnonzero(~np.isfinite(t))
+    if bad.size:
+        raise InputError(where, f"{key}: time of frame {int(bad[0])} is {t[bad[0]]}; expected finite frame times")
+    if t.size > 1:
+        step = np.diff(t)
+        if (step == 0).all():
+            raise InputError(where, f"{key}: every frame has the time {t[0]:g} (a constant time coordinate); expected "
+                                    "frame times strictly increasing")
+        k = np.flatnonzero(step <= 0)
+        if k.size:
+            i = int(k[0])
+            raise InputError(where, f"{key}: frame {i + 1} has the time {t[i + 1]:g} after {t[i]:g} at frame {i}; "
+                                    "expected frame times strictly increasing")
+
+
+def check_coordinate(where: str | Path, key: str, values: np.ndarray) -> None:
+    """A spatial coordinate: finite, or InputError naming `where` and `key`."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    bad = np.flatnonzero(~np.isfinite(v))
+    if bad.size:
+        raise InputError(where, f"{key}: value {int(bad[0])} is {v[bad[0]]}; expected finite coordinates")
+
+
+def uniform_step(times: np.ndarray) -> float | None:
+    """The time step when frame times are evenly spaced, else None (unknown: `dt` null in the manifest)."""
+    t = np.asarray(times, dtype=np.float64)
+    if t.size < 2:
+        return None
+    step = np.diff(t)
+    return float(step[0]) if np.allclose(step, step[0]) else None
+
+
+def common_times(rows: Sequence[tuple[str | Path, str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray | None]:
+    """The stored `time` coordinate of trajectories given as (file, trajectory, frame times) rows, each already
+    `check_times`-checked: the times themselves when every trajectory has them, else the times from each start
+    with the starts (one per row) for the sample parameter `time_start`. Trajectories stepping differently from the
+    first are refused in one line naming the file and the trajectory."""
+    first = np.asarray(rows[0][2], dtype=np.float64)
+    rel = first - first[0]
+    span = float(abs(rel[-1])) if rel.size else 0.0
+    starts = np.empty(len(rows), dtype=np.float64)
+    for k, (where, label, times) in enumerate(rows):
+        t = np.asarray(times, dtype=np.float64)
+        if t.shape != first.shape or not np.allclose(t - t[0], rel, rtol=1e-5, atol=1e-6 * span):
+            step = uniform_step(t)
+            raise InputError(where, f"{label}: frame times {_times_text(t)} (step "
+                                    f"{step if step is not None else 'uneven'}); expected the time steps of "
+                                    f"{rows[0][1]}, {_times_text(first)}, in every trajectory of one ingest")
+        starts[k] = t[0]
+    if np.allclose(starts, starts[0], rtol=1e-5, atol=1e-6 * span):
+        return first, None
+    return rel, starts
+
+
+def _times_text(t: np.ndarray) -> str:
+    shown_ = ", ".join(f"{v:g}" for v in t[:3])
+    return f"[{shown_}{', ...' if t.size > 3 else ''}] ({t.size} frames)"
+
+
 # ------------------------------------------------------------------------------------------------- input paths
 
 def shown(path: str | bytes | Path) -> str:
@@ -419,35 +589,61 @@ def _finite_frames(blocks: SampleBlocks, n0: int, n1: int) -> np.ndarray:
     return blocks.finite_frames(n0, n1)
 
 
-def _scan_range(blocks: SampleBlocks, n0: int, n1: int) -> list[tuple[int, np.ndarray | str]]:
-    """Per trajectory of n0..n1-1: its finite-frame flags, or the read error; a failing block is retried one
-    trajectory at a time so that only the unreadable ones are blamed."""
+def _rule_problems(blocks: SampleBlocks, n0: int, n1: int) -> list[str | None]:
+    """Per trajectory of n0..n1-1 under `nan_rule`: None, or why it is left out (±Inf, NaN that comes and goes,
+    nothing left unmasked)."""
+    data = blocks.block(n0, n1, check=False)
+    with np.errstate(invalid="ignore"):
+        inf = np.isinf(data).any(axis=tuple(range(2, data.ndim)))  # (b, T)
+    _masks, problems = nan_rule(data, fill=False)
+    out: list[str | None] = []
+    for j, problem in enumerate(problems):
+        where = np.flatnonzero(inf[j])
+        out.append(f"Inf in {where.size} of {inf.shape[1]} frames (first: frame {int(where[0])})" if where.size
+                   else problem)
+    return out
+
+
+def _scan_range(blocks: SampleBlocks, n0: int, n1: int,
+                by_rule: bool = False) -> list[tuple[int, np.ndarray | str | None]]:
+    """Per trajectory of n0..n1-1: its finite-frame flags (`by_rule`: None or the `nan_rule` problem), or the read
+    error; a failing block is retried one trajectory at a time so that only the unreadable ones are blamed."""
+    look = _rule_problems if by_rule else _finite_frames
     try:
-        return list(zip(range(n0, n1), _finite_frames(blocks, n0, n1)))
+        return list(zip(range(n0, n1), look(blocks, n0, n1)))
     except READ_ERRORS:
-        out: list[tuple[int, np.ndarray | str]] = []
+        out: list[tuple[int, np.ndarray | str | None]] = []
         for i in range(n0, n1):
             try:
-                out.append((i, _finite_frames(blocks, i, i + 1)[0]))
+                out.append((i, look(blocks, i, i + 1)[0]))
             except READ_ERRORS as exc:
-                out.append((i, f"unreadable (corrupt data): {type(exc).__name__}: {exc}"))
+                out.append((i, UnreadableText(f"unreadable (corrupt data): {type(exc).__name__}: {exc}")))
         return out
 
 
+class UnreadableText(str):
+    """The reason of a trajectory that could not be read at all (told apart from a `nan_rule` problem)."""
+
+
 def scan(blocks: SampleBlocks, block: int, lengths: Sequence[int] | None = None,
-         workers: int | None = None) -> list[BadSample]:
+         workers: int | None = None, nan_rule: bool = False) -> list[BadSample]:
     """Trajectories of `blocks` that cannot be read or hold NaN/Inf in their valid frames (frames past `lengths`,
-    the NaN padding of variable-length sources, are not checked). One streamed pass, `block` trajectories per read,
-    a few reads in flight; memory stays at about `workers` blocks."""
+    the NaN padding of variable-length sources, are not checked); with `nan_rule`, those holding Inf or breaking
+    the NaN rule (geometry NaN is fine). One streamed pass, `block` trajectories per read, a few reads in flight;
+    memory stays at about `workers` blocks."""
     n = blocks.shape[0]
     ranges = [(i, min(i + block, n)) for i in range(0, n, block)]
     workers = workers or min(4, os.cpu_count() or 1)
     bad: list[BadSample] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for rows in pool.map(lambda r: _scan_range(blocks, *r), ranges):
+        for rows in pool.map(lambda r: _scan_range(blocks, *r, by_rule=nan_rule), ranges):
             for i, frames in rows:
-                if isinstance(frames, str):
-                    bad.append(BadSample(i, frames, True))
+                if isinstance(frames, UnreadableText):
+                    bad.append(BadSample(i, str(frames), True))
+                    continue
+                if nan_rule:
+                    if frames is not None:
+                        bad.append(BadSample(i, str(frames), False))
                     continue
                 valid = frames[: int(lengths[i])] if lengths is not None else frames
                 where = np.flatnonzero(~valid)
@@ -500,16 +696,18 @@ def skipped_entries(bad: Sequence[BadSample], ids: Sequence[str], n: int, label:
 
 
 def checked(blocks: SampleBlocks, block: int, ids: Sequence[str], label: str, check: bool | str,
-            lengths: Sequence[int] | None = None) -> tuple[SampleBlocks, np.ndarray, list[tuple[str, str]]]:
+            lengths: Sequence[int] | None = None,
+            nan_rule: bool = False) -> tuple[SampleBlocks, np.ndarray, list[tuple[str, str]]]:
     """Apply a reader's `check_finite` (`finite_mode`) to `blocks`: (the blocks to read, kept indices, `skipped`
-    entries). "skip" scans them now and leaves the bad trajectories out; "skip" and "raise" make every later block
-    read check what it reads (under "skip" a guard against a file changed since it was opened)."""
+    entries). "skip" scans them now and leaves the bad trajectories out (`nan_rule`: those with Inf or breaking the
+    NaN rule, for readers whose blocks keep NaN for `NanMasked`); "skip" and "raise" make every later block read
+    check what it reads (under "skip" a guard against a file changed since it was opened)."""
     mode = finite_mode(check)
     n = blocks.shape[0]
     blocks.checks = mode != "off"
     if mode != "skip" or n == 0:
         return blocks, np.arange(n, dtype=np.int64), []
-    bad = scan(blocks, block, lengths)
+    bad = scan(blocks, block, lengths, nan_rule=nan_rule)
     kept, keep = without_bad(blocks, bad)
     kept.checks = True
     return kept, keep, skipped_entries(bad, ids, n, label)

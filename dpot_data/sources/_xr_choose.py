@@ -165,8 +165,15 @@ def choose(ds: xr.Dataset, where: str, *, variables: Sequence[str] | None = None
     return Choice(tuple(timed), time, space, sample, left_out, how)
 
 
+def has_coordinate(ds: xr.Dataset, dim: str) -> bool:
+    """Whether a dimension has a 1-D numeric (or datetime) coordinate of its own length (else `time_values` gives
+    frame indices and `space_values` cell centres: positions nobody stated)."""
+    return dim in ds.variables and ds[dim].shape == (int(ds.sizes[dim]),) and ds[dim].dtype.kind in "fiuM"
+
+
 def time_values(ds: xr.Dataset, dim: str) -> tuple[np.ndarray, str | None]:
-    """The time coordinate as float (datetimes as seconds from the first) and its units; frame indices if absent."""
+    """The time coordinate as float (datetimes as seconds from the first) and its units; frame indices if absent
+    (`has_coordinate` tells: the time step is then unknown, not 1)."""
     n = int(ds.sizes[dim])
     if dim not in ds.variables:
         return np.arange(n, dtype=np.float64), None

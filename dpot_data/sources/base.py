@@ -16,7 +16,8 @@ It opens the raw files lazily (dask-backed, nothing loaded whole) and returns a 
     * attrs: `source` (module name, e.g. "fno"), `dataset` (default dataset name, `[a-z0-9_-]+`),
       `boundary` ("periodic" | "non-periodic"), `parameters` (JSON-able dict of PDE parameters shared by all
       samples), `dt` (float time step between frames, or None), `provenance` (JSON-able dict: reader, reader_version,
-      and per input file what the reader saw, e.g. container and dtype).
+      and per input file what the reader saw, e.g. container and dtype); optionally `time_is_index` (True when the
+      source states no times and `time` holds frame indices: ingest then leaves `dt` null instead of inferring 1).
 - `split`: None, or a numpy str array (one of "train" | "valid" | "test" per sample) when the source fixes the split
   (e.g. PDEArena's file split); ingest then keeps it instead of drawing one.
 - `lengths`: None, or an int array per sample of valid frames when trajectories differ in length (e.g. CFDBench);

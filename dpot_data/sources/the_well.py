@@ -7,24 +7,35 @@ A Well file has root attributes `dataset_name`, `n_spatial_dims`, `n_trajectorie
 `sample_varying`, `time_varying` and `dim_varying`). A field is stored float32 with the axes
 [trajectory if sample_varying][time if time_varying][each spatial dimension where dim_varying][D] * tensor order.
 
-Channels, in the Well's own order (t0, then t1, then t2 fields, each in `field_names` order): a scalar field is one
-channel; a vector or tensor field is one channel per component, named as the Well names them (`velocity_x`,
-`D_xy`: the component letters from `spatial_dims`). Fields constant in time (`time_varying` False) are broadcast
-over the frames as ordinary channels (the model sees them in every frame, as the reference's CFDBench geometry
-channel), and fields constant over trajectories or along a spatial dimension are broadcast likewise. Spatial axes
-are stored reversed, (y, x) or (z, y, x), so that stored x is the Well's x. Constant scalars become parameters
-(sample parameters when they vary per trajectory); time-varying scalars are listed in the provenance, not stored.
+Channels, in the file's order (t0, then t1, then t2 fields, each in `field_names` order; the Well's own loader puts
+the fields constant in time last instead, docs/sources.md has the table): a scalar field is one channel; a vector or
+tensor field is one channel per component, named as the Well names them (`velocity_x`, `D_xy`: the component letters
+from `spatial_dims`). Fields constant in time (`time_varying` False) are broadcast over the frames as ordinary
+channels (the model sees them in every frame, as the reference's CFDBench geometry channel), and fields constant over
+trajectories or along a spatial dimension are broadcast likewise. Spatial axes are stored reversed, (y, x) or (z, y,
+x), so that stored x is the Well's x. Constant scalars become parameters (sample parameters when they vary per
+trajectory); time-varying scalars are listed in the provenance, not stored.
 
 Split: files under a `train`, `valid` or `test` folder (the Well's `data/<split>/` layout) keep that split and are
 named "<split>/<file>#<trajectory>"; otherwise ingest draws the seeded split. The boundary conditions are recorded
-in `parameters`; the dataset is periodic when every spatial dimension's conditions are all PERIODIC, which makes
+in `parameters`, with the condition on each side of each dimension as the Well's own reader (`WellDataset`) reads
+it from the `mask` datasets (`_boundary_sides`); the dataset is periodic when every side is PERIODIC, which makes
 `--convention canonical` resample spectrally (the default convention resamples bilinearly).
+
+NaN: the one rule of `_blocks.nan_rule`. A cell NaN in every frame (the obstacle cells of a Well dataset, which the
+Well's formatter sets to 0) gets mask 0 and is stored as 0; a trajectory with NaN that comes and goes, or with no
+cell left, is left out with one warning line naming the file and the trajectory (`check_finite="raise"`: refused).
+Times: `dimensions/time` is (T,) or, `sample_varying`, (n, T): every trajectory's own times are kept, as `time`
+from its start plus the sample parameter `time_start` where the starts differ; trajectories stepping differently
+are refused. Times must be finite and strictly increasing, coordinates finite, and the files of one call must agree
+on frames, grid, domain and boundary.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -37,10 +48,11 @@ import xarray as xr
 from dpot_format.layout import own_data_layout
 from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import (SampleBlocks, all_finite, as_path, auto_block, check_h5_dataset, check_sizes,
-                                        checked, distinct_files, file_token, files_in, hdf5_problem, nonfinite_error,
-                                        text_path, to_dask)
-from dpot_data.sources.base import SPLITS, ReadResult
+from dpot_data.sources._blocks import (MaskBlocks, NanMasked, SampleBlocks, as_path, auto_block, check_coordinate,
+                                        check_h5_dataset, check_sizes, check_times, checked, common_times,
+                                        distinct_files, file_token, files_in, finite_mode, hdf5_problem, no_inf,
+                                        text_path, to_dask, uniform_step)
+from dpot_data.sources.base import MAX_FRAMES, MAX_GRID_SIDE, SPLITS, ReadResult
 
 READER_VERSION = "1"
 GROUPS = ("dimensions", "boundary_conditions", "scalars", "t0_fields", "t1_fields", "t2_fields")
@@ -117,12 +129,29 @@ def _root(f: h5py.File, path: Path) -> dict[str, object]:
             "grid_type": _text(f.attrs["grid_type"])}
 
 
-def _coords(f: h5py.File, dims: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Times (the first trajectory's when they vary per trajectory) and each spatial coordinate (likewise)."""
-    def first_row(dset: h5py.Dataset) -> np.ndarray:
-        values = np.asarray(dset[()], dtype=np.float64)
-        return values.reshape(-1, values.shape[-1])[0] if values.ndim > 1 else values.ravel()
-    return first_row(f["dimensions"]["time"]), {d: first_row(f["dimensions"][d]) for d in dims}
+def _coords(f: h5py.File, path: Path, dims: list[str], n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Every trajectory's times, (n, T) (the Well's `dimensions/time` is (T,), or (n, T) when `sample_varying`), and
+    each spatial coordinate (the first trajectory's where one varies per trajectory), checked (`check_times`,
+    `check_coordinate`) in one line naming the file and the dataset."""
+    def values(name: str) -> np.ndarray:
+        dset = f["dimensions"][name]
+        if dset.dtype.kind not in "fiu" or dset.ndim not in (1, 2) or dset.size > (MAX_FRAMES + 1) * max(n, 1) \
+                or (dset.ndim == 2 and dset.shape[0] != n):
+            raise InputError(path, f"dimensions/{name}: expected numbers of shape (N,) or ({n}, N) (one row per "
+                                   f"trajectory), found {dset.dtype} {tuple(dset.shape)}")
+        return np.asarray(dset[()], dtype=np.float64)
+    times = values("time")
+    if times.ndim == 1:  # one time axis for every trajectory
+        check_times(path, "dimensions/time", times)
+        times = np.broadcast_to(times, (n, times.shape[-1]))
+    for i, row in enumerate(times if times.strides[0] else ()):
+        check_times(path, f"dimensions/time (trajectory {i})", row)
+    coords = {}
+    for d in dims:
+        v = values(d)
+        coords[d] = v.reshape(-1, v.shape[-1])[0]
+        check_coordinate(path, f"dimensions/{d}", v)
+    return times, coords
 
 
 def _fields(f: h5py.File, path: Path, dims: list[str], n: int, t: int, space: tuple[int, ...]) -> list[Field]:
@@ -153,6 +182,37 @@ def _boundary_conditions(f: h5py.File) -> dict[str, dict[str, object]]:
             for k in bcs.keys() if isinstance(bcs[k], h5py.Group)}
 
 
+def _boundary_sides(f: h5py.File, path: Path, dims: list[str]) -> dict[str, list[str]]:
+    """The condition on each side (first, last index) of each spatial dimension, as the Well's own reader decides it
+    (`WellDataset._padding_bcs`, the_well 1.2.0): OPEN unless a condition's `mask` says otherwise; for each condition
+    (in key order) and each of its dimensions, a WALL takes a side when its mask is set on all of that side, an OPEN
+    or PERIODIC when its mask is set anywhere on it. `bc_type` alone does not decide: a condition whose mask is
+    empty changes nothing."""
+    sides = {d: ["OPEN", "OPEN"] for d in dims}
+    bcs = f["boundary_conditions"]
+    for key in bcs.keys():
+        bc = bcs[key]
+        if not isinstance(bc, h5py.Group):
+            continue
+        bc_type = _text(bc.attrs.get("bc_type", "")).upper()
+        assoc = _names(bc.attrs.get("associated_dims"))
+        if bc_type not in ("WALL", "OPEN", "PERIODIC") or not set(assoc) <= set(dims) \
+                or not isinstance(bc.get("mask"), h5py.Dataset):
+            raise InputError(path, f"boundary_conditions/{key}: bc_type {bc_type!r}, associated_dims {assoc}; expected "
+                                   f"WALL, OPEN or PERIODIC on some of {dims} with a 'mask' dataset")
+        mask = bc["mask"]
+        if mask.ndim < len(assoc) or mask.size > MAX_GRID_SIDE ** 3:
+            raise InputError(path, f"boundary_conditions/{key}/mask: shape {tuple(mask.shape)}; expected one axis "
+                                   f"per associated dimension {assoc}")
+        values = np.asarray(mask[()]).astype(bool)
+        agg = np.all if bc_type == "WALL" else np.any
+        for axis, d in enumerate(assoc):
+            for side, index in ((0, 0), (1, -1)):  # the side's entries, indexed as the Well's reader does
+                if values.shape[axis] and agg(values[(slice(None),) * axis + (index,)]):
+                    sides[d][side] = bc_type
+    return sides
+
+
 def _scalars(f: h5py.File, n: int) -> tuple[dict[str, float], dict[str, np.ndarray], list[str]]:
     """Constant scalars (parameters), per-trajectory constants (sample parameters) and time-varying ones (names)."""
     params, per_sample, timed = {}, {}, []
@@ -178,9 +238,10 @@ def _file_info(path: Path) -> dict[str, object]:
     with h5py.File(path, "r") as f:
         root = _root(f, path)
         dims = root["dims"]
-        times, coords = _coords(f, dims)
+        check_sizes(path, "n_trajectories", trajectories=int(root["n"]))
+        times, coords = _coords(f, path, dims, int(root["n"]))
         space = tuple(len(coords[d]) for d in dims)
-        n, t = int(root["n"]), len(times)
+        n, t = int(root["n"]), times.shape[1]
         fields = _fields(f, path, dims, n, t, space)
         channels = [c for fld in fields for c in fld.channels]
         check_sizes(path, "fields", trajectories=n, frames=t, space=space, channels=len(channels))
@@ -188,7 +249,8 @@ def _file_info(path: Path) -> dict[str, object]:
         attrs = {k: _text(v) if isinstance(v, (bytes, str)) else np.asarray(v).tolist()
                  for k, v in f.attrs.items() if k not in ("simulation_parameters",)}
         return {**root, "times": times, "coords": coords, "space": space, "t": t, "fields": fields,
-                "channels": channels, "bcs": _boundary_conditions(f), "scalars": params, "sample_scalars": per_sample,
+                "channels": channels, "bcs": _boundary_conditions(f), "sides": _boundary_sides(f, path, dims),
+                "scalars": params, "sample_scalars": per_sample,
                 "time_scalars": timed, "attrs": attrs, "simulation_parameters": _names(f.attrs.get(
                     "simulation_parameters"))}
 
@@ -202,13 +264,15 @@ class _Blocks(SampleBlocks):
         self.shape = (n, t, sum(len(f.channels) for f in fields), *space[::-1])
 
     def _field(self, dset: h5py.Dataset, fld: Field, n0: int, n1: int, check: bool) -> np.ndarray:
-        """One field for trajectories n0..n1-1 as (b, T, *space, components...) (broadcast views); `check`: NaN/Inf
-        raise InputError naming the file, the field and the trajectory."""
+        """One field for trajectories n0..n1-1 as (b, T, *space, components...) (broadcast views), NaN kept (the
+        NaN rule of `NanMasked` decides about it); `check`: ±Inf raises InputError naming the file, the field and
+        the trajectory."""
         raw = dset[n0:n1] if fld.sample_varying else dset[()][None]
-        if check and not all_finite(raw):
-            j = next(j for j in range(len(raw)) if not all_finite(raw[j]))
-            one = raw[j] if fld.time_varying else raw[j][None]
-            raise nonfinite_error(self.path, f"{fld.group}/{fld.name}", n0 + j if fld.sample_varying else "all", one)
+        if check and not no_inf(raw):
+            j = next(j for j in range(len(raw)) if not no_inf(raw[j]))
+            where = n0 + j if fld.sample_varying else "all"
+            raise InputError(self.path, f"{fld.group}/{fld.name}: trajectory {where} holds +-Inf; expected finite "
+                                        "values, or NaN in the cells of an obstacle (NaN in every frame)")
         if not fld.time_varying:
             raw = raw[:, None]
         index = (slice(None), slice(None)) + tuple(slice(None) if v else None for v in fld.dim_varying)
@@ -249,13 +313,20 @@ def _well_files(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def _consistent(paths: list[Path], infos: list[dict]) -> list[str | None]:
-    """All files one dataset (name, spatial dims, grid, frames, channels); the split of each (all or none)."""
+    """All files one dataset (name, spatial dims, grid, frames, channels, boundaries, domain); the split of each
+    (all or none). Time steps are compared per trajectory where the times are stored (`common_times`)."""
     first = infos[0]
     for p, info in zip(paths[1:], infos[1:]):
-        for key in ("name", "dims", "space", "t", "channels"):
+        for key in ("name", "dims", "space", "t", "channels", "sides"):
             if info[key] != first[key]:
-                raise InputError(p, f"expected {key} {first[key]} like {paths[0].name} (one Well dataset per "
+                what = "boundary conditions (per dimension: first, last side)" if key == "sides" else key
+                raise InputError(p, f"expected {what} {first[key]} like {paths[0].name} (one Well dataset per "
                                     f"ingest), found {info[key]}")
+        for d in first["dims"]:
+            a, b = first["coords"][d], info["coords"][d]
+            if not np.allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.ptp(a) or 1.0)):
+                raise InputError(p, f"dimensions/{d}: coordinates from {b[0]:g} to {b[-1]:g}; expected {a[0]:g} to "
+                                    f"{a[-1]:g} like {paths[0].name} (one domain per ingest)")
     splits = [_split_of(p) for p in paths]
     if len(set(s is None for s in splits)) > 1:
         odd = next(p for p, s in zip(paths, splits) if s is None)
@@ -265,18 +336,18 @@ def _consistent(paths: list[Path], infos: list[dict]) -> list[str | None]:
 
 
 def _boundary(info: dict) -> str:
-    """"periodic" when every spatial dimension has boundary conditions and all of them are PERIODIC."""
-    bcs = list(info["bcs"].values())
-    covered = {d for bc in bcs for d in bc["associated_dims"]}
-    periodic = bool(bcs) and all(bc["bc_type"] == "PERIODIC" for bc in bcs) and set(info["dims"]) <= covered
+    """"periodic" when both sides of every spatial dimension are PERIODIC as the Well's reader reads the boundary
+    masks (`_boundary_sides`)."""
+    periodic = all(side == "PERIODIC" for sides in info["sides"].values() for side in sides)
     return "periodic" if periodic else "non-periodic"
 
 
 def _parameters(info: dict) -> dict[str, object]:
-    """Dataset name, grid type, spatial dims, boundary conditions, and which channels are constant in time."""
+    """Dataset name, grid type, spatial dims, boundary conditions (as declared, and per side as read), and which
+    channels are constant in time."""
     static = [c for fld in info["fields"] if not fld.time_varying for c in fld.channels]
     return {"well_dataset": info["name"], "grid_type": info["grid_type"], "spatial_dims": info["dims"],
-            "boundary_conditions": info["bcs"],
+            "boundary_conditions": info["bcs"], "boundary_sides": info["sides"],
             "constant_in_time_channels": static}
 
 
@@ -320,27 +391,33 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     first = infos[0]
     nd = len(first["dims"])
     blk = auto_block(first["t"] * len(first["channels"]) * math.prod(first["space"]) * 4, block)
-    parts, ids, split, keeps, skipped = [], [], [], [], []
+    parts, masks, ids, split, keeps, skipped, rows = [], [], [], [], [], [], []
     for p, info, s in zip(files, infos, splits):
         label = f"{s}/{p.name}" if s else p.name
         file_ids = [f"{label}#{i}" for i in range(info["n"])]
         blocks = _Blocks(p, info["fields"], info["n"], info["t"], info["space"])
-        blocks, keep, bad = checked(blocks, blk, file_ids, label, check_finite)
+        blocks, keep, bad = checked(blocks, blk, file_ids, label, check_finite, nan_rule=True)
+        for what, reason in bad:
+            warnings.warn(f"{p}: {what} left out: {reason}", stacklevel=2)
         skipped.extend(bad)
         keeps.append(keep)
         if keep.size:
-            parts.append(to_dask(blocks, blk, "the-well", file_token(p), keep.tolist()))
+            masked = NanMasked(blocks, p, [file_ids[i] for i in keep], strict=finite_mode(check_finite) != "off")
+            parts.append(to_dask(masked, blk, "the-well", file_token(p), keep.tolist()))
+            masks.append(to_dask(MaskBlocks(masked), blk, "the-well-mask", file_token(p), keep.tolist()))
             ids.extend(file_ids[i] for i in keep)
             split.extend([s] * keep.size)
+            rows.extend((p, f"dimensions/time (trajectory {i})", info["times"][i]) for i in keep)
     if not parts:
         raise InputError(files[0], "no usable trajectory: " + "; ".join(f"{w}: {r}" for w, r in skipped[:3]))
     fields = da.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    space = tuple(first["space"][::-1])
-    mask = da.ones((fields.shape[0], *space), dtype=np.uint8, chunks=(fields.chunks[0], *space))
+    mask = da.concatenate(masks, axis=0) if len(masks) > 1 else masks[0]
     shared, varying = _per_trajectory(infos, keeps)
     canonical = ("z", "y", "x")[3 - nd:]
-    times = first["times"]
-    dt = float(times[1] - times[0]) if len(times) > 1 else None
+    times, starts = common_times(rows)
+    if starts is not None:  # each trajectory's own times: `time` from its start, plus its start
+        varying["time_start"] = starts
+    dt = uniform_step(times)
     data = xr.Dataset(
         {"fields": (("sample", "time", "channel", *canonical), fields), "mask": (("sample", *canonical), mask)},
         coords={"sample": np.array(ids, dtype=str), "time": times, "channel": np.array(first["channels"]),

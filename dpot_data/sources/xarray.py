@@ -6,10 +6,15 @@ concatenated along the sample dimension (a file without one is one trajectory). 
 from the options or are guessed (`dpot_data.sources._xr_choose`); one line says what was chosen (a warning of
 category `Chosen`, also kept in the provenance).
 
-Values are cast to float32 as they are read. NaN cells (land, obstacles, missing values) become mask 0 and are
-stored as 0: a cell NaN in any frame or channel of a trajectory is masked for the whole trajectory (the mask has no
-time axis), the way CFDBench obstacle cells are. ±Inf is refused (InputError naming the file, variable and
-trajectory). Units, long names, standard names and per-dimension periodicity go into `parameters`, hence into the
+Values are cast to float32 as they are read. NaN follows the one rule of every reader (`_blocks.nan_rule`): a cell NaN
+in every frame of a trajectory (land, an obstacle) is geometry, mask 0 and stored as 0 (the mask has no time axis);
+NaN that comes and goes (a missing frame, member or Zarr chunk) is missing data, and a trajectory left with no
+unmasked cell is nothing to train on: both are refused in one line naming the file and the trajectory. ±Inf is refused
+(InputError naming the file, variable and trajectory). Frame times come from the time coordinate, or `time_var` (a 1-D
+variable, e.g. py-pde's `times`; found by itself when the time dimension has no coordinate); with neither they are
+frame indices and `dt` is None (unknown). Time coordinates must be finite and strictly increasing, spatial coordinates
+finite, and several inputs must agree on time steps, domain, units and periodicity (InputError naming the file and the
+variable). Units, long names, standard names and per-dimension periodicity go into `parameters`, hence into the
 store's attributes and the manifest; the dataset is periodic when every spatial dimension is (or `periodic=True`).
 
 Memory: a block task opens the input itself and reads only its trajectories (NetCDF/HDF5/Zarr slices, .npy memory
@@ -20,9 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
 
@@ -32,14 +35,14 @@ import xarray as xr
 
 from dpot_format.layout import own_data_layout
 from dpot_data.errors import InputError
-from dpot_data.sources._blocks import SampleBlocks, as_path, auto_block, check_sizes, distinct_files, text_path, \
-    to_dask, unique_names
-from dpot_data.sources._xr_choose import Choice, choose, periodic_dim, space_values, time_values
+from dpot_data.sources._blocks import MaskBlocks, NanMasked, SampleBlocks, as_path, auto_block, check_coordinate, \
+    check_sizes, check_times, common_times, distinct_files, text_path, to_dask, uniform_step, unique_names
+from dpot_data.sources._xr_choose import (TIME_NAMES, Choice, choose, has_coordinate, periodic_dim, space_values,
+                                          time_values)
 from dpot_data.sources._xr_open import Opener, check_numpy_file, file_bytes, kind_of, open_checked, parse_axes
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
-_MASK_CACHE = 32  # masks of blocks read but not yet asked for (one per block in flight is what is needed)
 
 
 class Chosen(UserWarning):
@@ -47,10 +50,10 @@ class Chosen(UserWarning):
 
 
 class _Blocks(SampleBlocks):
-    """(n, T, C, *space) float32 of one input (or inputs split by time): a block opens the input, reads its
-    trajectories of each chosen variable, masks NaN cells (stored as 0) and keeps the block's mask for
-    `_MaskBlocks`, so nothing is read twice. With `window` w, every trajectory is cut into T // w samples of w
-    frames (n * (T // w), w, C, *space), and a block reads only its windows' frames."""
+    """(n, T, C, *space) float32 of one input (or inputs split by time): a block opens the input and reads its
+    trajectories of each chosen variable, NaN kept for the NaN rule (`NanMasked`, which masks geometry cells and
+    keeps the block's mask, so nothing is read twice). With `window` w, every trajectory is cut into T // w samples
+    of w frames (n * (T // w), w, C, *space), and a block reads only its windows' frames."""
 
     def __init__(self, openers: list[Opener], frames: list[int], choice: Choice, shape: tuple[int, ...],
                  window: int | None = None) -> None:
@@ -58,14 +61,6 @@ class _Blocks(SampleBlocks):
         self.per = shape[1] // window if window else 1
         self.shape = (shape[0] * self.per, window, *shape[2:]) if window else shape
         self.opener = openers[0]
-        self._masks: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_masks", "_lock")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _masks=OrderedDict(), _lock=threading.Lock())
 
     def _frames(self, s0: int, s1: int, f0: int, f1: int) -> np.ndarray:
         """Trajectories s0..s1-1, frames f0..f1-1 as float32 (NaN kept): input by input (several: frames
@@ -103,43 +98,13 @@ class _Blocks(SampleBlocks):
 
     def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
         out = self._read(n0, n1)
-        nan = np.isnan(out)
         if np.isinf(out).any():
             i, t, c = (int(v[0]) for v in np.nonzero(np.isinf(out))[:3])
             where = self.openers[0 if self.window else int(np.searchsorted(np.cumsum(self.frames), t,
                                                                             side="right"))].path
             raise InputError(where, f"{self.choice.variables[c]}: trajectory {n0 + i} holds +-Inf (first: "
                                                f"frame {t}); expected finite values, or NaN for masked cells")
-        mask = (~nan.any(axis=(1, 2))).astype(np.uint8)
-        out[nan] = 0.0
-        with self._lock:
-            self._masks[(n0, n1)] = mask
-            while len(self._masks) > _MASK_CACHE:
-                self._masks.popitem(last=False)
         return out
-
-    def mask(self, n0: int, n1: int) -> np.ndarray:
-        """(n1 - n0, *space) uint8 mask of a block: the one its read left behind, else read again."""
-        with self._lock:
-            found = self._masks.pop((n0, n1), None)
-        if found is None:
-            self.block(n0, n1)
-            with self._lock:
-                found = self._masks.pop((n0, n1))
-        return found
-
-
-class _MaskBlocks(SampleBlocks):
-    """(n, *space) uint8 mask of a `_Blocks`, block by block."""
-
-    dtype = np.dtype(np.uint8)
-
-    def __init__(self, fields: _Blocks) -> None:
-        self.fields = fields
-        self.shape = (fields.shape[0], *fields.shape[3:])
-
-    def block(self, n0: int, n1: int, *, check: bool | None = None) -> np.ndarray:
-        return self.fields.mask(n0, n1)
 
 
 def _openers(paths: Sequence[Path], axes: tuple[str, ...] | None, names: tuple[str, ...]) -> list[Opener]:
@@ -273,15 +238,90 @@ def _parts(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice, bl
         shape, frames = _group_shape(group, choice, first, first_name, window)
         blocks = _Blocks([op for op, _ in group], frames, choice, shape, window)
         token = [(op, file_bytes(Path(op.path)), Path(op.path).stat().st_mtime_ns) for op, _ in group]
-        fields.append(to_dask(blocks, blk, "xarray", token, choice, shape, window))
-        masks.append(to_dask(_MaskBlocks(blocks), blk, "xarray-mask", token, choice, shape, window))
         name = Path(group[0][0].path).name
-        ids.extend(f"{name}#{i // blocks.per}/w{i % blocks.per}" if window else f"{name}#{i}"
-                   for i in range(blocks.shape[0]))
+        group_ids = [f"{name}#{i // blocks.per}/w{i % blocks.per}" if window else f"{name}#{i}"
+                     for i in range(blocks.shape[0])]
+        masked = NanMasked(blocks, group[0][0].path, group_ids)
+        fields.append(to_dask(masked, blk, "xarray", token, choice, shape, window))
+        masks.append(to_dask(MaskBlocks(masked), blk, "xarray-mask", token, choice, shape, window))
+        ids.extend(group_ids)
     files = [{"name": Path(op.path).name, "container": op.kind, "dtypes": {v: str(ds[v].dtype) for v in choice.variables},
               "dims": {v: list(map(str, ds[v].dims)) for v in choice.variables}} for op, ds in zip(openers, datasets)]
     join = (lambda xs: da.concatenate(xs, axis=0)) if len(fields) > 1 else (lambda xs: xs[0])
     return join(fields), join(masks), ids, files
+
+
+def _raw_variable(opener: Opener, name: str) -> np.ndarray | None:
+    """A variable of an HDF5/NetCDF input as stored, before `--axes` names the axes (which leaves 1-D datasets such
+    as py-pde's `times` out); None when there is none of that name."""
+    raw = open_checked(Opener(opener.path, opener.kind))
+    try:
+        return np.asarray(raw[name].values) if name in raw.variables else None
+    finally:
+        raw.close()
+
+
+def _input_times(opener: Opener, ds: xr.Dataset, choice: Choice,
+                 time_var: str | None) -> tuple[np.ndarray | None, str | None, str | None]:
+    """(frame times, their units, where they came from) of one input: `time_var`, else the time coordinate, else a
+    1-D variable named like time (`times`, `time`, `t`, ...) of the time length (an HDF5 file without dimension
+    names, e.g. py-pde's `FileStorage`: `data` and `times`); (None, None, None) when nothing gives them. Checked:
+    finite, strictly increasing (`check_times`)."""
+    n = int(ds.sizes[choice.time])
+    where = opener.path
+    if time_var is not None:
+        values = np.asarray(ds[time_var].values) if time_var in ds.variables else (
+            _raw_variable(opener, time_var) if opener.kind in ("hdf5", "netcdf") else None)
+        if values is None or values.shape != (n,) or values.dtype.kind not in "fiuM":
+            found = "none" if values is None else f"{values.dtype} {values.shape}"
+            raise InputError(where, f"--time-var {time_var}: expected a 1-D numeric variable of {n} frame times, "
+                                    f"found {found}")
+        units = ds[time_var].attrs.get("units") if time_var in ds.variables else None
+        times = time_values(xr.Dataset(coords={"t": ("t", values, {"units": units} if units else {})}), "t")
+        check_times(where, time_var, times[0])
+        return times[0], times[1], time_var
+    if has_coordinate(ds, choice.time):
+        times, units = time_values(ds, choice.time)
+        check_times(where, choice.time, times)
+        return times, units, choice.time
+    if opener.axes and opener.kind in ("hdf5", "netcdf"):
+        for name in TIME_NAMES:
+            values = _raw_variable(opener, name)
+            if values is not None and values.shape == (n,) and values.dtype.kind in "fiu":
+                times = values.astype(np.float64)
+                check_times(where, name, times)
+                return times, None, name
+    return None, None, None
+
+
+def _check_alike(openers: list[Opener], datasets: list[xr.Dataset], choice: Choice) -> None:
+    """Every input: finite spatial coordinates, and the first input's domain, units and periodicity (only the first's
+    are recorded); InputError naming the file and the variable."""
+    first_name = Path(openers[0].path).name
+    first, _b, _e = _attrs_of(datasets[0], choice, None)
+    for k, (op, ds) in enumerate(zip(openers, datasets)):
+        for d in choice.space:
+            if has_coordinate(ds, d):
+                check_coordinate(op.path, d, ds[d].values)
+        if k == 0:
+            continue
+        params, _b, _e = _attrs_of(ds, choice, None)
+        for v in choice.variables:
+            a, b = first["variables"][v].get("units"), params["variables"][v].get("units")
+            if a != b:
+                raise InputError(op.path, f"{v}: units {b!r}; expected {a!r} like {first_name} (one unit per "
+                                          "variable in one ingest)")
+        for key in [c for c in first["dims"] if c != "time"] + ["time"]:
+            for attr in ("units", "periodic"):
+                a, b = first["dims"][key].get(attr), params["dims"][key].get(attr)
+                if a != b:
+                    raise InputError(op.path, f"{params['dims'][key]['name']}: {attr} {b!r}; expected {a!r} like "
+                                              f"{first_name} (one domain, units and boundary per ingest)")
+        for d, d0 in zip(choice.space, choice.space):
+            a, b = space_values(datasets[0], d0), space_values(ds, d)
+            if not np.allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.ptp(a) or 1.0)):
+                raise InputError(op.path, f"{d}: coordinates from {b[0]:g} to {b[-1]:g}; expected {a[0]:g} to "
+                                          f"{a[-1]:g} like {first_name} (one domain per ingest)")
 
 
 def _split_list(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -316,7 +356,7 @@ def _open_all(paths: Sequence[str | Path], axes: str | None,
 def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str | Sequence[str] | None = None,
          time_dim: str | None = None, space_dims: str | Sequence[str] | None = None, sample_dim: str | None = None,
          axes: str | None = None, periodic: bool | None = None, concat: str = "sample", window: int | None = None,
-         block: int | None = None,
+         block: int | None = None, time_var: str | None = None,
          check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
     """Open NetCDF / HDF5 / Zarr / .npy / .npz inputs lazily as one canonical dataset (module docstring).
 
@@ -326,9 +366,10 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
     `concat`: several inputs are more trajectories ("sample") or more frames of the same trajectories ("time", in
     the order given, as xarray.open_mfdataset combines files split by time). `window` w: every trajectory becomes
     T // w samples of w consecutive frames (a long run, a reanalysis: one trajectory of any length streams in
-    bounded memory); the frames past the last whole window are left out.
-    `check_finite` and `convention` are accepted for the common reader interface: NaN cells are always masked and
-    Inf always refused, and no reference convention exists for user data (the seeded split applies).
+    bounded memory); the frames past the last whole window are left out. `time_var` names a 1-D variable holding
+    the frame times (default: the time coordinate, else a 1-D `times`/`time`/`t` variable of the time length).
+    `check_finite` and `convention` are accepted for the common reader interface: the NaN rule always applies and
+    Inf is always refused, and no reference convention exists for user data (the seeded split applies).
     """
     chosen_vars = _split_list(variables)
     window = _window(window)
@@ -340,8 +381,15 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
         choice = choose(datasets[0], first, variables=var_option, time_dim=time_dim,
                         space_dims=_split_list(space_dims), sample_dim=sample_dim)
         fields, mask, ids, files = _parts(openers, datasets, choice, block, concat, window)
+        _check_alike(openers, datasets, choice)
+        timed = [_input_times(op, ds, choice, time_var) for op, ds in zip(openers, datasets)]
+        times, dt, starts = _times(openers, timed, concat, window, ids)
         data = _dataset(datasets if concat == "time" else datasets[:1], choice, fields, mask, ids, periodic,
-                        window)
+                        (times, dt))
+        time_from = next((n for _t, _u, n in timed if n is not None), None)
+        if time_from is not None and time_from != choice.time:  # times from a variable: say which, with its units
+            data.attrs["parameters"]["dims"]["time"] = {"name": choice.time, "from": time_from,
+                                                        **({"units": timed[0][1]} if timed[0][1] else {})}
     finally:
         for ds in datasets:
             ds.close()
@@ -351,35 +399,60 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
     data.attrs["provenance"] = {"reader": "dpot_data.sources.xarray", "reader_version": READER_VERSION,
                                 "chosen": line, "files": files, "concat": concat, "window": window,
                                 **data.attrs["provenance"]}
-    return ReadResult(data=data, inputs=[Path(op.path) for op in openers if Path(op.path).is_file()])
+    return ReadResult(data=data, inputs=[Path(op.path) for op in openers if Path(op.path).is_file()],
+                      sample_params={"time_start": starts} if starts is not None else {})
 
 
-def _times(datasets: list[xr.Dataset], choice: Choice) -> np.ndarray:
-    """The frame times of the inputs (one, or several concatenated along time: then increasing, or InputError)."""
-    parts = [time_values(ds, choice.time)[0] for ds in datasets]
-    times = np.concatenate(parts)
-    if len(parts) > 1 and not (np.diff(times) > 0).all():
-        where = datasets[int(np.searchsorted(np.cumsum([len(p) for p in parts]), np.argmin(np.diff(times)),
-                                             side="right"))].encoding.get("source", "<input>")
-        raise InputError(where, "expected times increasing across the inputs in the order given (--concat time); "
-                                "give the files in time order")
-    return times
+def _times(openers: list[Opener], timed: list[tuple[np.ndarray | None, str | None, str | None]], concat: str,
+           window: int | None, ids: list[str]) -> tuple[np.ndarray | None, float | None, np.ndarray | None]:
+    """(stored frame times, dt or None when unknown, per-sample start times or None) of the inputs' times
+    (`_input_times`): concatenated along time (then increasing across the inputs, or InputError), or, inputs as
+    trajectories, the same steps in each (`common_times`; differing starts give `time_start`). Times nobody stated
+    are frame indices with dt None."""
+    known = [t is not None for t, _u, _n in timed]
+    if any(known) and not all(known):
+        odd = openers[known.index(False)]
+        raise InputError(odd.path, f"no frame times (no time coordinate and no --time-var), while "
+                                   f"{Path(openers[known.index(True)].path).name} has them; expected times in every "
+                                   "input or in none")
+    starts = None
+    if not all(known):
+        times = None
+    elif concat == "time":
+        times = np.concatenate([t for t, _u, _n in timed])
+        back = np.flatnonzero(np.diff(times) <= 0)
+        if back.size:  # within each input they increase (`_input_times`): a later input starts too early
+            cut = np.cumsum([len(t) for t, _u, _n in timed])
+            where = openers[int(np.searchsorted(cut, int(back[0]) + 1, side="right"))].path
+            raise InputError(where, "expected times increasing across the inputs in the order given (--concat "
+                                    "time); give the files in time order")
+    else:
+        times, file_starts = common_times([(op.path, str(n), t) for op, (t, _u, n) in zip(openers, timed)])
+        if file_starts is not None and not window:  # windows have times from 0 anyway
+            start_of = {Path(op.path).name: start for op, start in zip(openers, file_starts)}
+            starts = np.array([start_of[i.rsplit("#", 1)[0]] for i in ids])  # ids: "<file name>#<trajectory>"
+    if times is None:
+        return None, None, None  # frame indices (of a window, with `window`), dt unknown
+    times = times[:window] - times[0] if window else times  # a window's frames, from 0
+    return times, uniform_step(times), starts
 
 
 def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask: da.Array, ids: list[str],
-             periodic: bool | None, window: int | None = None) -> xr.Dataset:
-    """The canonical dataset of the chosen variables (attrs: parameters with units, names and periodicity)."""
+             periodic: bool | None, frame_times: tuple[np.ndarray | None, float | None]) -> xr.Dataset:
+    """The canonical dataset of the chosen variables (attrs: parameters with units, names and periodicity);
+    `frame_times`: the stored times (None: frame indices) and dt (None: unknown), from `_times`."""
     ds = datasets[0]
     canonical = ("z", "y", "x")[3 - len(choice.space):]
     params, boundary, extra = _attrs_of(ds, choice, periodic)
-    times = _times(datasets, choice)
-    times = times[:window] - times[0] if window else times  # a window's frames, from 0
-    dt = float(times[1] - times[0]) if len(times) > 1 and np.allclose(np.diff(times), times[1] - times[0]) else None
+    times, dt = frame_times
+    unknown = times is None
+    times = np.arange(fields.shape[1], dtype=np.float64) if unknown else times
     coords = {"sample": np.array(ids, dtype=str), "time": times, "channel": np.array(choice.variables),
               **{c: space_values(ds, d) for d, c in zip(choice.space, canonical)}}
     return xr.Dataset(
         {"fields": (("sample", "time", "channel", *canonical), fields), "mask": (("sample", *canonical), mask)},
         coords=coords,
         attrs={"source": "xarray", "dataset": "data", "boundary": boundary, "parameters": params, "dt": dt,
+               "time_is_index": unknown,  # no times stated: `time` holds frame indices, dt stays null
                "provenance": extra, "model_layout": own_data_layout(len(canonical))},
     )
