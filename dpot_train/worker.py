@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None,
                         plan=plan)
     except Exception as exc:  # noqa: BLE001 - a reported error or a download that kept failing: one line
-        line = " ".join(str(exc).split()) if isinstance(exc, _reported_errors()) else fetch_failure(exc)
+        line = fetch_failure(exc) or (" ".join(str(exc).split()) if isinstance(exc, _reported_errors()) else None)
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr, flush=True)

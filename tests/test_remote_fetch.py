@@ -141,3 +141,23 @@ def test_the_budget_and_timeout_come_from_the_environment(monkeypatch: pytest.Mo
         with pytest.raises(FetchError) as err:
             RetryPolicy().limits()
         assert str(err.value) == f"$DPOT_FETCH_BUDGET_S: expected a number of seconds > 0, got {bad!r}"
+
+
+def test_a_failed_download_in_a_loader_worker_process_is_reported_as_its_own_line(tmp_path: Path, monkeypatch,
+                                                                                  capsys) -> None:
+    """torch re-raises a worker process's FetchError with the worker's traceback as its message: the training
+    process prints the download's own line, not the traceback joined into one."""
+    from dpot_train import trainer, worker
+    from dpot_train.config import TrainConfig, save_config
+
+    cfg = tmp_path / "config.yaml"
+    save_config(TrainConfig(out=str(tmp_path)), cfg)
+    line = "s3://b/x.tar: download failed after 6 attempts (last: OSError: [Errno 16] 503 Service Unavailable)"
+
+    def train(*args: object, **kwargs: object) -> None:
+        raise FetchError("Caught FetchError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+                         f"last):\n  File \"x\", line 1, in f\ndpot_train.data.remote_fetch.FetchError: {line}\n")
+
+    monkeypatch.setattr(trainer, "train", train)
+    assert worker.main(["--config", str(cfg)]) == worker.REPORTED
+    assert capsys.readouterr().err == f"error: {line}\n"
