@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None,
                         plan=plan)
     except Exception as exc:  # noqa: BLE001 - a reported error or a download that kept failing: one line
-        line = " ".join(str(exc).split()) if isinstance(exc, _reported_errors()) else fetch_failure(exc)
+        line = fetch_failure(exc) or (" ".join(str(exc).split()) if isinstance(exc, _reported_errors()) else None)
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr, flush=True)
@@ -86,15 +86,17 @@ def closing_lines(run: str, step: int, evaluated: bool) -> str:
               f"  tb/            TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tb')}"]
     return "\n".join(lines)
 def fetch_failure(exc: BaseException) -> str | None:
-    """The one-line message of a FetchError behind `exc` (raised in a loader thread or worker process), else None."""
+    """The one-line message of a FetchError or CacheError behind `exc` (raised in a loader thread or worker process),
+    else None."""
+    from dpot_train.data.cache import CacheError
     from dpot_train.data.remote_fetch import FetchError
 
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, FetchError):
+        if isinstance(seen, (FetchError, CacheError)):
             lines = [ln for ln in str(seen).splitlines() if ln.strip()]  # a worker process's error carries its traceback
             last = lines[-1] if lines else type(seen).__name__
-            return last.split("FetchError: ", 1)[-1]
+            return last.split(f"{type(seen).__name__}: ", 1)[-1]
         seen = seen.__cause__ or seen.__context__
     return None
 

@@ -403,3 +403,89 @@ def test_the_zarr_backend_reads_object_storage_directly_with_the_local_stores_va
     assert len(windows[0]) == 9 and [w[0] for w in windows[0]] == [w[0] for w in windows[1]]
     for (_, f, m), (_, rf, rm) in zip(*windows):
         assert f.tobytes() == rf.tobytes() and m.tobytes() == rm.tobytes() and f.shape == (5, 4, 32, 32)
+
+
+def _flip_middle_byte(path: Path) -> None:
+    """One byte in the middle of the file inverted, its size kept (what a bad disk or a stray write does)."""
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_damaged_cached_shard_is_fetched_again_never_read(s3, corpus, tmp_path: Path, capsys) -> None:
+    local, url = corpus
+    ds = _train(url)
+    shards = ds.shards_of("train")
+    settings = _settings(tmp_path / "cache")
+    first = CachedWebDatasetReader(settings)
+    _read_all(first, first.refs(ds, "train"))
+    for shard in shards:
+        _flip_middle_byte(first.cache.entry(shard))
+    capsys.readouterr()
+    s3.reset_counts()
+    later = pickle.loads(pickle.dumps(CachedWebDatasetReader(settings)))  # the next run's process
+    plain = WebDatasetReader()
+    got, want = _read_all(later, later.refs(ds, "train")), _read_all(plain, plain.refs(_train(str(local)), "train"))
+    assert len(got) == len(want) == 9
+    for (f, m), (lf, lm) in zip(got, want):
+        assert f.tobytes() == lf.tobytes() and m.tobytes() == lm.tobytes()
+    assert set(s3.shard_gets().values()) == {1} and len(s3.shard_gets()) == len(shards)
+    warnings = sorted(line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: "))
+    assert warnings == sorted(f"warning: cached shard {later.cache.entry(s)} does not match the sha256 of {s.url} "
+                              "(damaged on disk); fetching it again" for s in shards)
+
+
+def test_a_shard_the_store_never_answers_ends_in_one_line_within_the_budget(s3, corpus, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """A GET that is never answered (the server holds it for 120 s) is cut at $DPOT_FETCH_TIMEOUT_S and the retries
+    at $DPOT_FETCH_BUDGET_S: one line naming the URL, long before the server would have answered."""
+    shard = _train(corpus[1]).shards_of("train")[0]
+    monkeypatch.setenv("DPOT_FETCH_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("DPOT_FETCH_BUDGET_S", "2")
+    s3.set_faults(s3_local.Faults(stall_on={shard.url.split("/corpus/", 1)[1]}, stall_s=120))
+    cache = ShardCache(_settings(tmp_path / "cache", plan=FetchPlan(policy=RetryPolicy(attempts=1000, base_s=0.01,
+                                                                                       max_s=0.05))))
+    start = time.monotonic()
+    try:
+        with pytest.raises(FetchError) as err:
+            cache.ensure(shard)
+    finally:
+        s3.set_faults(s3_local.Faults())
+    assert time.monotonic() - start < 60  # bounded: the server answers only after 120 s
+    msg = str(err.value)
+    assert msg.startswith(f"{shard.url}: download failed: no success within the budget of 2 s (") and "\n" not in msg
+    assert "FSTimeoutError: no answer within" in msg and "$DPOT_FETCH_BUDGET_S and $DPOT_FETCH_TIMEOUT_S" in msg
+    assert not cache.entry(shard).exists() and list((tmp_path / "cache" / "part").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_run_on_damaged_cached_shards_trains_as_from_a_local_folder(s3, fno_train_shards: Path,
+                                                                      tmp_path: Path) -> None:
+    """Every cached shard damaged in its middle (same size) between two launches: the second run fetches each again
+    with one warning naming it, and its final weights are those of the run from the local folder."""
+    import torch
+
+    from tests import train_runs
+
+    url = f"{BUCKET}/fno-damaged"
+    s3_local.upload(str(fno_train_shards), url)
+    cache = tmp_path / "cache"
+    r = train_runs.run(train_runs.launch_args(url, tmp_path / "fill", "--dry-run", "--cache-dir", str(cache)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    entries = sorted((cache / "data").iterdir())
+    assert entries
+    for entry in entries:
+        _flip_middle_byte(entry)
+    finals = {}
+    for name, manifest, extra in (("local", str(fno_train_shards), ()), ("s3", url, ("--cache-dir", str(cache)))):
+        run = tmp_path / name
+        r = train_runs.run(train_runs.launch_args(manifest, run, "--no-eval", *extra, steps=6, nproc=1))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        finals[name] = torch.load(run / "checkpoints" / "step-00000006.pt", weights_only=True)
+        if name == "s3":
+            warned = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("warning: cached shard")]
+            assert len(warned) == len(entries) and all(sum(str(e) in w for w in warned) == 1 for e in entries)
+            assert all(f" does not match the sha256 of {url}/shards/" in w for w in warned)
+    assert all(torch.equal(finals["local"]["model"][k], finals["s3"]["model"][k]) for k in finals["local"]["model"])

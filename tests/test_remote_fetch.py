@@ -102,3 +102,62 @@ def test_the_worker_reports_a_failed_download_on_one_line() -> None:
                               f"dpot_train.data.remote_fetch.FetchError: {err}\n")
     assert fetch_failure(from_process) == str(err)
     assert fetch_failure(ValueError("other")) is None
+
+
+def test_the_worker_reports_a_broken_cache_folder_on_one_line() -> None:
+    from dpot_train.data.cache import CacheError
+    from dpot_train.data.prefetch import WorkerError
+    from dpot_train.worker import fetch_failure
+
+    err = CacheError("--cache-dir /scratch/cache: the disk is full while caching s3://b/x.tar (No space left on "
+                     "device); free space there, or lower --cache-limit (now 1024 bytes) below its free space")
+    wrapped = WorkerError("loader thread 1 failed building step 0:\nTraceback ...")
+    wrapped.__cause__ = err
+    assert fetch_failure(wrapped) == str(err)
+    from_process = CacheError("Caught CacheError in DataLoader worker process 1.\nOriginal Traceback:\n  File x\n"
+                              f"dpot_train.data.cache.CacheError: {err}\n")
+    assert fetch_failure(from_process) == str(err)
+
+
+def test_retries_end_when_the_budget_is_spent_with_one_line(tmp_path: Path) -> None:
+    fs = ScriptedFS(b"x", [TimeoutError()] * 10_000)
+    plan = FetchPlan(policy=RetryPolicy(attempts=10_000, base_s=0.01, max_s=0.02, timeout_s=1.0, budget_s=0.2))
+    with pytest.raises(FetchError) as err:
+        _fetch(tmp_path, fs, 1, plan)
+    msg = str(err.value)
+    assert msg.startswith("s3://bucket/shard.tar: download failed: no success within the budget of 0.2 s (")
+    assert "last: TimeoutError: no answer within " in msg and "\n" not in msg and 1 < len(fs.calls) < 10_000
+
+
+def test_the_budget_and_timeout_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPOT_FETCH_TIMEOUT_S", "7.5")
+    monkeypatch.setenv("DPOT_FETCH_BUDGET_S", "90")
+    assert RetryPolicy().limits() == (7.5, 90.0) and RetryPolicy(timeout_s=1, budget_s=2).limits() == (1, 2)
+    monkeypatch.delenv("DPOT_FETCH_TIMEOUT_S")
+    monkeypatch.delenv("DPOT_FETCH_BUDGET_S")
+    assert RetryPolicy().limits() == (60.0, 300.0)
+    for bad in ("soon", "0", "-3", "inf", "nan"):
+        monkeypatch.setenv("DPOT_FETCH_BUDGET_S", bad)
+        with pytest.raises(FetchError) as err:
+            RetryPolicy().limits()
+        assert str(err.value) == f"$DPOT_FETCH_BUDGET_S: expected a number of seconds > 0, got {bad!r}"
+
+
+def test_a_failed_download_in_a_loader_worker_process_is_reported_as_its_own_line(tmp_path: Path, monkeypatch,
+                                                                                  capsys) -> None:
+    """torch re-raises a worker process's FetchError with the worker's traceback as its message: the training
+    process prints the download's own line, not the traceback joined into one."""
+    from dpot_train import trainer, worker
+    from dpot_train.config import TrainConfig, save_config
+
+    cfg = tmp_path / "config.yaml"
+    save_config(TrainConfig(out=str(tmp_path)), cfg)
+    line = "s3://b/x.tar: download failed after 6 attempts (last: OSError: [Errno 16] 503 Service Unavailable)"
+
+    def train(*args: object, **kwargs: object) -> None:
+        raise FetchError("Caught FetchError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+                         f"last):\n  File \"x\", line 1, in f\ndpot_train.data.remote_fetch.FetchError: {line}\n")
+
+    monkeypatch.setattr(trainer, "train", train)
+    assert worker.main(["--config", str(cfg)]) == worker.REPORTED
+    assert capsys.readouterr().err == f"error: {line}\n"

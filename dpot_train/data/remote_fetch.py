@@ -2,6 +2,10 @@
 range GETs for large ones, each request retried a bounded number of times with jittered backoff on throttling (429),
 server errors (5xx) and timeouts; the sha256 is computed in object order while the parts arrive.
 
+Every request is bounded in time (connect, wait and read together: $DPOT_FETCH_TIMEOUT_S, default 60 s, on fsspec's
+asynchronous filesystems: s3fs, gcsfs, http), and so is each request with all its retries ($DPOT_FETCH_BUDGET_S,
+default 300 s): an object store that never answers ends in one line naming the URL, not in a silent hang.
+
 Credentials come from the filesystem's own chain (environment, config files, instance roles) or fsspec's
 `storage_options` configuration; nothing here reads, stores or prints them.
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import math
 import os
 import random
 import time
@@ -25,24 +30,52 @@ _RETRY_WORDS = ("503", "500", "502", "504", "429", "slowdown", "service unavaila
                 "internalerror", "throttl", "too many requests", "timeout", "timed out", "reset by peer",
                 "connection", "payload", "incomplete")
 _FINAL_TYPES = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+TIMEOUT_ENV = "DPOT_FETCH_TIMEOUT_S"  # seconds one request may take (connect, wait for and read the answer)
+BUDGET_ENV = "DPOT_FETCH_BUDGET_S"  # seconds one request may take with all its retries and backoff sleeps
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_BUDGET_S = 300.0
 
 
 class FetchError(DataError):
     """An object could not be downloaded: names the URL, the attempts made and the last error, on one line."""
 
 
+def _seconds(env: str, default: float) -> float:
+    """The positive number of seconds in $`env`, else `default`; FetchError naming the variable otherwise."""
+    text = os.environ.get(env, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise FetchError(f"${env}: expected a number of seconds > 0, got {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Bounded retries: `attempts` tries per request, sleeping base * 2**i (capped) times a random factor in
-    [0.5, 1.5) between them, so that many clients backing off at once spread out instead of retrying together."""
+    [0.5, 1.5) between them, so that many clients backing off at once spread out instead of retrying together.
+    Each try may take `timeout_s` and a request with all its tries `budget_s` (None: $DPOT_FETCH_TIMEOUT_S and
+    $DPOT_FETCH_BUDGET_S, read when a download starts, else 60 s and 300 s)."""
 
     attempts: int = 6
     base_s: float = 0.2
     max_s: float = 5.0
+    timeout_s: float | None = None
+    budget_s: float | None = None
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait after failed try number `attempt` (0-based)."""
         return min(self.max_s, self.base_s * (2 ** attempt)) * (0.5 + rng.random())
+
+    def limits(self) -> tuple[float, float]:
+        """(seconds per try, seconds per request with its retries), from the fields or the environment."""
+        timeout = self.timeout_s if self.timeout_s is not None else _seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+        budget = self.budget_s if self.budget_s is not None else _seconds(BUDGET_ENV, DEFAULT_BUDGET_S)
+        return timeout, budget
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -68,18 +101,35 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def with_retries(url: str, call: Callable[[], bytes], policy: RetryPolicy, rng: random.Random) -> bytes:
-    """call() until it succeeds, at most policy.attempts times on retryable errors; FetchError naming `url`."""
+def _describe(exc: BaseException, timeout: float) -> str:
+    """`Type: message` of a failed try; a timeout without a message says how long it waited."""
+    if isinstance(exc, TimeoutError) and not str(exc).strip():
+        return f"{type(exc).__name__}: no answer within {timeout:.3g} s"
+    return f"{type(exc).__name__}: {_one_line(exc)}"
+
+
+def with_retries(url: str, call: Callable[[float], bytes], policy: RetryPolicy, rng: random.Random) -> bytes:
+    """call(seconds it may take) until it succeeds, at most policy.attempts times on retryable errors and within the
+    policy's budget; FetchError naming `url` on one line."""
+    timeout, budget = policy.limits()
+    start = time.monotonic()
     for attempt in range(policy.attempts):
+        allowed = max(0.01, min(timeout, budget - (time.monotonic() - start)))
         try:
-            return call()
+            return call(allowed)
         except Exception as exc:  # noqa: BLE001 - classified below; the last one is reported on one line
             if not is_retryable(exc):
-                raise FetchError(f"{url}: download failed: {type(exc).__name__}: {_one_line(exc)}") from exc
+                raise FetchError(f"{url}: download failed: {_describe(exc, allowed)}") from exc
             if attempt + 1 == policy.attempts:
                 raise FetchError(f"{url}: download failed after {policy.attempts} attempts "
-                                 f"(last: {type(exc).__name__}: {_one_line(exc)})") from exc
-            time.sleep(policy.delay(attempt, rng))
+                                 f"(last: {_describe(exc, allowed)})") from exc
+            pause = policy.delay(attempt, rng)
+            spent = time.monotonic() - start
+            if spent + pause >= budget:
+                raise FetchError(f"{url}: download failed: no success within the budget of {budget:g} s "
+                                 f"({attempt + 1} attempts, {spent:.1f} s; last: {_describe(exc, allowed)}); "
+                                 f"${BUDGET_ENV} and ${TIMEOUT_ENV} (per try, now {timeout:g} s) change it") from exc
+            time.sleep(pause)
     raise AssertionError("unreachable")
 
 
@@ -99,10 +149,21 @@ class FetchPlan:
         return [(a, min(a + self.part, size)) for a in range(0, size, self.part)]
 
 
-def _get(fs: Any, path: str, start: int, end: int, whole: bool) -> Callable[[], bytes]:
-    if whole:
-        return lambda: fs.cat_file(path)
-    return lambda: fs.cat_file(path, start=start, end=end)
+def _get(fs: Any, path: str, start: int, end: int, whole: bool) -> Callable[[float], bytes]:
+    """One GET of the object (whole) or of [start, end), given the seconds it may take. On fsspec's asynchronous
+    filesystems the limit cancels the request (fsspec's `timeout`, FSTimeoutError); others have no such hook and
+    rely on their own client's timeouts."""
+    from fsspec.asyn import AsyncFileSystem
+
+    bounded = isinstance(fs, AsyncFileSystem) and not getattr(fs, "asynchronous", False)
+
+    def call(seconds: float) -> bytes:
+        limit = {"timeout": seconds} if bounded else {}
+        if whole:
+            return fs.cat_file(path, **limit)
+        return fs.cat_file(path, start=start, end=end, **limit)
+
+    return call
 
 
 def fetch_into(url: str, fd: int, size: int, plan: FetchPlan = FetchPlan(),
