@@ -80,14 +80,11 @@ MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW states pe
 
 
 def model_parameters(model: str, overrides: dict) -> int:
-    """Parameter count of the preset with its overrides, from two blocks built on the meta device (no memory, and no
-    time spent building a depth a typo made huge)."""
-    from dpot_train.model.factory import build_model, resolve_config
+    """Parameter count of the preset (any family) with its overrides, without allocating weights (DPOT: from two
+    blocks built on the meta device, so no time is spent building a depth a typo made huge)."""
+    from dpot_train.model import families
 
-    config = resolve_config(model, **overrides)
-    one, two = (sum(p.numel() for p in build_model(config.replace(depth=d), device="meta").parameters())
-                for d in (1, 2))
-    return one + (config.depth - 1) * (two - one)
+    return families.parameter_count(families.resolve(model, **overrides))
 
 
 def validate_config(cfg: TrainConfig, source: str | None = None) -> InitFacts | None:
@@ -115,10 +112,10 @@ def init_facts(path: str, trust: bool) -> InitFacts:
 
 
 def _validate_config(cfg: TrainConfig) -> None:
-    from dpot_train.model.factory import resolve_config
+    from dpot_train.model import families
 
     try:
-        resolve_config(cfg.model, **cfg.model_overrides)
+        families.resolve(cfg.model, **cfg.model_overrides)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"--model {cfg.model!r}: {exc}") from None
     count = model_parameters(cfg.model, cfg.model_overrides)
