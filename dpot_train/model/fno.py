@@ -160,11 +160,13 @@ class FNO2D(nn.Module):
         self.cls_head = nn.Sequential(nn.Linear(w, w), nn.GELU(), nn.Linear(w, w), nn.GELU(), nn.Linear(w, config.n_cls))
 
     def _check_input(self, x: torch.Tensor) -> None:
-        """Clear error for a wrongly shaped input (the reference asserts the grid side)."""
+        """Clear error for a wrongly shaped input. Any grid the patch size divides runs (no weight depends on it);
+        the reference asserts its `img_size`, which released weights do not record."""
         cfg = self.config
-        expected = (cfg.img_size, cfg.img_size, cfg.in_timesteps, cfg.n_channels)
-        if x.ndim != 5 or tuple(x.shape[1:]) != expected:
-            raise ValueError(f"FNO2D expects input (B, X, Y, T, C) = ('B', {', '.join(map(str, expected))}), "
+        p = cfg.patch_size
+        if x.ndim != 5 or tuple(x.shape[3:]) != (cfg.in_timesteps, cfg.n_channels) or x.shape[1] % p or x.shape[2] % p:
+            raise ValueError(f"FNO2D expects input (B, X, Y, T, C) with T={cfg.in_timesteps}, C={cfg.n_channels} "
+                             f"and X, Y multiples of the patch size {p} (trained on {cfg.img_size}), "
                              f"got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor, return_logits: bool = False) -> Any:

@@ -72,11 +72,6 @@ class UNetConfig:
         """Side of the input grid (the first of in_shape)."""
         return self.in_shape[0]
 
-    @property
-    def padding(self) -> tuple[int, ...]:
-        """Zeros added at the far end of each axis so that four 2x poolings divide it (the reference's rule)."""
-        return tuple(math.ceil(s / 16) * 16 - s for s in self.in_shape)
-
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict with the family named, stored in checkpoints next to the weights."""
         values = dataclasses.asdict(self)
@@ -144,12 +139,13 @@ class UNet(nn.Module):
         ]))
 
     def _check_input(self, x: torch.Tensor) -> None:
+        """Clear error for a wrongly shaped input. Any grid runs (padded as the reference pads `in_shape`; no weight
+        depends on it), since released weights do not record the grid."""
         cfg = self.config
-        expected = (*cfg.in_shape, cfg.in_timesteps, cfg.in_channels)
-        if x.ndim != cfg.n_dim + 3 or tuple(x.shape[1:]) != expected:
+        if x.ndim != cfg.n_dim + 3 or tuple(x.shape[-2:]) != (cfg.in_timesteps, cfg.in_channels):
             axes = "(B, X, Y, T, C)" if cfg.n_dim == 2 else "(B, X, Y, Z, T, C)"
-            raise ValueError(f"UNet expects input {axes} = ('B', {', '.join(map(str, expected))}), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(f"UNet expects input {axes} with T={cfg.in_timesteps}, C={cfg.in_channels} "
+                             f"(trained on {list(cfg.in_shape)}), got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor, return_logits: bool = False) -> Any:
         """Prediction (B, *out_shape, T_out, C); with `return_logits=True` the tuple (prediction, logits (B, n_cls))."""
@@ -161,8 +157,10 @@ class UNet(nn.Module):
         axes = [torch.linspace(0, 1, n, device=x.device) for n in x.shape[1:-1]]
         grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).to(x.dtype)
         x = torch.cat((grid.expand(batch, *grid.shape), x), dim=-1).movedim(-1, 1)  # coordinates first
+        sides = tuple(x.shape[2:])
         pads: list[int] = []
-        for p in reversed(cfg.padding):  # F.pad lists the last axis first
+        for s in reversed(sides):  # F.pad lists the last axis first; the reference's rule, on this grid
+            p = math.ceil(s / 16) * 16 - s
             pads += [0, p]
         x = F.pad(x, pads)
 
@@ -180,7 +178,7 @@ class UNet(nn.Module):
             mode = "bilinear" if nd == 2 else "trilinear"
             y = F.interpolate(dec1, size=cfg.out_shape, mode=mode, align_corners=False)
         else:
-            y = dec1[(...,) + tuple(slice(0, s) for s in cfg.in_shape)]
+            y = dec1[(...,) + tuple(slice(0, s) for s in sides)]
         y = self.conv(y).movedim(1, -1)
         y = y.unflatten(-1, (cfg.out_timesteps, cfg.out_channels))
         if not return_logits:

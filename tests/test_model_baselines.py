@@ -1,0 +1,170 @@
+"""The paper's FNO and UNet baselines: the reference's saved weights load as they are and give its outputs, the presets
+have the paper's sizes, and the model-family seam serves `load_pretrained`, `model info`, export and fine-tuning."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dpot_train.checkpoint import CheckpointError, checkpoint_payload, export_released, load_pretrained
+from dpot_train.cli import app
+from dpot_train.model import FNO2D, UNet, families
+from dpot_train.model_setup import data_overrides, fresh_model
+
+TOL = 1e-6  # tighter than the 1e-5 acceptance bound
+GOLDEN = Path(__file__).resolve().parent / "golden"  # tests/golden/make_golden_baselines.py
+
+
+@pytest.fixture(scope="module")
+def baselines_dir(reference_dir: Path) -> Path:
+    folder = reference_dir / "baselines"
+    if not folder.is_dir():
+        pytest.skip(f"the reference's FNO/UNet golden files not found at {folder}; the golden-reference tests need it")
+    return folder
+
+
+def _io(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in ("x", "pred", "cls")}
+
+
+def _max_diffs(model: torch.nn.Module, io: dict[str, np.ndarray]) -> tuple[float, float]:
+    with torch.no_grad():
+        pred, logits = model(torch.from_numpy(io["x"]), return_logits=True)
+    assert pred.shape == io["pred"].shape and logits.shape == io["cls"].shape
+    return float(np.abs(pred.numpy() - io["pred"]).max()), float(np.abs(logits.numpy() - io["cls"]).max())
+
+
+@pytest.mark.parametrize("name, cls", [("fno2d", FNO2D), ("unet2d", UNet)])
+def test_reference_checkpoint_reproduces_reference_outputs(baselines_dir: Path, name: str, cls: type) -> None:
+    meta = json.loads((baselines_dir / f"{name}.json").read_text())
+    model = load_pretrained(baselines_dir / f"{name}.pth")
+    assert isinstance(model, cls) and not model.training  # eval mode: UNet's BatchNorm uses its running statistics
+    assert [k for k in model.state_dict()] == [e["key"] for e in meta["state_dict"]]
+    assert model.num_parameters() == meta["total_parameters"]
+    kwargs = meta["constructor_kwargs"]
+    for key in ("width", "in_timesteps", "out_timesteps", "n_cls", "n_layers", "modes1", "modes2", "n_channels"):
+        if key in kwargs:
+            assert getattr(model.config, key) == kwargs[key], key
+    d_pred, d_cls = _max_diffs(model, _io(baselines_dir / f"{name}_io.npz"))
+    assert d_pred <= TOL and d_cls <= TOL, (d_pred, d_cls)
+
+
+@pytest.mark.parametrize("name, cls", [("fno", FNO2D), ("unet", UNet)])
+def test_in_repo_golden_reproduces_its_outputs(name: str, cls: type) -> None:
+    model = load_pretrained(GOLDEN / f"{name}_small.pth")
+    assert isinstance(model, cls) and not model.training
+    if cls is FNO2D:  # inferred from the weights: GroupNorm and instance normalisation on, the grid from args.res
+        assert (model.config.use_ln, model.config.normalize, model.config.img_size) == (True, True, 16)
+    else:
+        assert (model.config.width, model.config.in_shape) == (2, (20, 20))
+    d_pred, d_cls = _max_diffs(model, _io(GOLDEN / f"{name}_small_io.npz"))
+    assert d_pred <= TOL and d_cls <= TOL, (d_pred, d_cls)
+
+
+def test_presets_have_the_papers_sizes() -> None:
+    counts = {name: families.parameter_count(families.preset_config(name)) for name in ("fno", "fno-m", "unet")}
+    assert 0.45e6 < counts["fno"] < 0.55e6, counts  # "FNO 0.5M"
+    assert 6.5e6 < counts["fno-m"] < 7.5e6, counts  # "FNO-m 7M"
+    assert 24.5e6 < counts["unet"] < 25.5e6, counts  # "UNet 25M"
+    assert families.preset_config("FNO-M") == families.preset_config("fno-m")
+    with pytest.raises(KeyError, match="unknown model preset 'fno-xl'; available: tiny, Ti.*fno, fno-m.*unet"):
+        families.preset_config("fno-xl")
+
+
+def test_model_info_names_family_size_and_count(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["model", "info", "unet", "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert (info["model"], info["family"], info["size"]) == ("UNet2D", "unet", "unet")
+    assert info["parameters"] == families.parameter_count(families.preset_config("unet"))
+    result = runner.invoke(app, ["model", "info", str(GOLDEN / "fno_small.pth")])
+    assert result.exit_code == 0, result.output
+    assert "FNO2D from checkpoint" in result.output and "family: fno, size: custom" in result.output
+    assert "parameters: 8,902" in result.output
+    model = fresh_model("fno-tiny", {}, data_overrides(4, (32, 32), 10, 1))
+    torch.save(checkpoint_payload(model, step=1), tmp_path / "step.pt")
+    result = runner.invoke(app, ["model", "info", str(tmp_path / "step.pt")])
+    assert "family: fno, size: fno-tiny" in result.output and "config from checkpoint" in result.output
+
+
+def test_reference_model_info(baselines_dir: Path) -> None:
+    result = CliRunner().invoke(app, ["model", "info", str(baselines_dir / "unet2d.pth"), "--json"])
+    info = json.loads(result.output)
+    assert (info["model"], info["family"], info["parameters"]) == ("UNet2D", "unet", 489388)
+
+
+@pytest.mark.parametrize("preset", ["fno-tiny", "unet-tiny"])
+def test_export_round_trips_through_the_released_format(preset: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = fresh_model(preset, {}, data_overrides(4, (24, 24), 10, 1)).eval()
+    ours = tmp_path / "step-00000001.pt"
+    torch.save(checkpoint_payload(model, step=1), ours)
+    export_released(ours, tmp_path / "w.pth")
+    saved = torch.load(tmp_path / "w.pth", weights_only=True)
+    assert list(saved) == ["model"]
+    again = load_pretrained(tmp_path / "w.pth")
+    assert type(again) is type(model)
+    x = torch.randn(2, 24, 24, 10, 4)  # the grid is not in the released weights; the network runs on any grid
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+
+
+def test_export_refuses_what_the_released_format_cannot_say(tmp_path: Path) -> None:
+    model = fresh_model("fno-tiny", {}, data_overrides(4, (32, 32), 10, 2))  # two output frames: not in the weights
+    torch.save(checkpoint_payload(model, step=1), tmp_path / "s.pt")
+    with pytest.raises(CheckpointError, match="cannot record in_timesteps, n_channels, out_timesteps of this model"):
+        export_released(tmp_path / "s.pt", tmp_path / "w.pth")
+    assert not (tmp_path / "w.pth").exists()
+
+
+def test_config_dicts_name_their_family() -> None:
+    config = families.configure("unet-tiny", data_overrides(3, (16, 16, 16), 4, 2), {"width": 3})
+    assert (config.n_dim, config.in_shape, config.in_channels, config.out_timesteps, config.width) == \
+        (3, (16, 16, 16), 3, 2, 3)
+    stored = json.loads(json.dumps(config.to_dict()))
+    assert stored["family"] == "unet" and families.config_from_dict(stored) == config
+    dpot = families.preset_config("tiny")
+    assert "family" not in dpot.to_dict() and families.config_from_dict(dpot.to_dict()) == dpot  # as before
+    with pytest.raises(ValueError, match="unknown model family 'gnot'; known: dpot, fno, unet"):
+        families.config_from_dict({"family": "gnot"})
+    with pytest.raises(TypeError, match="depth"):
+        families.resolve("fno-tiny", depth=3)  # DPOT's field names do not apply
+
+
+def test_unet_runs_in_3d_and_fno_refuses_3d_data() -> None:
+    model = families.build(families.configure("unet-tiny", data_overrides(4, (12, 12, 12), 3, 1), {})).eval()
+    with torch.no_grad():
+        pred, logits = model(torch.randn(1, 12, 12, 12, 3, 4), return_logits=True)
+    assert pred.shape == (1, 12, 12, 12, 1, 4) and logits.shape == (1, 12) and not logits.any()
+    with pytest.raises(ValueError, match="the FNO baseline is 2D; the data is 3D"):
+        families.configure("fno-tiny", data_overrides(4, (12, 12, 12), 3, 1), {})
+
+
+def test_init_from_a_baseline_loads_whole_and_dpot_components_are_refused(tmp_path: Path) -> None:
+    from dpot_train.finetune import finetune_model
+
+    fixed = data_overrides(4, (32, 32), 10, 1)
+    source = fresh_model("unet-tiny", {}, fixed)
+    path = tmp_path / "u.pth"
+    torch.save({"model": source.state_dict(), "args": argparse.Namespace(res=64)}, path)
+    model, line = finetune_model(str(path), fixed, "all")
+    assert line == f"--init {path}: loaded all (UNet2D)"
+    assert model.config.in_shape == (32, 32)  # fitted to the data grid, not the saved args.res
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
+    with pytest.raises(CheckpointError) as info:
+        finetune_model(str(path), fixed, "blocks")
+    assert str(info.value) == "--load blocks: --load names DPOT components; an UNet checkpoint loads whole (--load all)"
+
+
+def test_wrong_input_is_one_clear_line() -> None:
+    model = families.build(families.preset_config("fno-tiny"))
+    with pytest.raises(ValueError, match=r"FNO2D expects input \(B, X, Y, T, C\) with T=10, C=4"):
+        model(torch.randn(1, 32, 32, 9, 4))

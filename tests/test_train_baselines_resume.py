@@ -1,0 +1,103 @@
+"""`launch --model fno-tiny` / `--model unet-tiny` on 2 CPU processes, the launcher SIGKILLed mid-run and resumed:
+the final weights (UNet's BatchNorm statistics included), optimiser state and loss log equal an uninterrupted run's
+bit for bit, as for DPOT (same stream, loss, noise, DDP and checkpoints); `evaluate` reads the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpot_train.checkpoint import list_checkpoints
+from tests import train_runs
+
+STEPS = 10
+
+
+def _args(shards: Path, out: Path, preset: str, *extra: str) -> list[str]:
+    return train_runs.launch_args(shards, out, "--model", preset, "--no-eval", *extra, steps=STEPS)
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _kill_mid_run(args: list[str], out: Path) -> None:
+    """Start the launcher, SIGKILL it once the step-4 checkpoint exists, wait until its workers are gone."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=train_runs.env(),
+                            cwd=train_runs.ROOT)
+    target = out / "checkpoints" / "step-00000004.pt"
+    deadline = time.monotonic() + 180
+    workers: list[int] = []
+    while not target.exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        workers = train_runs.child_pids(proc.pid) or workers
+        time.sleep(0.01)
+    workers = train_runs.child_pids(proc.pid) or workers
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    end = time.monotonic() + 30
+    while any(Path(f"/proc/{p}").exists() for p in workers) and time.monotonic() < end:
+        time.sleep(0.05)
+    steps = [s for s, _ in list_checkpoints(out / "checkpoints")]
+    assert steps and max(steps) < STEPS, steps
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to follow the worker processes")
+@pytest.mark.parametrize("preset, family", [("fno-tiny", "fno"), ("unet-tiny", "unet")])
+def test_baseline_killed_and_resumed_is_bitwise_identical_then_evaluates(
+        fno_train_shards: Path, tmp_path: Path, preset: str, family: str) -> None:
+    reference = tmp_path / "uninterrupted"
+    r = train_runs.run(_args(fno_train_shards, reference, preset))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "killed"
+    _kill_mid_run(_args(fno_train_shards, out, preset), out)
+    r = train_runs.run(_args(fno_train_shards, out, preset, "--resume"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"resumed from {out / 'checkpoints'}" in r.stdout + r.stderr
+
+    final = f"step-{STEPS:08d}.pt"
+    a = torch.load(reference / "checkpoints" / final, weights_only=True)
+    b = torch.load(out / "checkpoints" / final, weights_only=True)
+    assert a["config"]["family"] == family
+    assert _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"]) and _equal(a["rng"], b["rng"])
+    assert a["scheduler"] == b["scheduler"] and a["loader"] == b["loader"]
+    if family == "unet":  # the BatchNorm statistics moved in training and are part of the resumed state
+        assert a["model"]["encoder1.enc1norm1.num_batches_tracked"].item() == STEPS
+    la = [json.loads(x) for x in (reference / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["loss"] for x in la] == [x["loss"] for x in lb]
+
+    result = train_runs.run([sys.executable, "-m", "dpot_train", "evaluate", str(out / "checkpoints" / final),
+                             "--manifest", str(fno_train_shards), "--rollout-steps", "2", "--device", "cpu",
+                             "--out", str(tmp_path / "eval.json")])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    scores = json.loads((tmp_path / "eval.json").read_text())["datasets"]["fno-ns-v1e-3"]
+    assert scores and all(np_finite(v) for v in _numbers(scores))
+
+
+def _numbers(obj: object) -> list[float]:
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _numbers(v)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in _numbers(v)]
+    return [float(obj)] if isinstance(obj, (int, float)) and not isinstance(obj, bool) else []
+
+
+def np_finite(value: float) -> bool:
+    return value == value and abs(value) != float("inf")
