@@ -56,9 +56,8 @@ def launch_cmd(
                                          help="Train on the mixture's datasets that the manifests hold, shares "
                                               "renormalised over them (default: a missing one is an error)."),
     model: Optional[str] = typer.Option(None, "--model",
-                                        help=_default("model", "Model preset: DPOT's tiny, Ti, S, M, L, H, or the "
-                                                      "paper's baselines fno (0.5M), fno-m (7M), unet (25M); "
-                                                      "fno-tiny, unet-tiny for tests.")),
+                                        help=_default("model", "Model preset: DPOT's tiny, Ti, S, M, L, H; the "
+                                                      "baselines fno, fno-m, unet.")),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
     load: Optional[str] = typer.Option(None, "--load", help="Components of --init to load: all (default) or a "
                                        "comma-separated list of patch_embed, pos, blocks, time_agg, cls_head, "

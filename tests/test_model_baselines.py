@@ -4,6 +4,7 @@ have the paper's sizes, and the model-family seam serves `load_pretrained`, `mod
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,8 +44,10 @@ def _max_diffs(model: torch.nn.Module, io: dict[str, np.ndarray]) -> tuple[float
 
 @pytest.mark.parametrize("name, cls", [("fno2d", FNO2D), ("unet2d", UNet)])
 def test_reference_checkpoint_reproduces_reference_outputs(baselines_dir: Path, name: str, cls: type) -> None:
+    from dpot_train import load_pretrained as top_level
+
     meta = json.loads((baselines_dir / f"{name}.json").read_text())
-    model = load_pretrained(baselines_dir / f"{name}.pth")
+    model = top_level(baselines_dir / f"{name}.pth")
     assert isinstance(model, cls) and not model.training  # eval mode: UNet's BatchNorm uses its running statistics
     assert [k for k in model.state_dict()] == [e["key"] for e in meta["state_dict"]]
     assert model.num_parameters() == meta["total_parameters"]
@@ -161,10 +164,66 @@ def test_init_from_a_baseline_loads_whole_and_dpot_components_are_refused(tmp_pa
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
     with pytest.raises(CheckpointError) as info:
         finetune_model(str(path), fixed, "blocks")
-    assert str(info.value) == "--load blocks: --load names DPOT components; an UNet checkpoint loads whole (--load all)"
+    assert str(info.value) == "--load blocks: names DPOT components; UNet checkpoints load whole (--load all)"
 
 
 def test_wrong_input_is_one_clear_line() -> None:
     model = families.build(families.preset_config("fno-tiny"))
     with pytest.raises(ValueError, match=r"FNO2D expects input \(B, X, Y, T, C\) with T=10, C=4"):
         model(torch.randn(1, 32, 32, 9, 4))
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToyConfig:
+    """A third family's config, for the test that the seam is the only place a family is named."""
+
+    width: int = 3
+    img_size: int = 8
+    in_channels: int = 4
+    in_timesteps: int = 10
+    out_timesteps: int = 1
+    out_channels: int = 4
+    spatial_dims: int = 2
+
+    def to_dict(self) -> dict:
+        return {"family": "toy", **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "_ToyConfig":
+        return cls(**{k: v for k, v in data.items() if k != "family"})
+
+    def replace(self, **changes: object) -> "_ToyConfig":
+        return dataclasses.replace(self, **changes)
+
+
+class _Toy(torch.nn.Module):
+    def __init__(self, config: _ToyConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.toy_mix = torch.nn.Linear(config.in_timesteps * config.in_channels, config.out_channels)
+
+    def forward(self, x: torch.Tensor, return_logits: bool = False) -> object:
+        y = self.toy_mix(x.flatten(-2)).unsqueeze(-2)
+        return (y, torch.zeros(x.shape[0], 1)) if return_logits else y
+
+
+def test_a_third_family_needs_only_its_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpot_train.model import weights
+
+    def infer(state: dict, hints: dict) -> _ToyConfig:
+        out, flat = state["toy_mix.weight"].shape
+        return _ToyConfig(in_channels=out, out_channels=out, in_timesteps=flat // out)
+
+    toy = families.Family("toy", "Toy", _ToyConfig, {"toy-s": _ToyConfig()}, "toy_mix.weight", _Toy, infer,
+                          lambda c, fixed, over: c.replace(**{**fixed, **over}), free_fields=("img_size", "width"))
+    monkeypatch.setitem(families.FAMILIES, "toy", toy)
+    monkeypatch.setattr(weights, "NETWORKS", [*weights.NETWORKS, _Toy])
+    model = fresh_model("toy-s", {}, data_overrides(4, (16, 16), 10, 1))
+    assert isinstance(model, _Toy) and model.config.img_size == 16
+    torch.save(checkpoint_payload(model, step=1), tmp_path / "s.pt")  # our layout: config names the family
+    assert isinstance(load_pretrained(tmp_path / "s.pt"), _Toy)
+    export_released(tmp_path / "s.pt", tmp_path / "w.pth")  # the released layout: recognised by its keys
+    again = load_pretrained(tmp_path / "w.pth")
+    assert isinstance(again, _Toy) and torch.equal(again.toy_mix.weight, model.toy_mix.weight)
+    info = CliRunner().invoke(app, ["model", "info", str(tmp_path / "s.pt"), "--json"])
+    assert json.loads(info.output)["model"] == "Toy2D" and json.loads(info.output)["size"] == "toy-s"

@@ -88,16 +88,4 @@ def test_baseline_killed_and_resumed_is_bitwise_identical_then_evaluates(
                              "--out", str(tmp_path / "eval.json")])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     scores = json.loads((tmp_path / "eval.json").read_text())["datasets"]["fno-ns-v1e-3"]
-    assert scores and all(np_finite(v) for v in _numbers(scores))
-
-
-def _numbers(obj: object) -> list[float]:
-    if isinstance(obj, dict):
-        return [x for v in obj.values() for x in _numbers(v)]
-    if isinstance(obj, list):
-        return [x for v in obj for x in _numbers(v)]
-    return [float(obj)] if isinstance(obj, (int, float)) and not isinstance(obj, bool) else []
-
-
-def np_finite(value: float) -> bool:
-    return value == value and abs(value) != float("inf")
+    assert scores["rollout_steps"] == 2 and 0 < scores["model"]["rollout_l2re"] < float("inf")

@@ -153,7 +153,7 @@ def _unet_infer(state: State, hints: Mapping[str, Any]) -> UNetConfig:
 
 # --- the registry ---------------------------------------------------------------------------------------------------
 
-_BASELINE_ONLY = {"load": "--load names DPOT components; an {label} checkpoint loads whole (--load all)"}
+_BASELINE_ONLY = {"load": "names DPOT components; {label} checkpoints load whole (--load all)"}
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("dpot", "DPOT", DPOTConfig, DPOT_PRESETS, "pos_embed", lambda c: build_dpot(c), weights.infer_config,
