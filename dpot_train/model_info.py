@@ -32,9 +32,7 @@ def describe_config(config: Any, *, source: str, kind: str) -> dict[str, Any]:
     return {
         "source": source,
         "kind": kind,
-        "model": families.model_label(config),
-        "family": families.family_of(config).name,
-        "size": families.size_name(config),
+        **families.summary(config),
         "parameters": total,
         "parameters_by_module": groups,
         "weight_bytes": {"fp32": total * 4, "bf16": total * 2},

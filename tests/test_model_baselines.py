@@ -227,3 +227,21 @@ def test_a_third_family_needs_only_its_registry_entry(tmp_path: Path, monkeypatc
     assert isinstance(again, _Toy) and torch.equal(again.toy_mix.weight, model.toy_mix.weight)
     info = CliRunner().invoke(app, ["model", "info", str(tmp_path / "s.pt"), "--json"])
     assert json.loads(info.output)["model"] == "Toy2D" and json.loads(info.output)["size"] == "toy-s"
+
+
+@pytest.mark.parametrize("preset, label", [("fno-tiny", "FNO2D"), ("unet-tiny", "UNet2D")])
+def test_evaluate_scores_a_baseline_and_names_it(fno_train_shards: Path, tmp_path: Path, preset: str,
+                                                 label: str) -> None:
+    from dpot_train.evaluate import evaluate_checkpoint
+
+    torch.manual_seed(0)
+    model = fresh_model(preset, {}, data_overrides(4, (32, 32), 10, 1))
+    torch.save(checkpoint_payload(model, step=1), tmp_path / "s.pt")
+    export_released(tmp_path / "s.pt", tmp_path / "w.pth")
+    ours = evaluate_checkpoint(str(tmp_path / "s.pt"), [str(fno_train_shards)], rollout_steps=1)
+    assert ours["network"] == {"model": label, "family": preset.split("-")[0], "size": preset,
+                               "parameters": model.num_parameters()}
+    released = evaluate_checkpoint(str(tmp_path / "w.pth"), [str(fno_train_shards)], rollout_steps=1,
+                                   allow_convention_mismatch=True)
+    assert released["network"]["model"] == label  # the grid (not in the weights) fitted to the data's
+    assert 0 < ours["datasets"]["fno-ns-v1e-3"]["model"]["rollout_l2re"] < float("inf")

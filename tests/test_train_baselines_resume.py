@@ -87,5 +87,7 @@ def test_baseline_killed_and_resumed_is_bitwise_identical_then_evaluates(
                              "--manifest", str(fno_train_shards), "--rollout-steps", "2", "--device", "cpu",
                              "--out", str(tmp_path / "eval.json")])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    scores = json.loads((tmp_path / "eval.json").read_text())["datasets"]["fno-ns-v1e-3"]
+    evaluated = json.loads((tmp_path / "eval.json").read_text())
+    assert {k: evaluated["network"][k] for k in ("family", "size")} == {"family": family, "size": preset}
+    scores = evaluated["datasets"]["fno-ns-v1e-3"]
     assert scores["rollout_steps"] == 2 and 0 < scores["model"]["rollout_l2re"] < float("inf")

@@ -183,11 +183,6 @@ def family_of(config: Any) -> Family:
                     f"got {type(config).__name__}")
 
 
-def network_family(model: nn.Module) -> Family:
-    """The family of a (possibly wrapped) network."""
-    return family_of(weights.unwrap_model(model).config)
-
-
 def preset_names() -> list[str]:
     """Every preset name, family by family."""
     return [name for f in FAMILIES.values() for name in f.presets]
@@ -294,6 +289,12 @@ def size_name(config: Any) -> str:
         except ValueError:
             continue
     return "custom"
+
+
+def summary(config: Any) -> dict[str, Any]:
+    """What names a network in reports: its label, family, size (preset or "custom") and parameter count."""
+    return {"model": model_label(config), "family": family_of(config).name, "size": size_name(config),
+            "parameters": parameter_count(config)}
 
 
 def not_applicable(config: Any, option: str) -> str | None:
