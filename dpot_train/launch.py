@@ -25,7 +25,7 @@ from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, 
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
-from dpot_train.model_setup import data_overrides
+from dpot_train.model_setup import data_overrides, fresh_config
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
 from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
 
@@ -237,7 +237,9 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)
     ds0 = spec.datasets[0]
-    data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid it can read
+    fixed = data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # readable
+    if not cfg.init:  # the preset fits this data (e.g. its Fourier modes fit the grid): one line, before torchrun
+        fresh_config(cfg.model, cfg.model_overrides, fixed)
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)

@@ -10,7 +10,7 @@ from dpot_train.checkpoint import load_state_dict_file
 from dpot_train.model import families
 from dpot_train.model.weights import resize_pos_embed
 
-__all__ = ["checkpoint_config", "convention_problems", "data_overrides", "fresh_model", "init_model",
+__all__ = ["checkpoint_config", "convention_problems", "data_overrides", "fresh_config", "fresh_model", "init_model",
            "resize_pos_embed"]
 
 
@@ -25,9 +25,18 @@ def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int,
             "in_timesteps": t_in, "out_timesteps": t_out, "spatial_dims": len(grid)}
 
 
+def fresh_config(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -> Any:
+    """The config of a preset (any family) with the data's fields and the user's overrides (user wins); ValueError
+    in one line when they do not fit (e.g. more Fourier modes than the grid holds)."""
+    try:
+        return families.configure(preset, fixed, overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--model {preset} on this data ({fixed}): {exc}") from None
+
+
 def fresh_model(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -> torch.nn.Module:
     """A newly initialised preset (any family) with the data's fields and the user's overrides (user wins)."""
-    return families.build(families.configure(preset, fixed, overrides))
+    return families.build(fresh_config(preset, overrides, fixed))
 
 
 def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dpot_train.checkpoint import CheckpointError, checkpoint_payload, export_released, load_pretrained
 from dpot_train.cli import app
-from dpot_train.model import FNO2D, UNet, families
+from dpot_train.model import FNO2D, FNO3D, UNet, families
 from dpot_train.model_setup import data_overrides, fresh_model
 
 TOL = 1e-6  # tighter than the 1e-5 acceptance bound
@@ -142,13 +142,32 @@ def test_config_dicts_name_their_family() -> None:
         families.resolve("fno-tiny", depth=3)  # DPOT's field names do not apply
 
 
-def test_unet_runs_in_3d_and_fno_refuses_3d_data() -> None:
-    model = families.build(families.configure("unet-tiny", data_overrides(4, (12, 12, 12), 3, 1), {})).eval()
-    with torch.no_grad():
-        pred, logits = model(torch.randn(1, 12, 12, 12, 3, 4), return_logits=True)
-    assert pred.shape == (1, 12, 12, 12, 1, 4) and logits.shape == (1, 12) and not logits.any()
-    with pytest.raises(ValueError, match="the FNO baseline is 2D; the data is 3D"):
-        families.configure("fno-tiny", data_overrides(4, (12, 12, 12), 3, 1), {})
+def test_unet_and_fno_run_in_3d(tmp_path: Path) -> None:
+    fixed = data_overrides(4, (12, 12, 12), 3, 1)
+    x = torch.randn(1, 12, 12, 12, 3, 4)
+    for preset, cls in (("unet-tiny", UNet), ("fno-tiny", FNO3D)):
+        torch.manual_seed(0)
+        model = families.build(families.configure(preset, fixed, {})).eval()
+        assert isinstance(model, cls) and families.model_label(model.config).endswith("3D")
+        with torch.no_grad():
+            pred, logits = model(x, return_logits=True)
+        assert pred.shape == (1, 12, 12, 12, 1, 4) and logits.shape == (1, 12) and not logits.any()
+        # the released format (FNO3d's spectral weights are complex) says the 3D network back
+        torch.save({"model": model.state_dict()}, tmp_path / f"{preset}.pth")
+        again = load_pretrained(tmp_path / f"{preset}.pth")
+        assert type(again) is cls
+        with torch.no_grad():
+            assert torch.equal(again(x), pred)
+
+
+def test_a_preset_that_does_not_fit_the_data_is_one_line() -> None:
+    from dpot_train.model_setup import fresh_config
+
+    with pytest.raises(ValueError) as info:  # 8 z modes on a 12-point axis (7 rFFT frequencies)
+        fresh_config("fno", {}, data_overrides(5, (12, 12, 12), 3, 1))
+    assert str(info.value).startswith("--model fno on this data (") and "\n" not in str(info.value)
+    assert str(info.value).endswith("invalid FNOConfig: modes3 8 exceeds the 7 frequencies of a 12-point axis")
+    assert fresh_config("fno", {"modes3": 7}, data_overrides(5, (12, 12, 12), 3, 1)).n_dim == 3
 
 
 def test_init_from_a_baseline_loads_whole_and_dpot_components_are_refused(tmp_path: Path) -> None:

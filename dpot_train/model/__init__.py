@@ -17,7 +17,7 @@ from .config import PRESETS, DPOTConfig, preset
 from .dpot2d import DPOT2D
 from .dpot3d import DPOT3D, config_3d_from_2d, dpot3d_from_2d, transfer_2d_to_3d
 from .factory import build_model, resolve_config
-from .fno import FNO2D, FNOConfig
+from .fno import FNO2D, FNO3D, FNOConfig
 from .unet import UNet, UNetConfig
 from . import families  # noqa: E402  (registers the baselines with unwrap_model)
 from .weights import CheckpointError, infer_config, load_weights, strip_module_prefix, unwrap_model
@@ -29,6 +29,7 @@ __all__ = [
     "DPOTBase",
     "DPOTConfig",
     "FNO2D",
+    "FNO3D",
     "FNOConfig",
     "PRESETS",
     "build_model",

@@ -23,7 +23,7 @@ from . import weights
 from .config import PRESETS as DPOT_PRESETS
 from .config import DPOTConfig
 from .factory import build_model as build_dpot
-from .fno import FNO2D, FNOConfig
+from .fno import FNO2D, FNO3D, FNOConfig
 from .unet import UNet, UNetConfig
 
 ModelConfig = Union[DPOTConfig, FNOConfig, UNetConfig]
@@ -78,10 +78,14 @@ def _data_fields(fixed: Mapping[str, Any], label: str, dims: tuple[int, ...]) ->
                          f" != out_channels {fixed.get('out_channels')}")
 
 
+def _fno_network(config: FNOConfig) -> nn.Module:
+    return FNO3D(config) if config.n_dim == 3 else FNO2D(config)
+
+
 def _fno_fit(config: FNOConfig, fixed: Mapping[str, Any], overrides: Mapping[str, Any]) -> FNOConfig:
-    _data_fields(fixed, "FNO", (2,))
+    _data_fields(fixed, "FNO", (2, 3))
     names = {"img_size": "img_size", "in_channels": "n_channels", "in_timesteps": "in_timesteps",
-             "out_timesteps": "out_timesteps"}
+             "out_timesteps": "out_timesteps", "spatial_dims": "n_dim"}
     mapped = {names[k]: v for k, v in fixed.items() if k in names}
     return config.replace(**{**mapped, **overrides})
 
@@ -94,6 +98,8 @@ def _fno_infer(state: State, hints: Mapping[str, Any]) -> FNOConfig:
             raise weights.CheckpointError(f"not an FNO state dict: missing {key!r}")
         return tuple(state[key].shape)
 
+    if state["spectral_convs.0.weights1"].is_complex():
+        return _fno3d_infer(state, hints)
     embed = shape("patch_embed.proj.0.weight")
     spectral = shape("spectral_convs.0.weights1")
     width = shape("fc1.weight")[0]
@@ -110,6 +116,32 @@ def _fno_infer(state: State, hints: Mapping[str, Any]) -> FNOConfig:
                   n_channels=channels, in_timesteps=flat // channels, out_timesteps=out_t, n_layers=layers,
                   patch_size=embed[-1], use_ln="ln_layers.0.weight" in state, normalize="scale_feats.weight" in state,
                   n_cls=shape("cls_head.4.weight")[0])
+    try:
+        return FNOConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise weights.CheckpointError(f"weights imply an invalid FNO config: {exc}") from exc
+
+
+def _fno3d_infer(state: State, hints: Mapping[str, Any]) -> FNOConfig:
+    """The reference's FNO3d: complex spectral weights (in, out, modes1, modes2, modes3), a linear lift `fc0` from
+    T*C + 3 inputs; out_timesteps 1, the grid and class count (not in the weights) from saved arguments."""
+    for key in ("fc0.weight", "fc2.weight"):
+        if key not in state:
+            raise weights.CheckpointError(f"not an FNO3d state dict: missing {key!r}")
+    spectral = tuple(state["spectral_convs.0.weights1"].shape)
+    width, lifted = tuple(state["fc0.weight"].shape)
+    channels = int(state["fc2.weight"].shape[0])
+    flat = lifted - 3
+    if len(spectral) != 5 or flat <= 0 or flat % channels:
+        raise weights.CheckpointError(f"fc0.weight has shape {(width, lifted)}; its second axis should be "
+                                      f"n_channels ({channels}) * in_timesteps + 3")
+    layers = 0
+    while f"spectral_convs.{layers}.weights1" in state:
+        layers += 1
+    values = dict(modes1=spectral[2], modes2=spectral[3], modes3=spectral[4], width=width,
+                  img_size=int(hints.get("res", 128)), n_channels=channels, in_timesteps=flat // channels,
+                  out_timesteps=1, n_layers=layers, use_ln="ln_layers.0.weight" in state,
+                  normalize="scale_feats.weight" in state, n_cls=int(hints.get("n_class", 12)), n_dim=3)
     try:
         return FNOConfig(**values)
     except (TypeError, ValueError) as exc:
@@ -162,16 +194,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("fno", "FNO", FNOConfig,
            {"fno": FNOConfig(modes1=11, modes2=11, width=16, img_size=128),
             "fno-m": FNOConfig(modes1=20, modes2=20, width=32, img_size=128),
-            "fno-tiny": FNOConfig(modes1=4, modes2=4, width=8, n_layers=2, img_size=32)},
-           "spectral_convs.0.weights1", FNO2D, _fno_infer, _fno_fit, hint_fields=("res",),
-           free_fields=("img_size",), only=_BASELINE_ONLY),
+            "fno-tiny": FNOConfig(modes1=4, modes2=4, modes3=4, width=8, n_layers=2, img_size=32)},
+           "spectral_convs.0.weights1", _fno_network, _fno_infer, _fno_fit, hint_fields=("res", "n_class"),
+           free_fields=("img_size", "n_cls", "modes3", "patch_size"), only=_BASELINE_ONLY),
     Family("unet", "UNet", UNetConfig,
            {"unet": UNetConfig(width=57), "unet-tiny": UNetConfig(width=4, in_shape=(32, 32), out_shape=(32, 32))},
            "encoder1.enc1conv1.weight", UNet, _unet_infer, _unet_fit, hint_fields=("res", "act", "n_class"),
            free_fields=("in_shape", "out_shape", "act", "n_cls"), only=_BASELINE_ONLY),
 )}
 HINT_FIELDS = tuple(dict.fromkeys(h for f in FAMILIES.values() for h in f.hint_fields))
-weights.NETWORKS.extend([FNO2D, UNet])  # so unwrap_model stops at them
+weights.NETWORKS.extend([FNO2D, FNO3D, UNet])  # so unwrap_model stops at them
 
 
 def family_of(config: Any) -> Family:

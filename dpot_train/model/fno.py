@@ -1,10 +1,14 @@
-"""The paper's FNO baseline: the reference's `FNO2d` (thu-ml/DPOT models/fno.py), its state-dict names kept.
+"""The paper's FNO baseline: the reference's `FNO2d` and `FNO3d` (thu-ml/DPOT models/fno.py), state-dict names kept.
 
 Input (B, X, Y, T, C) frames, output (B, X/p, Y/p, T_out, C) and dataset logits (B, n_cls). The frames are flattened
 time-major into T*C channels, x and y coordinates appended, patch-embedded (p = patch_size; the paper's baseline
 uses 1), then `n_layers` Fourier layers (a spectral convolution on the lowest modes plus a 1x1 convolution, GELU,
 optionally a GroupNorm) and a two-layer pointwise head. The spectral weights keep the reference's layout: real and
 imaginary parts stacked on a leading axis of 2.
+
+`FNO3D` (n_dim 3) is the reference's `FNO3d`, a different network: input (B, X, Y, Z, T, C), a linear lift `fc0`
+instead of the patch embedding, complex spectral weights on the four corners of the (x, y) spectrum, and no
+classification head (its logits are zeros here; the reference returns the prediction alone).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ FAMILY = "fno"
 
 @dataclass(frozen=True)
 class FNOConfig:
-    """Constructor arguments of the reference `FNO2d` (same names); `modes1`/`modes2`/`width` default to the
-    reference training script's (`--modes 16 --width 32`), `n_cls` to DPOT's 12 datasets."""
+    """Constructor arguments of the reference `FNO2d`/`FNO3d` (same names; `n_dim` picks the network, `modes3` is
+    FNO3d's); `modes1`/`modes2`/`width` default to the reference training script's (`--modes 16 --width 32`),
+    `n_cls` to DPOT's 12 datasets."""
 
     modes1: int = 16
     modes2: int = 16
@@ -39,19 +44,34 @@ class FNOConfig:
     use_ln: bool = False
     normalize: bool = False
     n_cls: int = 12
+    n_dim: int = 2
+    modes3: int = 8
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be a positive integer, got {getattr(self, name)!r}"
                     for name in ("modes1", "modes2", "width", "img_size", "n_channels", "in_timesteps",
-                                 "out_timesteps", "n_layers", "patch_size", "n_cls")
+                                 "out_timesteps", "n_layers", "patch_size", "n_cls", "modes3")
                     if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool)
                     or getattr(self, name) <= 0]
         if not problems and self.img_size % self.patch_size:
             problems.append(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
+        if self.n_dim not in (2, 3):
+            problems.append(f"n_dim must be 2 or 3, got {self.n_dim!r}")
+        if not problems:
+            problems += self._mode_problems()
         if not problems and self.use_ln and self.width % 4:
             problems.append(f"width {self.width} must be divisible by 4 (use_ln: GroupNorm with 4 groups)")
         if problems:
             raise ValueError("invalid FNOConfig: " + "; ".join(problems))
+
+    def _mode_problems(self) -> list[str]:
+        """Modes the grid holds: the rFFT's last axis has side // 2 + 1 frequencies, the others `side` (the
+        reference fails inside einsum otherwise)."""
+        side = self.img_size // self.patch_size if self.n_dim == 2 else self.img_size
+        names = ("modes1", "modes2", "modes3")[:self.n_dim]
+        limits = [side] * (self.n_dim - 1) + [side // 2 + 1]
+        return [f"{name} {getattr(self, name)} exceeds the {limit} frequencies of a {side}-point axis"
+                for name, limit in zip(names, limits) if getattr(self, name) > limit]
 
     # the names the trainer and evaluation read from any model config
     @property
@@ -66,8 +86,8 @@ class FNOConfig:
 
     @property
     def spatial_dims(self) -> int:
-        """Number of spatial axes (2)."""
-        return 2
+        """Number of spatial axes (n_dim)."""
+        return self.n_dim
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict with the family named, stored in checkpoints next to the weights."""
@@ -143,6 +163,8 @@ class FNO2D(nn.Module):
 
     def __init__(self, config: FNOConfig) -> None:
         super().__init__()
+        if config.n_dim != 2:
+            raise ValueError(f"FNO2D needs n_dim=2, config has {config.n_dim} (FNO3D is the 3D network)")
         self.config = config
         c, w = config.n_channels, config.width
         flat = c * config.in_timesteps
@@ -204,4 +226,91 @@ class FNO2D(nn.Module):
 
     def num_parameters(self) -> int:
         """Total parameter count (works on the meta device)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+class SpectralConv3d(nn.Module):
+    """3D Fourier layer: rFFTn over (x, y, z), a complex linear map on the `modes3` lowest z frequencies of the four
+    corners (lowest/highest `modes1` x, lowest/highest `modes2` y), inverse rFFTn. Complex weights
+    `weights1..4` (in, out, modes1, modes2, modes3), as the reference stores them."""
+
+    def __init__(self, in_channels: int, out_channels: int, modes1: int, modes2: int, modes3: int) -> None:
+        super().__init__()
+        self.out_channels, self.modes = out_channels, (modes1, modes2, modes3)
+        scale = 1.0 / (in_channels * out_channels)
+        for i in range(1, 5):
+            weight = scale * torch.rand(in_channels, out_channels, modes1, modes2, modes3, dtype=torch.cfloat)
+            self.register_parameter(f"weights{i}", nn.Parameter(weight))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_dtype = x.dtype
+        m1, m2, m3 = self.modes
+        with torch.autocast(device_type=x.device.type, enabled=False):  # FFTs in float32, also under autocast
+            x = x.float()
+            sides = tuple(x.shape[-3:])
+            z = torch.fft.rfftn(x, dim=(-3, -2, -1))
+            out = torch.zeros(x.shape[0], self.out_channels, sides[0], sides[1], sides[2] // 2 + 1,
+                              dtype=torch.cfloat, device=x.device)
+            corners = ((slice(None, m1), slice(None, m2)), (slice(-m1, None), slice(None, m2)),
+                       (slice(None, m1), slice(-m2, None)), (slice(-m1, None), slice(-m2, None)))
+            for (rows, cols), w in zip(corners, (self.weights1, self.weights2, self.weights3, self.weights4)):
+                out[:, :, rows, cols, :m3] = torch.einsum("bixyz,ioxyz->boxyz", z[:, :, rows, cols, :m3], w)
+            y = torch.fft.irfftn(out, s=sides)
+        return y.to(in_dtype)
+
+
+class FNO3D(nn.Module):
+    """The reference `FNO3d`: call `model(x)` for the prediction (B, X, Y, Z, T_out, C); `model(x,
+    return_logits=True)` adds zero logits (B, n_cls), as the network has no classification head."""
+
+    spatial_dims = 3
+
+    def __init__(self, config: FNOConfig) -> None:
+        super().__init__()
+        if config.n_dim != 3:
+            raise ValueError(f"FNO3D needs n_dim=3, config has {config.n_dim} (FNO2D is the 2D network)")
+        self.config = config
+        c, w = config.n_channels, config.width
+        # Registration order follows the reference (its checkpoints list the keys in this order).
+        self.fc0 = nn.Linear(config.in_timesteps * c + 3, w)
+        self.spectral_convs = nn.ModuleList(SpectralConv3d(w, w, config.modes1, config.modes2, config.modes3)
+                                            for _ in range(config.n_layers))
+        self.convs = nn.ModuleList(nn.Conv3d(w, w, 1) for _ in range(config.n_layers))
+        if config.normalize:  # defined, and never used, by the reference's forward: kept for its state dict
+            self.scale_feats = nn.Linear(2 * c, w)
+        if config.use_ln:
+            self.ln_layers = nn.ModuleList(nn.GroupNorm(4, w) for _ in range(config.n_layers))
+        self.fc1 = nn.Linear(w, w)
+        self.fc2 = nn.Linear(w, c * config.out_timesteps)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """Clear error for a wrongly shaped input; any grid runs (no weight depends on it)."""
+        cfg = self.config
+        if x.ndim != 6 or tuple(x.shape[4:]) != (cfg.in_timesteps, cfg.n_channels):
+            raise ValueError(f"FNO3D expects input (B, X, Y, Z, T, C) with T={cfg.in_timesteps}, C={cfg.n_channels} "
+                             f"(trained on {cfg.img_size}), got {tuple(x.shape)}")
+
+    def forward(self, x: torch.Tensor, return_logits: bool = False) -> Any:
+        """Prediction (B, X, Y, Z, T_out, C); with `return_logits=True` the tuple (prediction, zeros (B, n_cls))."""
+        self._check_input(x)
+        cfg = self.config
+        batch, channels = x.shape[0], x.shape[-1]
+        x = x.flatten(-2)  # (B, X, Y, Z, T*C), time-major
+        grid = coordinate_grid(x.shape[1:4], device=x.device, dtype=x.dtype)
+        x = self.fc0(torch.cat((x, grid.expand(batch, *grid.shape)), dim=-1)).permute(0, 4, 1, 2, 3)
+        for i in range(cfg.n_layers):
+            x = F.gelu(self.spectral_convs[i](x) + self.convs[i](x))
+            if cfg.use_ln:
+                x = self.ln_layers[i](x)
+        y = self.fc2(F.gelu(self.fc1(x.permute(0, 2, 3, 4, 1))))
+        y = y.reshape(*y.shape[:4], cfg.out_timesteps, channels)
+        return (y, torch.zeros(batch, cfg.n_cls, device=y.device)) if return_logits else y
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """Dataset-classification logits (B, n_cls): zeros (no classification head)."""
+        self._check_input(x)
+        return torch.zeros(x.shape[0], self.config.n_cls, device=x.device)
+
+    def num_parameters(self) -> int:
+        """Total parameter count, a complex weight counted once as torch counts it (works on the meta device)."""
         return sum(p.numel() for p in self.parameters())
