@@ -38,7 +38,7 @@ def _io(path: Path) -> dict[str, np.ndarray]:
 def _max_diffs(model: torch.nn.Module, io: dict[str, np.ndarray]) -> tuple[float, float]:
     with torch.no_grad():
         pred, logits = model(torch.from_numpy(io["x"]), return_logits=True)
-    assert pred.shape == io["pred"].shape and logits.shape == io["cls"].shape
+    assert pred.shape == io["pred"].shape and logits.shape == io["cls"].shape and io["pred"].std() > 0.01
     return float(np.abs(pred.numpy() - io["pred"]).max()), float(np.abs(logits.numpy() - io["cls"]).max())
 
 
@@ -59,12 +59,14 @@ def test_reference_checkpoint_reproduces_reference_outputs(baselines_dir: Path, 
     assert d_pred <= TOL and d_cls <= TOL, (d_pred, d_cls)
 
 
-@pytest.mark.parametrize("name, cls", [("fno", FNO2D), ("unet", UNet)])
+@pytest.mark.parametrize("name, cls", [("fno", FNO2D), ("unet", UNet), ("fno3d", FNO3D)])
 def test_in_repo_golden_reproduces_its_outputs(name: str, cls: type) -> None:
     model = load_pretrained(GOLDEN / f"{name}_small.pth")
     assert isinstance(model, cls) and not model.training
     if cls is FNO2D:  # inferred from the weights: GroupNorm and instance normalisation on, the grid from args.res
         assert (model.config.use_ln, model.config.normalize, model.config.img_size) == (True, True, 16)
+    elif cls is FNO3D:  # complex spectral weights: the 3D network, its modes from their shape
+        assert (model.config.modes1, model.config.modes3, model.config.use_ln, model.config.img_size) == (3, 2, True, 8)
     else:
         assert (model.config.width, model.config.in_shape) == (2, (20, 20))
     d_pred, d_cls = _max_diffs(model, _io(GOLDEN / f"{name}_small_io.npz"))
