@@ -1,6 +1,7 @@
-"""`launch --model fno-tiny` / `--model unet-tiny` on 2 CPU processes, the launcher SIGKILLed mid-run and resumed:
-the final weights (UNet's BatchNorm statistics included), optimiser state and loss log equal an uninterrupted run's
-bit for bit, as for DPOT (same stream, loss, noise, DDP and checkpoints); `evaluate` reads the checkpoint."""
+"""`launch --model fno-tiny` / `--model unet-tiny` (2D, and FNO on 3D data) on 2 CPU processes, the launcher
+SIGKILLed mid-run and resumed: the final weights (UNet's BatchNorm statistics included), optimiser state and loss log
+equal an uninterrupted run's bit for bit, as for DPOT (same stream, loss, noise, DDP and checkpoints); `evaluate`
+reads the checkpoint."""
 
 from __future__ import annotations
 
@@ -21,8 +22,23 @@ from tests import train_runs
 STEPS = 10
 
 
-def _args(shards: Path, out: Path, preset: str, *extra: str) -> list[str]:
-    return train_runs.launch_args(shards, out, "--model", preset, "--no-eval", *extra, steps=STEPS)
+@pytest.fixture(scope="module")
+def shards_3d(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """3D shards at their native 12^3 grid (6 trajectories of 6 frames: 4 train, 2 test) and a run config with 3
+    input frames."""
+    from dpot_data.ingest import IngestOptions, ingest_files
+    from dpot_data.synth.pdebench import write_cfd
+
+    base = tmp_path_factory.mktemp("baselines3d")
+    raw = write_cfd(base / "raw", dims=3, m=1.0, eta=1e-8, kind="Rand", n=6, frames=6, res=12, seed=0)
+    ingest_files("pdebench", [raw], base / "s3d", IngestOptions(resolution=None, split=(0.6, 0.0), seed=0))
+    (base / "t_in.yaml").write_text("data:\n  t_in: 3\n  t_out: 1\n", encoding="utf-8")
+    return {"shards": base / "s3d", "config": base / "t_in.yaml"}
+
+
+def _args(data: dict[str, Path], out: Path, preset: str, *extra: str) -> list[str]:
+    config = ("--config", str(data["config"])) if "config" in data else ()
+    return train_runs.launch_args(data["shards"], out, "--model", preset, "--no-eval", *config, *extra, steps=STEPS)
 
 
 def _equal(a: object, b: object) -> bool:
@@ -59,22 +75,25 @@ def _kill_mid_run(args: list[str], out: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to follow the worker processes")
-@pytest.mark.parametrize("preset, family", [("fno-tiny", "fno"), ("unet-tiny", "unet")])
+@pytest.mark.parametrize("preset, family, dims", [("fno-tiny", "fno", 2), ("unet-tiny", "unet", 2),
+                                                  ("fno-tiny", "fno", 3)])
 def test_baseline_killed_and_resumed_is_bitwise_identical_then_evaluates(
-        fno_train_shards: Path, tmp_path: Path, preset: str, family: str) -> None:
+        request: pytest.FixtureRequest, tmp_path: Path, preset: str, family: str, dims: int) -> None:
+    data = {"shards": request.getfixturevalue("fno_train_shards")} if dims == 2 else \
+        request.getfixturevalue("shards_3d")  # 3D FNO: complex spectral weights through DDP, AdamW and checkpoints
     reference = tmp_path / "uninterrupted"
-    r = train_runs.run(_args(fno_train_shards, reference, preset))
+    r = train_runs.run(_args(data, reference, preset))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "killed"
-    _kill_mid_run(_args(fno_train_shards, out, preset), out)
-    r = train_runs.run(_args(fno_train_shards, out, preset, "--resume"))
+    _kill_mid_run(_args(data, out, preset), out)
+    r = train_runs.run(_args({"shards": data["shards"]}, out, preset, "--resume"))  # settings from its config.yaml
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"resumed from {out / 'checkpoints'}" in r.stdout + r.stderr
 
     final = f"step-{STEPS:08d}.pt"
     a = torch.load(reference / "checkpoints" / final, weights_only=True)
     b = torch.load(out / "checkpoints" / final, weights_only=True)
-    assert a["config"]["family"] == family
+    assert a["config"]["family"] == family and a["config"]["n_dim"] == dims
     assert _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"]) and _equal(a["rng"], b["rng"])
     assert a["scheduler"] == b["scheduler"] and a["loader"] == b["loader"]
     if family == "unet":  # the BatchNorm statistics moved in training and are part of the resumed state
@@ -84,10 +103,10 @@ def test_baseline_killed_and_resumed_is_bitwise_identical_then_evaluates(
     assert [x["loss"] for x in la] == [x["loss"] for x in lb]
 
     result = train_runs.run([sys.executable, "-m", "dpot_train", "evaluate", str(out / "checkpoints" / final),
-                             "--manifest", str(fno_train_shards), "--rollout-steps", "2", "--device", "cpu",
+                             "--manifest", str(data["shards"]), "--rollout-steps", "2", "--device", "cpu",
                              "--out", str(tmp_path / "eval.json")])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "eval.json").read_text())
     assert {k: evaluated["network"][k] for k in ("family", "size")} == {"family": family, "size": preset}
-    scores = evaluated["datasets"]["fno-ns-v1e-3"]
+    (scores,) = evaluated["datasets"].values()
     assert scores["rollout_steps"] == 2 and 0 < scores["model"]["rollout_l2re"] < float("inf")

@@ -43,7 +43,8 @@ class Family:
     infer: Callable[[State, Mapping[str, Any]], Any]  # state dict (+ saved-argument hints) -> config
     fit: Callable[[Any, Mapping[str, Any], Mapping[str, Any]], Any]  # (config, data fields, user overrides) -> config
     hint_fields: tuple[str, ...] = ()  # saved reference arguments `infer` reads
-    free_fields: tuple[str, ...] = ()  # config fields the weights do not fix (fitted to the data when loaded)
+    free_fields: tuple[str, ...] = ()  # config fields export need not check: not in the weights (the grid, fitted to
+    # the data when loaded) or unused by the network (FNO2D's modes3, FNO3D's patch_size)
     adapt: Callable[[State, Any], State] = lambda state, config: state  # weights for a config at another grid
     count: Callable[[Any], int] | None = None  # parameter count without building the network (None: on meta)
     only: dict[str, str] = field(default_factory=dict)  # option -> why it does not apply to this family
