@@ -160,6 +160,10 @@ def test_unet_and_fno_run_in_3d(tmp_path: Path) -> None:
         assert type(again) is cls
         with torch.no_grad():
             assert torch.equal(again(x), pred)
+    # FNO3d's scale_feats (built with normalize, never used by its forward) is frozen: DDP refuses unused weights
+    normalized = families.build(families.configure("fno-tiny", fixed, {"normalize": True}))
+    assert [n for n, p in normalized.named_parameters() if not p.requires_grad] == ["scale_feats.weight",
+                                                                                   "scale_feats.bias"]
 
 
 def test_a_preset_that_does_not_fit_the_data_is_one_line() -> None:

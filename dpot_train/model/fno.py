@@ -276,8 +276,8 @@ class FNO3D(nn.Module):
         self.spectral_convs = nn.ModuleList(SpectralConv3d(w, w, config.modes1, config.modes2, config.modes3)
                                             for _ in range(config.n_layers))
         self.convs = nn.ModuleList(nn.Conv3d(w, w, 1) for _ in range(config.n_layers))
-        if config.normalize:  # defined, and never used, by the reference's forward: kept for its state dict
-            self.scale_feats = nn.Linear(2 * c, w)
+        if config.normalize:  # defined, and never used, by the reference's forward: kept for its state dict, frozen
+            self.scale_feats = nn.Linear(2 * c, w).requires_grad_(False)  # (DDP refuses a trainable unused weight)
         if config.use_ln:
             self.ln_layers = nn.ModuleList(nn.GroupNorm(4, w) for _ in range(config.n_layers))
         self.fc1 = nn.Linear(w, w)
