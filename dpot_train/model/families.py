@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -26,7 +26,6 @@ from .factory import build_model as build_dpot
 from .fno import FNO2D, FNO3D, FNOConfig
 from .unet import UNet, UNetConfig
 
-ModelConfig = Union[DPOTConfig, FNOConfig, UNetConfig]
 State = Mapping[str, torch.Tensor]
 
 
