@@ -4,7 +4,8 @@ the released-format export, a model from a file, and a run's `checkpoints/step-X
 Layouts (each a dict that torch.load(weights_only=True) reads):
 - released DPOT weights: `model` (the state dict, keys possibly prefixed `module.`), optionally beside saved
   arguments (`args`, an argparse.Namespace) and optimizer state;
-- our model payload: the same plus `config` (`DPOTConfig.to_dict()`), so the architecture is not inferred;
+- our model payload: the same plus `config` (the model config's `to_dict()`; a baseline's names its family), so the
+  architecture is not inferred;
 - a training checkpoint: our model payload plus the format tag and everything an exact resume needs: optimizer,
   scheduler, step, the loader position, every rank's RNG states (as tensors and lists) and the run config.
 Every file we write has a sha256 record beside it (`step-00000042.pt.sha256`, `sha256sum -c` reads it): torch does
@@ -31,9 +32,8 @@ import numpy as np
 import torch
 
 from dpot_format.io import atomic_path, atomic_write, fsync_dir
-from dpot_train.model import (CheckpointError, DPOTBase, DPOTConfig, build_model, infer_config, load_weights,
-                              strip_module_prefix, unwrap_model)
-from dpot_train.model.weights import HINT_FIELDS
+from dpot_train.model import CheckpointError, families, load_weights, strip_module_prefix, unwrap_model
+from dpot_train.model.families import HINT_FIELDS
 
 FORMAT = "dpot-train-checkpoint/1"
 # Python types that released checkpoints hold besides tensors and containers (the saved training arguments).
@@ -73,7 +73,7 @@ def training_payload(model: torch.nn.Module, train_config: dict[str, Any], optim
 
 
 def stored_config(content: Any) -> Any:
-    """A checkpoint content's `config` entry (our DPOTConfig dict), None for released weights."""
+    """A checkpoint content's `config` entry (our model config dict), None for released weights."""
     return content.get("config") if isinstance(content, Mapping) else None
 
 
@@ -239,7 +239,7 @@ def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor
                               f"got {type(obj).__name__}" + (f" with keys {keys}" if keys is not None else ""))
     config = stored_config(obj)
     if config is not None and not isinstance(config, Mapping):
-        raise CheckpointError(f"{path}: entry 'config' must be a dict (DPOTConfig.to_dict()), got {type(config).__name__}")
+        raise CheckpointError(f"{path}: entry 'config' must be a dict (a model config's to_dict()), got {type(config).__name__}")
     hints: dict[str, Any] = {}
     args = obj.get("args") if isinstance(obj, Mapping) else None
     if args is not None:
@@ -250,32 +250,39 @@ def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor
 
 # --- a model from a checkpoint, and the released-format export ------------------------------------------------------
 
-def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> DPOTBase:
-    """DPOT2D/DPOT3D with the weights of `path`; its config comes from the checkpoint (ours) or the weights (released)."""
+def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> torch.nn.Module:
+    """The network of any checkpoint dpot reads (DPOT 2D/3D, FNO, UNet; released format or ours), in eval mode, with
+    the weights of `path`; its config comes from the checkpoint (ours) or the weights (released). `model(x)` gives
+    the prediction, `model(x, return_logits=True)` the reference's (prediction, class logits)."""
     return pretrained_from(*load_state_dict_file(path, map_location="cpu", trusted=trusted), source=str(path),
-                           map_location=map_location)
+                           map_location=map_location).eval()
+
+
+def checkpoint_model_config(config_dict: dict[str, Any] | None, state: Mapping[str, torch.Tensor],
+                            hints: dict[str, Any], source: str) -> Any:
+    """The model config of a parsed checkpoint: its `config` entry (ours), else inferred from the weights (the
+    family recognised from the keys); CheckpointError naming `source` when neither works."""
+    if config_dict is not None:
+        try:
+            return families.config_from_dict(config_dict)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{source}: entry 'config' is not a valid model config: {exc}") from exc
+    try:
+        return families.infer_config(state, hints)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{source}: {exc}") from exc
 
 
 def pretrained_from(state: Mapping[str, torch.Tensor], config_dict: dict[str, Any] | None, hints: dict[str, Any],
-                    *, source: str, map_location: Any = "cpu") -> DPOTBase:
-    """`load_pretrained` for a checkpoint already read and parsed (`parse_checkpoint`)."""
-    path = source
-    if config_dict is not None:
-        try:
-            config = DPOTConfig.from_dict(config_dict)
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: entry 'config' is not a valid DPOTConfig: {exc}") from exc
-    else:
-        try:
-            config = infer_config(state, hints)
-        except CheckpointError as exc:
-            raise CheckpointError(f"{path}: {exc}") from exc
-    model = build_model(config, device="meta")  # no random initialisation: every tensor comes from the file
-    load_weights(model, state, source=str(path))
+                    *, source: str, map_location: Any = "cpu") -> torch.nn.Module:
+    """`load_pretrained` for a checkpoint already read and parsed (`parse_checkpoint`), left in train mode."""
+    config = checkpoint_model_config(config_dict, state, hints, source)
+    model = families.build(config, device="meta")  # no random initialisation: every tensor comes from the file
+    load_weights(model, state, source=str(source))
     return model.to(map_location) if map_location is not None else model
 
 
-def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
+def export_released(src: str | Path, dst: str | Path) -> Any:
     """Write the weights of one of our checkpoints in the released format, a bare {'model': state_dict} (what the
     reference code and `--init`/`evaluate` take as released weights); returns the config the weights imply.
 
@@ -283,11 +290,11 @@ def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
     state, config_dict, _ = load_state_dict_file(src)
     if config_dict is None:
         raise CheckpointError(f"{src}: already in the released format (no 'config' entry); nothing to export")
-    config = DPOTConfig.from_dict(config_dict)
-    inferred = infer_config(state)
-    lost = sorted(k for k, v in config.to_dict().items() if inferred.to_dict().get(k) != v)
+    config = checkpoint_model_config(config_dict, state, {}, str(src))
+    lost = families.lost_in_export(config, state)
     if lost:
-        said = ", ".join(f"{k}={inferred.to_dict().get(k)}" for k in lost)
+        inferred = families.infer_config(state).to_dict()
+        said = ", ".join(f"{k}={inferred.get(k)}" for k in lost)
         raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
                               f"(the weights alone say {said})")
     dst = Path(dst)

@@ -69,7 +69,8 @@ def preview_cmd(
 
 @model_app.command("info")
 def model_info_cmd(
-    target: str = typer.Argument(..., help="Preset name (tiny, Ti, S, M, L, H) or checkpoint path."),
+    target: str = typer.Argument(..., help="Preset name (tiny, Ti, S, M, L, H, fno, fno-m, unet, ...) or "
+                                 "checkpoint path."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a summary."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
 ) -> None:

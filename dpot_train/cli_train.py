@@ -69,12 +69,13 @@ def launch_cmd(
                                          help="Train on the mixture's datasets that the manifests hold, shares "
                                               "renormalised over them (default: a missing one is an error)."),
     model: Optional[str] = typer.Option(None, "--model",
-                                        help=_default("model", "Model preset (tiny, Ti, S, M, L, H).")),
+                                        help=_default("model", "Model preset: DPOT's tiny, Ti, S, M, L, H; the "
+                                                      "baselines fno, fno-m, unet.")),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
     load: Optional[str] = typer.Option(None, "--load", help="Components of --init to load: all (default) or a "
                                        "comma-separated list of patch_embed, pos, blocks, time_agg, cls_head, "
                                        "scale_feats, out; the rest starts fresh (a 2D checkpoint on 3D data: "
-                                       "blocks,time_agg)."),
+                                       "blocks,time_agg). DPOT only: an FNO or UNet checkpoint loads whole."),
     res: Optional[int] = typer.Option(None, "--res", help="Resize every window to this grid side for this run "
                                       "(trilinear 3D, bilinear 2D; 0: the stored grid)."),
     epochs: Optional[float] = typer.Option(None, "--epochs", help="Train this many epochs: steps from the "

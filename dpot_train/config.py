@@ -78,7 +78,7 @@ class TrainConfig:
     """Everything one run needs; the YAML form of this is RUN_DIR/config.yaml."""
 
     out: str = "run"
-    model: str = "tiny"  # a preset name
+    model: str = "tiny"  # a preset name: DPOT's (tiny, Ti, S, M, L, H) or a baseline's (fno, fno-m, unet, ...)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # model config fields to change (e.g. img_size)
     init: str | None = None  # checkpoint to fine-tune from (released format or one of ours)
     # components of --init to load, the reference's names: "all" or a list of patch_embed, pos, blocks, time_agg,

@@ -180,6 +180,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     the run's data.res; for a 3D model without one, the model's own grid)."""
     from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_recipe, trained_res
     from dpot_train.data.datasets import read_manifests
+    from dpot_train.model import families
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
 
     datasets = read_manifests(manifests)
@@ -218,4 +219,5 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,
                             trajectories=indexed_trajectories(datasets, split, index))
     result["checkpoint"] = str(checkpoint)
+    result["network"] = families.summary(model.config)  # model family, size and parameter count
     return result

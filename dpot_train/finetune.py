@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dpot_train.model import DPOTConfig, build_model
+from dpot_train.model import CheckpointError, DPOTConfig, build_model, families, load_weights
 from dpot_train.model_setup import checkpoint_config, resize_pos_embed
 
 # component -> key prefixes of the state dict, in the order the summary lists them
@@ -93,6 +93,8 @@ def finetune_model(path: str, fixed: dict[str, Any], load: str | list[str] = "al
     returns it and one line saying what was loaded and what starts fresh."""
     components = parse_components(load)
     state, config = checkpoint_config(path, trusted)
+    if not isinstance(config, DPOTConfig):  # a baseline (FNO, UNet): its weights load whole
+        return _whole_model(path, state, config, fixed, components, overrides or {})
     model = build_model(finetune_config(config, fixed, overrides or {}))
     loaded, fresh = load_components(model, state, components)
     transfer = f" ({config.spatial_dims}D -> {model.config.spatial_dims}D transfer)" \
@@ -100,3 +102,13 @@ def finetune_model(path: str, fixed: dict[str, Any], load: str | list[str] = "al
     line = (f"--init {path}{transfer}: loaded {', '.join(loaded) or 'nothing'}; "
             f"fresh: {', '.join(fresh) or 'nothing'}")
     return model, line
+
+
+def _whole_model(path: str, state: dict[str, torch.Tensor], config: Any, fixed: dict[str, Any],
+                 components: list[str], overrides: dict[str, Any]) -> tuple[torch.nn.Module, str]:
+    """A baseline's --init: every weight loads (the components are DPOT's), fitted to the data grid."""
+    if components != list(COMPONENTS):
+        raise CheckpointError(f"--load {','.join(components)}: {families.not_applicable(config, 'load')}")
+    model = families.build(families.configure(config, fixed, overrides))
+    load_weights(model, families.adapt_state(state, model.config), source=f"--init {path}")
+    return model, f"--init {path}: loaded all ({families.model_label(model.config)})"

@@ -26,7 +26,7 @@ from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, 
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
-from dpot_train.model_setup import data_overrides
+from dpot_train.model_setup import data_overrides, fresh_config
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
 from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
 
@@ -81,14 +81,11 @@ MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW states pe
 
 
 def model_parameters(model: str, overrides: dict) -> int:
-    """Parameter count of the preset with its overrides, from two blocks built on the meta device (no memory, and no
-    time spent building a depth a typo made huge)."""
-    from dpot_train.model.factory import build_model, resolve_config
+    """Parameter count of the preset (any family) with its overrides, without allocating weights (DPOT: from two
+    blocks built on the meta device, so no time is spent building a depth a typo made huge)."""
+    from dpot_train.model import families
 
-    config = resolve_config(model, **overrides)
-    one, two = (sum(p.numel() for p in build_model(config.replace(depth=d), device="meta").parameters())
-                for d in (1, 2))
-    return one + (config.depth - 1) * (two - one)
+    return families.parameter_count(families.resolve(model, **overrides))
 
 
 def validate_config(cfg: TrainConfig, source: str | None = None) -> InitFacts | None:
@@ -116,10 +113,10 @@ def init_facts(path: str, trust: bool) -> InitFacts:
 
 
 def _validate_config(cfg: TrainConfig) -> None:
-    from dpot_train.model.factory import resolve_config
+    from dpot_train.model import families
 
     try:
-        resolve_config(cfg.model, **cfg.model_overrides)
+        families.resolve(cfg.model, **cfg.model_overrides)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"--model {cfg.model!r}: {exc}") from None
     count = model_parameters(cfg.model, cfg.model_overrides)
@@ -244,7 +241,9 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)
     ds0 = spec.datasets[0]
-    data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid it can read
+    fixed = data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # readable
+    if not cfg.init:  # the preset fits this data (e.g. its Fourier modes fit the grid): one line, before torchrun
+        fresh_config(cfg.model, cfg.model_overrides, fixed)
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)

@@ -5,31 +5,34 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpot_train.checkpoint import load_state_dict_file
-from dpot_train.model import PRESETS, DPOTConfig, build_model, infer_config, preset
+from dpot_train.checkpoint import checkpoint_model_config, load_state_dict_file
+from dpot_train.model import families
 
+# DPOT's modules in the order its summary lists them; other families list theirs in registration order
 _GROUPS = ("pos_embed", "patch_embed", "time_agg_layer", "blocks", "cls_head", "out_layer", "scale_feats_mu",
            "scale_feats_sigma")
 
 
-def parameter_breakdown(config: DPOTConfig) -> dict[str, int]:
+def parameter_breakdown(config: Any) -> dict[str, int]:
     """Parameter count per top-level module, counted on the meta device (no memory for the weights)."""
-    model = build_model(config, device="meta")
+    model = families.build(config, device="meta")
     counts: dict[str, int] = {}
     for name, param in model.named_parameters():
         group = name.split(".", 1)[0]
         counts[group] = counts.get(group, 0) + param.numel()
-    return {g: counts[g] for g in _GROUPS if g in counts}
+    order = {g: i for i, g in enumerate(_GROUPS)}
+    return dict(sorted(counts.items(), key=lambda item: order.get(item[0], len(order))))
 
 
-def describe_config(config: DPOTConfig, *, source: str, kind: str) -> dict[str, Any]:
-    """Info dict for a config: parameters (total and per module), weight bytes in fp32 and bf16, the config."""
+def describe_config(config: Any, *, source: str, kind: str) -> dict[str, Any]:
+    """Info dict for a config of any family: network, family and size, parameters (total and per module), weight
+    bytes in fp32 and bf16, the config."""
     groups = parameter_breakdown(config)
     total = sum(groups.values())
     return {
         "source": source,
         "kind": kind,
-        "model": "DPOT3D" if config.spatial_dims == 3 else "DPOT2D",
+        **families.summary(config),
         "parameters": total,
         "parameters_by_module": groups,
         "weight_bytes": {"fp32": total * 4, "bf16": total * 2},
@@ -37,18 +40,20 @@ def describe_config(config: DPOTConfig, *, source: str, kind: str) -> dict[str, 
     }
 
 
-def model_info(target: str | Path | DPOTConfig, *, trusted: bool = False) -> dict[str, Any]:
-    """Info for a preset name, a DPOTConfig or a checkpoint path (config from the file or inferred from weights)."""
-    if isinstance(target, DPOTConfig):
-        return describe_config(target, source="config", kind="config")
+def model_info(target: str | Path | Any, *, trusted: bool = False) -> dict[str, Any]:
+    """Info for a preset name (any family), a model config or a checkpoint path (config from the file or inferred
+    from the weights)."""
+    if not isinstance(target, (str, Path)):
+        return describe_config(families.resolve(target), source="config", kind="config")
     text = str(target)
-    if text.lower() in {k.lower() for k in PRESETS} and not Path(text).is_file():
-        return describe_config(preset(text), source=text, kind="preset")
+    if text.lower() in {k.lower() for k in families.preset_names()} and not Path(text).is_file():
+        return describe_config(families.preset_config(text), source=text, kind="preset")
     path = Path(text)
     if not path.exists():
-        raise FileNotFoundError(f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing checkpoint file")
+        raise FileNotFoundError(f"{text!r} is neither a preset ({', '.join(families.preset_names())}) nor an existing "
+                                "checkpoint file")
     state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
-    config = DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
+    config = checkpoint_model_config(config_dict, state, hints, str(path))
     info = describe_config(config, source=str(path), kind="checkpoint")
     info["checkpoint"] = {
         "tensors": len(state),
@@ -66,6 +71,7 @@ def format_info(info: dict[str, Any]) -> str:
 
     lines = [
         f"{info['model']} from {info['kind']} {info['source']}",
+        f"family: {info['family']}, size: {info['size']}",
         f"parameters: {info['parameters']:,} ({info['parameters'] / 1e6:.2f}M)",
         f"weights: fp32 {mib(info['weight_bytes']['fp32'])}, bf16 {mib(info['weight_bytes']['bf16'])}",
         "parameters by module:",

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from dpot_train.checkpoint import load_state_dict_file
-from dpot_train.model import DPOTConfig, build_model, infer_config, resolve_config
+from dpot_train.model import families
+from dpot_train.model.weights import resize_pos_embed
+
+__all__ = ["checkpoint_config", "convention_problems", "data_overrides", "fresh_config", "fresh_model", "init_model",
+           "resize_pos_embed"]
 
 
 def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int, res: int = 0) -> dict[str, Any]:
@@ -22,19 +25,18 @@ def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int,
             "in_timesteps": t_in, "out_timesteps": t_out, "spatial_dims": len(grid)}
 
 
-def resize_pos_embed(pos: torch.Tensor, side: int) -> torch.Tensor:
-    """(1, D, n, n) positional embedding resampled bicubically to (1, D, side, side) (fine-tuning at another grid);
-    a 3D (1, D, n, n, n) one trilinearly."""
-    if pos.shape[-1] == side:
-        return pos
-    nd = pos.ndim - 2
-    mode = "bicubic" if nd == 2 else "trilinear"
-    return F.interpolate(pos.float(), size=(side,) * nd, mode=mode, align_corners=False).to(pos.dtype)
+def fresh_config(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -> Any:
+    """The config of a preset (any family) with the data's fields and the user's overrides (user wins); ValueError
+    in one line when they do not fit (e.g. more Fourier modes than the grid holds)."""
+    try:
+        return families.configure(preset, fixed, overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--model {preset} on this data ({fixed}): {exc}") from None
 
 
 def fresh_model(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -> torch.nn.Module:
-    """A newly initialised preset with the data's fields and the user's overrides (user wins)."""
-    return build_model(resolve_config(preset, **{**fixed, **overrides}))
+    """A newly initialised preset (any family) with the data's fields and the user's overrides (user wins)."""
+    return families.build(fresh_config(preset, overrides, fixed))
 
 
 def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:
@@ -49,18 +51,20 @@ Loaded = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]  # a check
 
 
 def checkpoint_config(path: str, trusted: bool = False, loaded: Loaded | None = None,
-                      ) -> tuple[dict[str, torch.Tensor], DPOTConfig]:
-    """The state dict of `path` and its model config (stored with our checkpoints, inferred for released ones);
-    `loaded`: the file's (state, config, hints) when already read, so it is not loaded again."""
+                      ) -> tuple[dict[str, torch.Tensor], Any]:
+    """The state dict of `path` and its model config, any family (stored with our checkpoints, inferred for released
+    ones); `loaded`: the file's (state, config, hints) when already read, so it is not loaded again."""
     state, config_dict, hints = loaded if loaded is not None else load_state_dict_file(path, trusted=trusted)
-    return state, DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
+    return state, (families.config_from_dict(config_dict) if config_dict is not None
+                   else families.infer_config(state, hints))
 
 
 def init_model(path: str, fixed: dict[str, Any], trusted: bool = False,
                loaded: Loaded | None = None) -> torch.nn.Module:
-    """Weights of `path` (released `{'model': state_dict}` or ours) adapted to the data grid.
+    """Weights of `path` (released `{'model': state_dict}` or ours, any family) adapted to the data grid.
 
-    Channels and frame counts must match the data; a different grid side resamples the positional embedding.
+    Channels and frame counts must match the data; a different grid side resamples DPOT's positional embedding
+    (the baselines have no weight that depends on the grid).
     `loaded`: the file's (state, config, hints) when already read (`parse_checkpoint`), so it is not loaded again.
     """
     state, config = checkpoint_config(path, trusted, loaded)
@@ -71,9 +75,7 @@ def init_model(path: str, fixed: dict[str, Any], trusted: bool = False,
             raise ValueError(f"--init {path}: the checkpoint has {key}={getattr(config, key)} but the data/run "
                              f"needs {fixed[key]} (pad channels to {getattr(config, 'in_channels')} at ingest, "
                              "or set t_in/t_out to match)")
-    config = config.replace(img_size=fixed["img_size"])
-    model = build_model(config)
-    state = dict(state)
-    state["pos_embed"] = resize_pos_embed(state["pos_embed"], config.latent_size)
-    model.load_state_dict(state, strict=True)
+    config = families.configure(config, {**fixed, "spatial_dims": config.spatial_dims}, {})
+    model = families.build(config)
+    model.load_state_dict(families.adapt_state(state, config), strict=True)
     return model

@@ -27,7 +27,7 @@ from dpot_train.data.stream import WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
 from dpot_train.metrics import per_sample_loss
 from dpot_train.finetune import finetune_model
-from dpot_train.model import DPOTConfig, build_model
+from dpot_train.model import families
 from dpot_train.model_setup import data_overrides, fresh_model
 from dpot_train.run_plan import RunPlan
 from dpot_train.train_log import TrainLog, eval_to_tensorboard
@@ -57,7 +57,7 @@ def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...], sav
     torch.manual_seed(cfg.seed)
     line = None
     if saved is not None:
-        model = build_model(DPOTConfig.from_dict(saved))
+        model = families.build(families.config_from_dict(saved))
     elif cfg.init:
         model, line = finetune_model(cfg.init, fixed, cfg.load, cfg.model_overrides, cfg.trust)
     else:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .base import DPOTBase
 from .config import DPOTConfig
@@ -15,6 +16,8 @@ from .config import DPOTConfig
 # Config fields that the weights cannot reveal; taken from saved arguments when present.
 HINT_FIELDS = ("modes", "modes_z", "act")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+# Network classes `unwrap_model` stops at: DPOT's, and each other family's (registered by model.families).
+NETWORKS: list[type] = [DPOTBase]
 
 
 class CheckpointError(ValueError):
@@ -100,7 +103,17 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], hints: Mapping[str, Any
         raise CheckpointError(f"weights imply an invalid DPOT config: {exc}") from exc
 
 
-def load_weights(model: DPOTBase, state_dict: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
+def resize_pos_embed(pos: torch.Tensor, side: int) -> torch.Tensor:
+    """(1, D, n, n) positional embedding resampled bicubically to (1, D, side, side) (fine-tuning at another grid);
+    a 3D (1, D, n, n, n) one trilinearly."""
+    if pos.shape[-1] == side:
+        return pos
+    nd = pos.ndim - 2
+    mode = "bicubic" if nd == 2 else "trilinear"
+    return F.interpolate(pos.float(), size=(side,) * nd, mode=mode, align_corners=False).to(pos.dtype)
+
+
+def load_weights(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
     """Strict load with one clear error listing missing, unexpected and mis-shaped keys."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
@@ -118,7 +131,8 @@ def load_weights(model: DPOTBase, state_dict: Mapping[str, torch.Tensor], source
             parts.append(f"unexpected keys {unexpected}")
         if mis_shaped:
             parts.append(f"shape mismatches {mis_shaped}")
-        raise CheckpointError(f"{source} does not fit the DPOT model: " + "; ".join(parts))
+        what = "DPOT" if isinstance(model, DPOTBase) else type(model).__name__
+        raise CheckpointError(f"{source} does not fit the {what} model: " + "; ".join(parts))
     on_meta = any(p.device.type == "meta" for p in expected.values())
     if on_meta:
         # Take the checkpoint tensors as the parameters (no second copy), cast to each parameter's dtype.
@@ -128,9 +142,10 @@ def load_weights(model: DPOTBase, state_dict: Mapping[str, torch.Tensor], source
         model.load_state_dict(state_dict, strict=True)
 
 
-def unwrap_model(model: Any) -> DPOTBase:
-    """The DPOT module inside DistributedDataParallel (`.module`) and torch.compile (`._orig_mod`) wrappers."""
-    while not isinstance(model, DPOTBase):
+def unwrap_model(model: Any) -> torch.nn.Module:
+    """The network (DPOT, or another family's) inside DistributedDataParallel (`.module`) and torch.compile
+    (`._orig_mod`) wrappers."""
+    while not isinstance(model, tuple(NETWORKS)):
         inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
         if inner is None:
             raise TypeError(f"expected a DPOT model (possibly wrapped), got {type(model).__name__}")
