@@ -128,7 +128,7 @@ def launch_cmd(
         _check_request(cfg, out, config, resume)
         topo = choose_topology(Path(cfg.out), resume, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
                                rdzv_timeout)
-        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None)
+        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None, dry_run)
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2
         _fail(exc)

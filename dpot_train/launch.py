@@ -7,14 +7,19 @@ mismatched channels) is reported before that, one line per problem.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from dpot_train.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
+from dpot_format.errors import FormatError
+from dpot_format.lock import FileLock, LockBusy
 from dpot_format.readers import hold_shared
 from dpot_format.tar import SampleIndex
 from dpot_format.validate import validate_output
@@ -216,12 +221,90 @@ def hold_outputs(data: DataConfig) -> list[int]:
     return fds
 
 
-def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None
-                ) -> tuple[TrainConfig, Path]:
+RUN_LOCK = ".dpot-run.lock"  # in RUN_DIR: held by the launch, then by torchrun (the exec keeps it), for the run
+
+
+class RunLock:
+    """The exclusive lock of a RUN_DIR (dpot_format.lock.FileLock on RUN_DIR/.dpot-run.lock): one launch or resume
+    at a time writes into a run folder. Its descriptor is inheritable, so the exec into torchrun keeps it held until
+    the run ends (the kernel releases it when torchrun exits, however it exits); the file records the holder's pid
+    and host, which a refused launch names."""
+
+    def __init__(self, run: Path) -> None:
+        self.run = Path(run)
+        self.created = False
+        self.lock = FileLock(self.run / RUN_LOCK)
+
+    def acquire(self) -> "RunLock":
+        """Take the lock (creating RUN_DIR when missing) or raise RunDirError naming the folder and the holder."""
+        if self.run.exists() and not self.run.is_dir():
+            raise RunDirError(f"{self.run}: is a file, expected a run folder (--out RUN_DIR)")
+        self.created = not self.run.exists()
+        self.run.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = self.lock.acquire().fd
+        except LockBusy:  # RUN_DIR is the holder's: nothing here is removed
+            raise RunDirError(f"{self.run}: another launch is running in this run folder ({self._holder()}); wait for "
+                              "it to end, or choose another --out") from None
+        except FormatError as exc:
+            self.abandon()
+            raise RunDirError(str(exc)) from None
+        os.set_inheritable(fd, True)
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        return self
+
+    def _holder(self) -> str:
+        """"pid N on host H since T" from the lock file, as far as it can be read."""
+        try:
+            with open(self.run / RUN_LOCK, "rb") as fh:
+                record = json.loads(fh.read(4096) or b"{}")
+            return f"pid {int(record['pid'])} on host {record['host']}, since {record['started']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"it holds {RUN_LOCK}"
+
+    def release(self) -> None:
+        """Give the lock back now (a dry run, or a launch that stopped before torchrun)."""
+        self.lock.release()
+
+    def abandon(self) -> None:
+        """Release, and remove RUN_DIR again when this lock created it and nothing else was written into it (the
+        lock file is unlinked while still held, so that no other launch is holding the file removed)."""
+        self.lock.remove = self.created and self.lock.fd >= 0
+        self.release()
+        if self.created:
+            try:
+                self.run.rmdir()
+            except OSError:
+                pass
+
+
+def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None,
+                dry_run: bool = False) -> tuple[TrainConfig, Path]:
     """Check the config, RUN_DIR and the data, then write config.yaml, plan.json (the RunPlan the workers load) and
-    launch.json; returns the config to run and its path. `source`: the run config file the settings came from."""
+    launch.json; returns the config to run and its path. `source`: the run config file the settings came from.
+
+    RUN_DIR's lock (RunLock) is taken before RUN_DIR is looked at and stays held (through the exec into torchrun)
+    unless `dry_run` or a check fails; a node other than the first of a multi-node run is part of the same run and
+    takes none."""
     init = validate_config(cfg, source)
     cfg = absolute_paths(cfg)
+    lock = RunLock(Path(cfg.out)).acquire() if topo.node_rank == 0 else None
+    try:
+        result = _prepare_run(cfg, resume, topo, init)
+    except BaseException:
+        if lock is not None:
+            lock.abandon()
+        raise
+    if dry_run and lock is not None:
+        lock.release()
+    return result
+
+
+def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, init: InitFacts | None
+                 ) -> tuple[TrainConfig, Path]:
     run = Path(cfg.out)
     found = list_checkpoints(run / "checkpoints")
     check_run_dir(cfg, resume)
