@@ -143,6 +143,17 @@ def _validate_config(cfg: TrainConfig) -> None:
         parse_components(cfg.load)
 
 
+def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
+    """The fresh model on the data's grid (or --res) stays within MAX_PARAMETERS: its positional embedding grows with
+    the grid (cubically for 3D), so a large --res would otherwise fail in every worker."""
+    if cfg.init:
+        return
+    count = model_parameters(cfg.model, {**fixed, **cfg.model_overrides})
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"--res {cfg.data.res}: expected a grid the model fits at most {MAX_PARAMETERS:.0e} "
+                         f"parameters on; preset {cfg.model!r} on a {fixed['img_size']}-cell side has {count:.2e}")
+
+
 def check_schedule(cfg: TrainConfig) -> None:
     """The learning-rate schedule can be built for cfg.steps (one-cycle) or has a decay interval (step)."""
     if cfg.optim.schedule == "step":
@@ -323,7 +334,8 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, init: InitFacts
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)
     ds0 = spec.datasets[0]
-    data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid it can read
+    fixed = data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid
+    check_model_size(cfg, fixed)
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
