@@ -533,10 +533,6 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     path = manifest_path(root)
     if root.endswith(".json"):  # the manifest file itself was given: its folder is the output
         root = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."
-    link = _manifest_link(path)
-    if link is not None:  # its content may come from anywhere: the listed digests would then vouch for nothing
-        return [Problem(MANIFEST_NAME, "manifest", actual=f"is a symbolic link (to {link!r}), expected the manifest "
-                                                          "file itself inside the output folder")]
     if manifest is None:
         try:
             manifest = load_json(path, limits)
@@ -545,6 +541,10 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
         errors = validation_errors(manifest, limits)
         if errors:
             return [Problem(MANIFEST_NAME, "schema", actual=line) for line in errors]
+    link = _manifest_link(path)
+    if link is not None:  # its content may come from anywhere: the listed digests would then vouch for nothing
+        return [Problem(MANIFEST_NAME, "manifest", actual=f"is a symbolic link (to {link!r}), expected the manifest "
+                                                          "file itself inside the output folder")]
     plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts))
     problems = list(plan.problems)
     results: dict[str, ItemResult] = {}
