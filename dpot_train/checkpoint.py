@@ -178,7 +178,43 @@ def _read(path: Path, map_location: Any, trusted: bool) -> Any:
     with open(path, "rb") as fh:  # one open: the record check and the load read the same file
         verify_record(path, fh)
         fh.seek(0)
+        not_torch = not_a_torch_file(fh)
+        if not_torch:  # before torch.load: its refusal would suggest --trust for a file that is no checkpoint
+            raise CheckpointError(f"{path}: not a checkpoint: {not_torch}, expected a file written by torch.save "
+                                  "(a zip archive holding data.pkl, or a pickle)")
+        fh.seek(0)
         return _load(fh, path, map_location, trusted)
+
+
+# leading bytes of files that get passed where a checkpoint is expected, and what they are
+_MAGIC = ((b"\x89PNG", "a PNG image"), (b"\x89HDF", "an HDF5 file (NetCDF-4, .h5, .mat v7.3)"),
+          (b"CDF\x01", "a NetCDF-3 file"), (b"CDF\x02", "a NetCDF-3 file"), (b"\x93NUMPY", "a NumPy .npy array"),
+          (b"\xff\xd8\xff", "a JPEG image"), (b"MATLAB", "a MATLAB .mat file"), (b"\x1f\x8b", "a gzip file"))
+
+
+def not_a_torch_file(fh: Any) -> str | None:
+    """What the open file is when it is not something torch.save writes (None when it is: a zip archive with a
+    data.pkl record, or a pickle, which starts with the PROTO opcode 0x80); reads from the current position."""
+    head = fh.read(8)
+    if head.startswith(b"\x80"):
+        return None
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        fh.seek(0)
+        try:
+            with zipfile.ZipFile(fh) as z:
+                if any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist()):
+                    return None
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return "a damaged zip archive"
+        return "a zip archive without the data.pkl record of torch.save"
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return what
+    if not head:
+        return "an empty file"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "JSON text"
+    return "text" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else f"unknown content (starts {head!r})"
 
 
 def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:

@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -99,24 +100,46 @@ def validate_config(cfg: TrainConfig, source: str | None = None) -> InitFacts | 
     """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it;
     `source` (the run config file the values came from) prefixes the line. Returns what the one load of `--init`
     found (None without --init)."""
+    loaded = _validated(cfg, source)
+    return loaded[0] if loaded is not None else None
+
+
+InitLoad = tuple[InitFacts, dict[str, Any], Any]  # (facts, state dict, DPOTConfig) of the one load of --init
+
+
+def _validated(cfg: TrainConfig, source: str | None) -> InitLoad | None:
+    """validate_config, keeping the --init state dict and model config for the checks that need the data."""
     try:
         _validate_config(cfg)
     except ValueError as exc:
         if source is None:
             raise
         raise ValueError(f"{source}: {exc}") from None
-    return init_facts(cfg.init, cfg.trust) if cfg.init else None
+    return load_init(cfg.init, cfg.trust) if cfg.init else None
 
 
 def init_facts(path: str, trust: bool) -> InitFacts:
     """Load the --init checkpoint once (weights-only unless --trust, its sha256 record checked) and keep what the
     launch decides from it."""
+    return load_init(path, trust)[0]
+
+
+def load_init(path: str, trust: bool) -> InitLoad:
+    """The one load of the --init checkpoint: (facts, state dict, model config). A file that holds no DPOT model (a
+    torch file of another network) is refused here, naming it, not in every worker after torchrun starts."""
     from dpot_train.checkpoint import load_state_dict_file
+    from dpot_train.model import CheckpointError
+    from dpot_train.model_setup import checkpoint_config
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--init checkpoint not found: {path}")
-    _, config, _ = load_state_dict_file(path, trusted=trust)
-    return InitFacts(_absolute(path), config is None, config)
+    loaded = load_state_dict_file(path, trusted=trust)
+    try:
+        state, model_config = checkpoint_config(path, trust, loaded)
+    except (CheckpointError, TypeError, ValueError) as exc:
+        text = str(exc)
+        raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+    return InitFacts(_absolute(path), loaded[1] is None, loaded[1]), state, model_config
 
 
 def _validate_config(cfg: TrainConfig) -> None:
@@ -300,11 +323,11 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     RUN_DIR's lock (RunLock) is taken before RUN_DIR is looked at and stays held (through the exec into torchrun)
     unless `dry_run` or a check fails; a node other than the first of a multi-node run is part of the same run and
     takes none."""
-    init = validate_config(cfg, source)
+    loaded = _validated(cfg, source)
     cfg = absolute_paths(cfg)
     lock = RunLock(Path(cfg.out)).acquire() if topo.node_rank == 0 else None
     try:
-        result = _prepare_run(cfg, resume, topo, init)
+        result = _prepare_run(cfg, resume, topo, loaded)
     except BaseException:
         if lock is not None:
             lock.abandon()
@@ -314,8 +337,9 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     return result
 
 
-def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, init: InitFacts | None
+def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None
                  ) -> tuple[TrainConfig, Path]:
+    init = loaded[0] if loaded is not None else None
     run = Path(cfg.out)
     found = list_checkpoints(run / "checkpoints")
     check_run_dir(cfg, resume)
@@ -336,6 +360,10 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, init: InitFacts
     ds0 = spec.datasets[0]
     fixed = data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid
     check_model_size(cfg, fixed)
+    if loaded is not None and not (resume and found):  # a resume loads its own checkpoint, not --init
+        from dpot_train.finetune import check_components
+
+        check_components(cfg.init or "", loaded[1], loaded[2], fixed, cfg.load, cfg.model_overrides)
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
