@@ -86,6 +86,8 @@ class TrainConfig:
     load: str | list[str] = "all"  # YAML may give a list; it is kept as the comma-separated string
     epochs: float = 0  # > 0: steps = epochs x ceil(trajectory visits per epoch / batch_size), as the reference counts
     trust: bool = False  # allow arbitrary pickled objects in the --init checkpoint (unsafe; weights-only otherwise)
+    # sha256 of the --init file: given (--sha256) or recorded by launch; every load of the file is checked against it
+    init_sha256: str | None = None
     steps: int = 1000
     batch_size: int = 8  # global batch: split evenly over the processes
     seed: int = 0

@@ -181,20 +181,21 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
                         allow_convention_mismatch: bool = False, res: int | None = None,
-                        cache_dir: str | None = None, cache_limit: str | None = None) -> dict[str, Any]:
+                        cache_dir: str | None = None, cache_limit: str | None = None,
+                        sha256: str | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
 
     `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
     recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
-    the run's data.res; for a 3D model without one, the model's own grid)."""
+    the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest."""
     from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_recipe, trained_res
     from dpot_train.data.datasets import read_manifests
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
 
     datasets = read_manifests(manifests)
     require_split(datasets, split, "evaluate another --split")
-    content = read_checkpoint(checkpoint, trusted=trusted)  # the one load of the file
+    content = read_checkpoint(checkpoint, trusted=trusted, sha256=sha256)  # the one load of the file
     loaded = parse_checkpoint(content, checkpoint)
     released = loaded[1] is None
     if released and not allow_convention_mismatch:

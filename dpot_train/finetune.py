@@ -123,12 +123,13 @@ def finetune_config(config: DPOTConfig, fixed: dict[str, Any], overrides: dict[s
 
 
 def finetune_model(path: str, fixed: dict[str, Any], load: str | list[str] = "all",
-                   overrides: dict[str, Any] | None = None, trusted: bool = False
+                   overrides: dict[str, Any] | None = None, trusted: bool = False, sha256: str | None = None
                    ) -> tuple[torch.nn.Module, str]:
     """A freshly initialised model (seed the torch RNG first) with the checkpoint's `load` components copied in;
-    returns it and one line saying what was loaded and what starts fresh."""
+    returns it and one line saying what was loaded and what starts fresh. `sha256`: the digest launch recorded (the
+    file the workers load is the one launch checked)."""
     components = parse_components(load)
-    state, config = checkpoint_config(path, trusted)
+    state, config = checkpoint_config(path, trusted, sha256=sha256)
     model = build_model(finetune_config(config, fixed, overrides or {}))
     loaded, fresh = load_components(model, state, components)
     transfer = f" ({config.spatial_dims}D -> {model.config.spatial_dims}D transfer)" \

@@ -41,7 +41,7 @@ __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
-              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit"}
+              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256"}
 
 
 # Fields computed from `epochs` and the data at launch: a resume recomputes them, so they are not compared.
@@ -115,7 +115,7 @@ def _validated(cfg: TrainConfig, source: str | None) -> InitLoad | None:
         if source is None:
             raise
         raise ValueError(f"{source}: {exc}") from None
-    return load_init(cfg.init, cfg.trust) if cfg.init else None
+    return load_init(cfg.init, cfg.trust, cfg.init_sha256) if cfg.init else None
 
 
 def init_facts(path: str, trust: bool) -> InitFacts:
@@ -124,16 +124,17 @@ def init_facts(path: str, trust: bool) -> InitFacts:
     return load_init(path, trust)[0]
 
 
-def load_init(path: str, trust: bool) -> InitLoad:
-    """The one load of the --init checkpoint: (facts, state dict, model config). A file that holds no DPOT model (a
-    torch file of another network) is refused here, naming it, not in every worker after torchrun starts."""
+def load_init(path: str, trust: bool, sha256: str | None = None) -> InitLoad:
+    """The one load of the --init checkpoint (checked against `sha256` when given): (facts, state dict, model
+    config). A file that holds no DPOT model (a torch file of another network) is refused here, naming it, not in
+    every worker after torchrun starts."""
     from dpot_train.checkpoint import load_state_dict_file
     from dpot_train.model import CheckpointError
     from dpot_train.model_setup import checkpoint_config
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--init checkpoint not found: {path}")
-    loaded = load_state_dict_file(path, trusted=trust)
+    loaded = load_state_dict_file(path, trusted=trust, sha256=sha256.lower() if sha256 else None)
     try:
         state, model_config = checkpoint_config(path, trust, loaded)
     except (CheckpointError, TypeError, ValueError) as exc:
@@ -158,6 +159,11 @@ def _validate_config(cfg: TrainConfig) -> None:
     if cfg.recipe not in (None, "dpot", "reference"):
         raise ValueError(f"--recipe must be dpot or reference, got {cfg.recipe!r}")
     check_schedule(cfg)
+    if cfg.init_sha256 is not None and not cfg.init:
+        raise ValueError("--sha256 checks the --init checkpoint; pass --init CHECKPOINT")
+    from dpot_train.checkpoint import check_sha256_option
+
+    check_sha256_option(cfg.init_sha256)
     if not cfg.init and cfg.load != "all":
         raise ValueError(f"--load {cfg.load}: names components of an --init checkpoint; pass --init CHECKPOINT")
     if cfg.init:  # the file itself is loaded once, by init_facts
@@ -325,6 +331,12 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     takes none."""
     loaded = _validated(cfg, source)
     cfg = absolute_paths(cfg)
+    if cfg.init and cfg.init_sha256 is None:  # recorded in the run: every worker loads the file launch checked
+        from dpot_train.checkpoint import file_sha256
+
+        cfg = replace(cfg, init_sha256=file_sha256(cfg.init))
+    elif cfg.init_sha256 is not None:
+        cfg = replace(cfg, init_sha256=cfg.init_sha256.lower())
     lock = RunLock(Path(cfg.out)).acquire() if topo.node_rank == 0 else None
     try:
         result = _prepare_run(cfg, resume, topo, loaded)

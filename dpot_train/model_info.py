@@ -37,8 +37,9 @@ def describe_config(config: DPOTConfig, *, source: str, kind: str) -> dict[str, 
     }
 
 
-def model_info(target: str | Path | DPOTConfig, *, trusted: bool = False) -> dict[str, Any]:
-    """Info for a preset name, a DPOTConfig or a checkpoint path (config from the file or inferred from weights)."""
+def model_info(target: str | Path | DPOTConfig, *, trusted: bool = False, sha256: str | None = None) -> dict[str, Any]:
+    """Info for a preset name, a DPOTConfig or a checkpoint path (config from the file or inferred from weights);
+    `sha256`: the checkpoint file's expected digest, checked before it is loaded."""
     if isinstance(target, DPOTConfig):
         return describe_config(target, source="config", kind="config")
     text = str(target)
@@ -47,7 +48,7 @@ def model_info(target: str | Path | DPOTConfig, *, trusted: bool = False) -> dic
     path = Path(text)
     if not path.exists():
         raise FileNotFoundError(f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing checkpoint file")
-    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
+    state, config_dict, hints = load_state_dict_file(path, trusted=trusted, sha256=sha256)
     config = DPOTConfig.from_dict(config_dict) if config_dict is not None else infer_config(state, hints)
     info = describe_config(config, source=str(path), kind="checkpoint")
     info["checkpoint"] = {

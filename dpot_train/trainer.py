@@ -59,7 +59,7 @@ def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...], sav
     if saved is not None:
         model = build_model(DPOTConfig.from_dict(saved))
     elif cfg.init:
-        model, line = finetune_model(cfg.init, fixed, cfg.load, cfg.model_overrides, cfg.trust)
+        model, line = finetune_model(cfg.init, fixed, cfg.load, cfg.model_overrides, cfg.trust, cfg.init_sha256)
     else:
         model = fresh_model(cfg.model, cfg.model_overrides, fixed)
     cls_head = getattr(model, "cls_head", None)
