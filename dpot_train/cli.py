@@ -45,11 +45,14 @@ def preview_cmd(
     padded channels included, in the manifest's convention (docs/conventions.md); no noise."""
     import numpy as np
 
+    from dpot_format.readers import ReadersBusy
+    from dpot_train.launch import reading
     from dpot_train.preview import model_input
 
     try:
-        x = model_input(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)
-    except (FileNotFoundError, ValueError) as exc:
+        with reading([manifest]):  # an ingest --overwrite of this output waits for the read
+            x = model_input(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)
+    except (FileNotFoundError, ValueError, ReadersBusy) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -202,14 +202,17 @@ def evaluate_cmd(
     writes eval.json."""
     from dpot_train.checkpoint import check_sha256_option
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
+    from dpot_train.launch import reading
 
     try:
-        result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
-                                     backend=backend, device=device, max_trajectories=max_trajectories,
-                                     verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
-                                     allow_convention_mismatch=allow_convention_mismatch, res=res,
-                                     cache_dir=cache_dir, cache_limit=cache_limit,
-                                     sha256=check_sha256_option(sha256))
+        with reading(manifest):  # an ingest --overwrite of these outputs waits for the evaluation
+            result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps,
+                                         split=split, backend=backend, device=device,
+                                         max_trajectories=max_trajectories,
+                                         verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
+                                         allow_convention_mismatch=allow_convention_mismatch, res=res,
+                                         cache_dir=cache_dir, cache_limit=cache_limit,
+                                         sha256=check_sha256_option(sha256))
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
         return

@@ -12,6 +12,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -319,6 +321,18 @@ class RunLock:
                 self.run.rmdir()
             except OSError:
                 pass
+
+
+@contextmanager
+def reading(manifests: list[str]) -> Iterator[None]:
+    """The readers' lock of every local output in `manifests` for the block (evaluate, preview): an `ingest
+    --overwrite` of one of them refuses meanwhile instead of deleting the shards being read (hold_outputs)."""
+    fds = hold_outputs(DataConfig(manifests=[str(m) for m in manifests]))
+    try:
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None,
