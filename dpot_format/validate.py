@@ -500,6 +500,16 @@ def leftover_problems(root: str, listed: Collection[str]) -> list[Problem]:
     return out
 
 
+def _manifest_link(path: str) -> str | None:
+    """The target of a local manifest.json that is a symbolic link, else None (URLs have no links)."""
+    if not is_local(path):
+        return None
+    try:
+        return os.readlink(local_path(path))
+    except OSError:  # not a link, or missing (load_json says so)
+        return None
+
+
 def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner: Runner | None = None,
                     progress: Callable[[Item, list[Problem]], None] | None = None, limits: Limits = LIMITS,
                     datasets: Collection[str] | None = None, splits: Collection[str] | None = None,
@@ -531,6 +541,10 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
         errors = validation_errors(manifest, limits)
         if errors:
             return [Problem(MANIFEST_NAME, "schema", actual=line) for line in errors]
+    link = _manifest_link(path)
+    if link is not None:  # its content may come from anywhere: the listed digests would then vouch for nothing
+        return [Problem(MANIFEST_NAME, "manifest", actual=f"is a symbolic link (to {link!r}), expected the manifest "
+                                                          "file itself inside the output folder")]
     plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts))
     problems = list(plan.problems)
     results: dict[str, ItemResult] = {}

@@ -150,6 +150,25 @@ def check_regular_file(path: Path) -> None:
         raise CheckpointError(f"{path}: expected a checkpoint file, found something else (a folder, FIFO or device)")
 
 
+def check_sha256_option(value: str | None, option: str = "--sha256") -> str | None:
+    """A sha256 given by the user, lower-cased; ValueError naming `option` unless it is 64 hex digits."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if not _HEX.match(text):
+        raise ValueError(f"{option} {value!r}: expected the file's sha256, 64 hex digits (as `sha256sum` prints it)")
+    return text
+
+
+def verify_sha256(path: Path, expected: str, fh: Any = None) -> None:
+    """Check the file (read through `fh` when given, from its start) against a sha256 the user gave (--sha256) or the
+    run recorded; CheckpointError naming the file otherwise. The released format carries no record of its own."""
+    actual = file_sha256(path) if fh is None else _sha256_of(fh)
+    if actual != expected:
+        raise CheckpointError(f"{path}: damaged or another file: its sha256 is {actual}, expected {expected} "
+                              "(--sha256, or the run's record of its --init)")
+
+
 def verify_record(path: Path, fh: Any = None) -> None:
     """Check the file (read through `fh` when given, from its start) against its sha256 record when it has one;
     CheckpointError naming both files otherwise."""
@@ -171,14 +190,53 @@ def verify_record(path: Path, fh: Any = None) -> None:
 
 # --- reading --------------------------------------------------------------------------------------------------------
 
-def _read(path: Path, map_location: Any, trusted: bool) -> Any:
+def _read(path: Path, map_location: Any, trusted: bool, sha256: str | None = None) -> Any:
     """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file, after checking that it is a
-    regular file and that it matches its sha256 record (when it has one)."""
+    regular file and that it matches its sha256 record (when it has one) and `sha256` (when given)."""
     check_regular_file(path)
     with open(path, "rb") as fh:  # one open: the record check and the load read the same file
         verify_record(path, fh)
+        if sha256 is not None:
+            fh.seek(0)
+            verify_sha256(path, sha256, fh)
+        fh.seek(0)
+        not_torch = not_a_torch_file(fh)
+        if not_torch:  # before torch.load: its refusal would suggest --trust for a file that is no checkpoint
+            raise CheckpointError(f"{path}: not a checkpoint: {not_torch}, expected a file written by torch.save "
+                                  "(a zip archive holding data.pkl, or a pickle)")
         fh.seek(0)
         return _load(fh, path, map_location, trusted)
+
+
+# leading bytes of files that get passed where a checkpoint is expected, and what they are
+_MAGIC = ((b"\x89PNG", "a PNG image"), (b"\x89HDF", "an HDF5 file (NetCDF-4, .h5, .mat v7.3)"),
+          (b"CDF\x01", "a NetCDF-3 file"), (b"CDF\x02", "a NetCDF-3 file"), (b"\x93NUMPY", "a NumPy .npy array"),
+          (b"\xff\xd8\xff", "a JPEG image"), (b"MATLAB", "a MATLAB .mat file"), (b"\x1f\x8b", "a gzip file"))
+
+
+def not_a_torch_file(fh: Any) -> str | None:
+    """What the open file is when it is not something torch.save writes (None when it is: a zip archive with a
+    data.pkl record, or a pickle, which starts with the PROTO opcode 0x80); reads from the current position."""
+    head = fh.read(8)
+    if head.startswith(b"\x80"):
+        return None
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        fh.seek(0)
+        try:
+            with zipfile.ZipFile(fh) as z:
+                if any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist()):
+                    return None
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return "a damaged zip archive"
+        return "a zip archive without the data.pkl record of torch.save"
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return what
+    if not head:
+        return "an empty file"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "JSON text"
+    return "text" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else f"unknown content (starts {head!r})"
 
 
 def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
@@ -203,9 +261,10 @@ def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({type(exc).__name__}: {exc})") from exc
 
 
-def read_checkpoint(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> Any:
-    """The whole content of a checkpoint file, read safely and checked against its record (see `_read`)."""
-    return _read(Path(path), map_location, trusted)
+def read_checkpoint(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False,
+                    sha256: str | None = None) -> Any:
+    """The whole content of a checkpoint file, read safely and checked against its record and `sha256` (`_read`)."""
+    return _read(Path(path), map_location, trusted, sha256)
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -215,11 +274,12 @@ def _is_state_dict(obj: Any) -> bool:
 
 
 def load_state_dict_file(
-    path: str | Path, *, map_location: Any = "cpu", trusted: bool = False
+    path: str | Path, *, map_location: Any = "cpu", trusted: bool = False, sha256: str | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
-    """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints)."""
+    """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints);
+    `sha256`: the file's expected digest (checked before it is loaded)."""
     path = Path(path)
-    return parse_checkpoint(_read(path, map_location, trusted), path)
+    return parse_checkpoint(_read(path, map_location, trusted, sha256), path)
 
 
 def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None,
@@ -297,10 +357,7 @@ def export_released(src: str | Path, dst: str | Path) -> Any:
         said = ", ".join(f"{k}={inferred.get(k)}" for k in lost)
         raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
                               f"(the weights alone say {said})")
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(dst) as tmp:
-        torch.save(released_payload(state), tmp)
+    save_atomic(released_payload(state), Path(dst))  # with its sha256 record: a flipped bit is caught on load
     return config
 
 

@@ -21,7 +21,7 @@ add_version_option(app, "dpot-train")
 model_app = typer.Typer(help="Inspect DPOT presets and checkpoints.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
-from dpot_train.cli_train import CACHE_DIR_HELP, CACHE_LIMIT_HELP, evaluate_cmd, launch_cmd  # noqa: E402
+from dpot_train.cli_train import CACHE_DIR_HELP, CACHE_LIMIT_HELP, SHA256_HELP, evaluate_cmd, launch_cmd  # noqa: E402
 
 app.command("launch")(launch_cmd)
 app.command("evaluate")(evaluate_cmd)
@@ -47,7 +47,9 @@ def preview_cmd(
     """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32 ((X, Y, Z, T, C) for 3D),
     padded channels included, in the manifest's convention (docs/conventions.md); no noise. --mask-out adds the
     loss's fluid mask, cell for cell in the same order."""
+    from dpot_format.readers import ReadersBusy
     from dpot_train.cli_train import check_out_file
+    from dpot_train.launch import reading
     from dpot_train.preview import model_window, save_array
 
     try:
@@ -56,8 +58,10 @@ def preview_cmd(
             check_out_file(mask_out, "--mask-out", "mask.npy")
             if Path(mask_out).absolute() == Path(out).absolute():
                 raise ValueError(f"--mask-out {mask_out}: the same file as --out; expected another file")
-        x, mask = model_window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)
-    except (FileNotFoundError, ValueError) as exc:
+        with reading([manifest]):  # an ingest --overwrite of this output waits for the read
+            x, mask = model_window(manifest, dataset, split, index, start, frames, backend, res, cache_dir,
+                                   cache_limit)
+    except (FileNotFoundError, ValueError, ReadersBusy) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     axes = "(X, Y, Z" if x.ndim == 5 else "(H, W"
@@ -73,14 +77,16 @@ def model_info_cmd(
                                  "checkpoint path."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a summary."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help=SHA256_HELP),
 ) -> None:
     """Parameters, config and weight memory (fp32/bf16) of a preset or checkpoint."""
     import json
 
+    from dpot_train.checkpoint import check_sha256_option
     from dpot_train.model_info import format_info, model_info
 
     try:
-        info = model_info(target, trusted=trust)
+        info = model_info(target, trusted=trust, sha256=check_sha256_option(sha256))
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
@@ -94,15 +100,16 @@ def model_export_cmd(
 ) -> None:
     """Write a run checkpoint's weights in the released DPOT format, a bare {'model': state_dict}: what the
     reference implementation loads, and what --init and evaluate treat as released weights (the reference recipe)."""
-    from dpot_train.checkpoint import export_released
+    from dpot_train.checkpoint import CheckpointWriteError, export_released, record_path
 
     try:
         config = export_released(checkpoint, out)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, CheckpointWriteError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     typer.echo(f"wrote {out}: {config.in_channels} channels, {config.img_size}x{config.img_size}, "
-               f"{config.in_timesteps} input frames ({{'model': state_dict}}, the released format)")
+               f"{config.in_timesteps} input frames ({{'model': state_dict}}, the released format); its sha256 in "
+               f"{record_path(out).name} (publish it: `--sha256` checks a copy)")
 
 
 def main() -> None:

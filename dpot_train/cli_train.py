@@ -14,6 +14,8 @@ from dpot_train.config import TrainConfig, apply_overrides, find_config, load_co
 CACHE_DIR_HELP = ("Node-local folder caching shards read from object storage (s3://, gs://, ...), shared by every "
                   "rank and worker; default $DPOT_CACHE_DIR, else RUN_DIR/shard-cache (~/.cache/dpot/shards without "
                   "a run).")
+SHA256_HELP = ("sha256 of the checkpoint file (64 hex digits, as published with released weights): it is checked "
+               "before the file is loaded; our checkpoints also carry a .sha256 record beside them.")
 CACHE_LIMIT_HELP = "Size bound of the shard cache, least recently used shards evicted (e.g. 200GiB; default 100GiB)."
 
 
@@ -82,6 +84,7 @@ def launch_cmd(
                                            "dataset size and --batch-size (overrides --steps)."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the --init checkpoint "
                                "(unsafe; only for files you trust)."),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help=SHA256_HELP),
     steps: Optional[int] = typer.Option(None, "--steps", help=_default("steps", "Total optimiser steps.")),
     batch_size: Optional[int] = typer.Option(None, "--batch-size",
                                              help=_default("batch_size", "Global batch (split over processes).")),
@@ -165,7 +168,8 @@ _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res"
            "loss": "loss", "device": "device", "rollout_steps": "rollout_steps", "lr": "optim.lr",
            "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
-           "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit"}
+           "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit",
+           "sha256": "init_sha256"}
 _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
              "deterministic": ("deterministic", True), "trust": ("trust", True),
              "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),
@@ -202,6 +206,7 @@ def evaluate_cmd(
     max_trajectories: int = typer.Option(0, "--max-trajectories", help="Per dataset (0: all)."),
     no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums"),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help=SHA256_HELP),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="reference (the reference DPOT evaluation; default "
                                          "for released weights) or dpot (valid channels, fluid cells; default for "
                                          "our checkpoints)."),
@@ -214,15 +219,20 @@ def evaluate_cmd(
 ) -> None:
     """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline;
     writes eval.json."""
+    from dpot_train.checkpoint import check_sha256_option
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
+    from dpot_train.launch import reading
 
     try:
         check_out_file(out)  # before the evaluation, not after it
-        result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
-                                     backend=backend, device=device, max_trajectories=max_trajectories,
-                                     verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
-                                     allow_convention_mismatch=allow_convention_mismatch, res=res,
-                                     cache_dir=cache_dir, cache_limit=cache_limit)
+        with reading(manifest):  # an ingest --overwrite of these outputs waits for the evaluation
+            result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps,
+                                         split=split, backend=backend, device=device,
+                                         max_trajectories=max_trajectories,
+                                         verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
+                                         allow_convention_mismatch=allow_convention_mismatch, res=res,
+                                         cache_dir=cache_dir, cache_limit=cache_limit,
+                                         sha256=check_sha256_option(sha256))
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
         return

@@ -86,6 +86,8 @@ class TrainConfig:
     load: str | list[str] = "all"  # YAML may give a list; it is kept as the comma-separated string
     epochs: float = 0  # > 0: steps = epochs x ceil(trajectory visits per epoch / batch_size), as the reference counts
     trust: bool = False  # allow arbitrary pickled objects in the --init checkpoint (unsafe; weights-only otherwise)
+    # sha256 of the --init file: given (--sha256) or recorded by launch; every load of the file is checked against it
+    init_sha256: str | None = None
     steps: int = 1000
     batch_size: int = 8  # global batch: split evenly over the processes
     seed: int = 0
@@ -121,8 +123,8 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         """Build from a (possibly partial) dict; unknown keys are an error that names them."""
         d = dict(d)
-        data = _build(DataConfig, d.pop("data", {}) or {}, "data")
-        optim = _build(OptimConfig, d.pop("optim", {}) or {}, "optim")
+        data = _build(DataConfig, _section(d.pop("data", {}), "data"), "data")
+        optim = _build(OptimConfig, _section(d.pop("optim", {}), "optim"), "optim")
         cfg = _build(cls, d, "")
         cfg.data, cfg.optim = data, optim
         cfg.optim.betas = tuple(float(b) for b in cfg.optim.betas)  # type: ignore[assignment]
@@ -154,6 +156,15 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def _section(value: Any, key: str) -> dict[str, Any]:
+    """A nested section of the run config (`data:`, `optim:`): a mapping of its keys; empty when absent."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}: expected a mapping of {key} keys (indented below `{key}:`), got {value!r}")
+    return value
+
+
 def _build(cls: type, d: dict[str, Any], where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
@@ -169,6 +180,8 @@ def _build(cls: type, d: dict[str, Any], where: str) -> Any:
     return cls(**d)
 
 
+MAX_RES = 4096  # --res: 8x the largest grid DPOT was trained on; beyond it one window alone fills a device
+
 # Upper bounds that keep a mistyped number from reaching the worker (where it would exhaust memory or time).
 _LIMITS: dict[str, tuple[float, float, str]] = {
     "steps": (1, 10**10, "a whole number of steps from 1 to 1e10"),
@@ -180,6 +193,7 @@ _LIMITS: dict[str, tuple[float, float, str]] = {
     "data.t_in": (1, 4096, "a frame count from 1 to 4096"),
     "data.t_out": (1, 4096, "a frame count from 1 to 4096"),
     "data.num_workers": (0, 1024, "a worker count from 0 to 1024"),
+    "data.res": (0, MAX_RES, f"a grid side from 1 to {MAX_RES} (0: the stored grid)"),
     "optim.weight_decay": (0, 1e3, "a finite weight decay >= 0"),
     "optim.clip_grad": (0, 1e12, "a finite gradient norm >= 0 (0: no clipping)"),
     "optim.div_factor": (1e-12, 1e12, "a finite positive factor"),
@@ -187,7 +201,8 @@ _LIMITS: dict[str, tuple[float, float, str]] = {
 }
 
 
-_WORDS = {int: "a whole number", float: "a finite number", bool: "true or false", str: "a string"}
+_WORDS = {int: "a whole number", float: "a finite number", bool: "true or false", str: "a string",
+          dict: "a mapping", list: "a list"}
 
 
 def _fits(option: Any, value: Any) -> bool:
@@ -201,7 +216,14 @@ def _fits(option: Any, value: Any) -> bool:
     if option is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     origin = typing.get_origin(option) or option
-    return isinstance(value, (list, tuple) if origin in (list, tuple) else origin)
+    if origin in (list, tuple):  # and each item of the type the annotation names (list[str], tuple[float, float])
+        items = typing.get_args(option)
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and items and Ellipsis not in items:
+            return len(value) == len(items) and all(_fits(t, v) for t, v in zip(items, value))
+        return not items or all(_fits(items[0], v) for v in value)
+    return isinstance(value, origin)
 
 
 def _field_problem(hint: Any, value: Any) -> str | None:
@@ -209,7 +231,18 @@ def _field_problem(hint: Any, value: Any) -> str | None:
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if any(_fits(option, value) for option in options):
         return None
-    return " or ".join(_WORDS.get(o, getattr(o, "__name__", str(o))) for o in options if o is not type(None))
+    return " or ".join(_describe(o) for o in options if o is not type(None))
+
+
+def _describe(option: Any) -> str:
+    """What one type of a field's annotation accepts, in words ("a list of strings", "a list of 2 finite numbers")."""
+    origin, items = typing.get_origin(option), typing.get_args(option)
+    if origin in (list, tuple) and items and Ellipsis not in items:
+        if origin is tuple and len(set(items)) == 1:
+            return f"a list of {len(items)} {_describe(items[0]).split(' ', 1)[1]}s"
+        if origin is list:
+            return f"a list of {_describe(items[0]).split(' ', 1)[1]}s"
+    return _WORDS.get(origin or option, getattr(origin or option, "__name__", str(option)))
 
 
 def _range_problem(key: str, value: Any) -> str | None:

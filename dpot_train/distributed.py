@@ -71,6 +71,30 @@ def mean_across_ranks(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+class CollectiveError(RuntimeError):
+    """A failure every rank raises together, from a decision they share (a non-finite loss): rank 0 reports it in one
+    line, the other ranks stay quiet."""
+
+
+# what gloo's and NCCL's transports say when a peer process is gone (it failed, and says why itself)
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+              "NCCL communicator was aborted")
+
+
+def peer_failed(exc: BaseException) -> bool:
+    """Whether `exc` is a collective of this process that failed because another process of the job is gone (its own
+    error is the one to show): a distributed network error, or a transport message saying the peer closed."""
+    network = tuple(t for t in (getattr(dist, "DistNetworkError", None),) if t is not None)
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, network) or any(words in str(seen) for words in _PEER_GONE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def shutdown() -> None:
     """Destroy the process group if one exists."""
     if dist.is_available() and dist.is_initialized():

@@ -69,6 +69,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             continue
         steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
         sums = {k: [] for k in ("model_one_step", "model_rollout", "persistence_one_step", "persistence_rollout")}
+        scored = []  # per trajectory: any fluid cell in a valid channel (else its L2RE is 0/0, not a perfect 0)
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
             arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
@@ -83,12 +84,17 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             sums["model_one_step"].append(l2re(one_step(predict, frames, t_in, steps, keep), true, mask, cv))
             sums["persistence_rollout"].append(l2re(rollout(persistence, frames, t_in, steps), true, mask, cv))
             sums["persistence_one_step"].append(l2re(one_step(persistence, frames, t_in, steps), true, mask, cv))
-        vals = {k: float(torch.cat(v).mean()) for k, v in sums.items()}
+            scored.append(mask.flatten(1).any(1) & cv.any(1))
+        keep = torch.cat(scored)
+        vals = {k: float(torch.cat(v)[keep].mean()) if keep.any() else None for k, v in sums.items()}
         out["datasets"][ds.name] = {
             "trajectories": len(refs), "rollout_steps": steps,
             "model": {"one_step_l2re": vals["model_one_step"], "rollout_l2re": vals["model_rollout"]},
             "persistence": {"one_step_l2re": vals["persistence_one_step"], "rollout_l2re": vals["persistence_rollout"]},
         }
+        if not keep.all():  # left out of the means; none left: the metrics are null
+            out["datasets"][ds.name]["unscored"] = (f"{int((~keep).sum())} of {len(refs)} trajectories have no fluid "
+                                                    "cell in a valid channel: nothing to score, left out")
     return out
 
 
@@ -160,10 +166,13 @@ def print_table(result: dict[str, Any]) -> None:
     table = Table(title=f"L2RE on the {result['split']} split ({scored}; lower is better)")
     for col in ("dataset", "traj", "steps", f"model {label}", f"persist {label}", "model rollout", "persist rollout"):
         table.add_column(col, justify="left" if col == "dataset" else "right")
+    def number(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.4f}"  # None: no trajectory with a cell to score
+
     for name, r in result["datasets"].items():
         table.add_row(name, str(r["trajectories"]), str(r["rollout_steps"]),
-                      f"{r['model'][first]:.4f}", f"{r['persistence'][first]:.4f}",
-                      f"{r['model']['rollout_l2re']:.4f}", f"{r['persistence']['rollout_l2re']:.4f}")
+                      number(r["model"][first]), number(r["persistence"][first]),
+                      number(r["model"]["rollout_l2re"]), number(r["persistence"]["rollout_l2re"]))
     Console(width=120).print(table)
 
 
@@ -171,13 +180,14 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
                         allow_convention_mismatch: bool = False, res: int | None = None,
-                        cache_dir: str | None = None, cache_limit: str | None = None) -> dict[str, Any]:
+                        cache_dir: str | None = None, cache_limit: str | None = None,
+                        sha256: str | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
 
     `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
     recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
-    the run's data.res; for a 3D model without one, the model's own grid)."""
+    the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest."""
     from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_recipe, trained_res
     from dpot_train.data.datasets import read_manifests
     from dpot_train.model import families
@@ -185,7 +195,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
 
     datasets = read_manifests(manifests)
     require_split(datasets, split, "evaluate another --split")
-    content = read_checkpoint(checkpoint, trusted=trusted)  # the one load of the file
+    content = read_checkpoint(checkpoint, trusted=trusted, sha256=sha256)  # the one load of the file
     loaded = parse_checkpoint(content, checkpoint)
     released = loaded[1] is None
     if released and not allow_convention_mismatch:

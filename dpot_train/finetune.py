@@ -36,30 +36,40 @@ def parse_components(value: str | list[str]) -> list[str]:
     return list(COMPONENTS) if "all" in names else [c for c in COMPONENTS if c in names]
 
 
+def fit_problem(key: str, src: tuple[int, ...] | None, dst: tuple[int, ...]) -> str:
+    """Why a checkpoint tensor of shape `src` (None: absent) cannot fill the model tensor of shape `dst`; "" when it
+    can (see fit_tensor). Shapes alone decide, so a launch checks this before any weight is copied."""
+    src, dst = (tuple(src) if src is not None else None), tuple(dst)
+    if src is None:
+        return "not in the checkpoint"
+    if src == dst:
+        return ""
+    if key.startswith("blocks.") and len(src) == 4 and len(dst) == 5 and src == dst[:-1] and dst[-1] == 1:
+        return ""
+    if key == "pos_embed" and len(src) == len(dst) and src[:2] == dst[:2]:
+        return ""
+    return f"{key} is {src} in the checkpoint, {dst} here"
+
+
 def fit_tensor(key: str, src: torch.Tensor | None, dst: torch.Tensor) -> tuple[torch.Tensor | None, str]:
     """`src` shaped for the model tensor `dst`, or None and the reason it does not fit.
 
     Equal shapes copy; a 2D block's 1x1 convolution weight (O, I, 1, 1) gains a trailing axis for 3D; a positional
     embedding of the same dimension is resampled to the model's latent grid."""
-    if src is None:
-        return None, "not in the checkpoint"
+    problem = fit_problem(key, src.shape if src is not None else None, dst.shape)
+    if problem or src is None:
+        return None, problem
     if src.shape == dst.shape:
         return src, ""
-    if key.startswith("blocks.") and src.ndim == 4 and dst.ndim == 5 and src.shape == dst.shape[:-1] \
-            and dst.shape[-1] == 1:
-        return src.unsqueeze(-1), ""
-    if key == "pos_embed" and src.ndim == dst.ndim and src.shape[:2] == dst.shape[:2]:
+    if key == "pos_embed":
         return resize_pos_embed(src, dst.shape[-1]), ""
-    return None, f"{key} is {tuple(src.shape)} in the checkpoint, {tuple(dst.shape)} here"
+    return src.unsqueeze(-1), ""
 
 
-@torch.no_grad()
-def load_components(model: torch.nn.Module, state: dict[str, torch.Tensor], components: list[str]
+def plan_components(target: dict[str, Any], state: dict[str, Any], components: list[str]
                     ) -> tuple[list[str], list[str]]:
-    """Copy the tensors of `components` from `state` into `model` where the whole component fits.
-
-    Returns (loaded component names, fresh ones, each with why: "not requested" or what did not fit)."""
-    target = model.state_dict()
+    """Which components of the model state `target` the checkpoint `state` fills (tensors, or anything with a
+    `.shape`: the model may live on the meta device): (loaded names, fresh ones each with why)."""
     loaded: list[str] = []
     fresh: list[str] = []
     for name, prefixes in COMPONENTS.items():
@@ -69,14 +79,46 @@ def load_components(model: torch.nn.Module, state: dict[str, torch.Tensor], comp
         if name not in components:
             fresh.append(f"{name} (not requested)")
             continue
-        fitted = {k: fit_tensor(k, state.get(k), target[k]) for k in keys}
-        problems = [why for _, why in fitted.values() if why]
+        problems = [why for k in keys if (why := fit_problem(k, state[k].shape if k in state else None,
+                                                             target[k].shape))]
         if problems:
             fresh.append(f"{name} (cannot load: {problems[0]})")
             continue
-        for k, (value, _) in fitted.items():
-            target[k].copy_(value)
         loaded.append(name)
+    return loaded, fresh
+
+
+def check_components(path: str, state: dict[str, torch.Tensor], config: Any, fixed: dict[str, Any],
+                     load: str | list[str], overrides: dict[str, Any] | None = None) -> None:
+    """Before torchrun: ValueError when none of the components `load` names can load into the run's model (built on
+    the meta device, no memory), as the reference's strict load would stop, instead of training from scratch."""
+    components = parse_components(load)
+    if not isinstance(config, DPOTConfig):  # a baseline (FNO, UNet) loads whole: only `--load all` applies
+        if components != list(COMPONENTS):
+            raise ValueError(f"--init {path}: --load {','.join(components)}: "
+                             f"{families.not_applicable(config, 'load')}")
+        families.configure(config, fixed, overrides or {})  # it fits this data (e.g. its modes fit the grid)
+        return
+    model = build_model(finetune_config(config, fixed, overrides or {}), device="meta")
+    loaded, fresh = plan_components(model.state_dict(), state, components)
+    if not loaded:
+        why = "; ".join(f for f in fresh if not f.endswith("(not requested)")) or "the model has none of them"
+        raise ValueError(f"--init {path}: nothing of --load {load if isinstance(load, str) else ','.join(load)} "
+                         f"can load into this run's model: {why}; the run would train from scratch (choose "
+                         "components that fit, or data of the checkpoint's channels, frames and dimension)")
+
+
+@torch.no_grad()
+def load_components(model: torch.nn.Module, state: dict[str, torch.Tensor], components: list[str]
+                    ) -> tuple[list[str], list[str]]:
+    """Copy the tensors of `components` from `state` into `model` where the whole component fits.
+
+    Returns (loaded component names, fresh ones, each with why: "not requested" or what did not fit)."""
+    target = model.state_dict()
+    loaded, fresh = plan_components(target, state, components)
+    for name in loaded:
+        for k in [k for k in target if k.startswith(COMPONENTS[name])]:
+            target[k].copy_(fit_tensor(k, state.get(k), target[k])[0])
     return loaded, fresh
 
 
@@ -87,12 +129,13 @@ def finetune_config(config: DPOTConfig, fixed: dict[str, Any], overrides: dict[s
 
 
 def finetune_model(path: str, fixed: dict[str, Any], load: str | list[str] = "all",
-                   overrides: dict[str, Any] | None = None, trusted: bool = False
+                   overrides: dict[str, Any] | None = None, trusted: bool = False, sha256: str | None = None
                    ) -> tuple[torch.nn.Module, str]:
     """A freshly initialised model (seed the torch RNG first) with the checkpoint's `load` components copied in;
-    returns it and one line saying what was loaded and what starts fresh."""
+    returns it and one line saying what was loaded and what starts fresh. `sha256`: the digest launch recorded (the
+    file the workers load is the one launch checked)."""
     components = parse_components(load)
-    state, config = checkpoint_config(path, trusted)
+    state, config = checkpoint_config(path, trusted, sha256=sha256)
     if not isinstance(config, DPOTConfig):  # a baseline (FNO, UNet): its weights load whole
         return _whole_model(path, state, config, fixed, components, overrides or {})
     model = build_model(finetune_config(config, fixed, overrides or {}))

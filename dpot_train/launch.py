@@ -7,14 +7,22 @@ mismatched channels) is reported before that, one line per problem.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dpot_train.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
+from dpot_format.errors import FormatError
+from dpot_format.lock import FileLock, LockBusy
 from dpot_format.names import MANIFEST_NAME
 from dpot_format.readers import hold_shared
 from dpot_format.tar import SampleIndex
@@ -36,7 +44,7 @@ __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
-              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit"}
+              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256"}
 
 
 # Fields computed from `epochs` and the data at launch: a resume recomputes them, so they are not compared.
@@ -92,24 +100,47 @@ def validate_config(cfg: TrainConfig, source: str | None = None) -> InitFacts | 
     """Every check that needs no data, so that a mistake is one line before torchrun, not a traceback after it;
     `source` (the run config file the values came from) prefixes the line. Returns what the one load of `--init`
     found (None without --init)."""
+    loaded = _validated(cfg, source)
+    return loaded[0] if loaded is not None else None
+
+
+InitLoad = tuple[InitFacts, dict[str, Any], Any]  # (facts, state dict, DPOTConfig) of the one load of --init
+
+
+def _validated(cfg: TrainConfig, source: str | None) -> InitLoad | None:
+    """validate_config, keeping the --init state dict and model config for the checks that need the data."""
     try:
         _validate_config(cfg)
     except ValueError as exc:
         if source is None:
             raise
         raise ValueError(f"{source}: {exc}") from None
-    return init_facts(cfg.init, cfg.trust) if cfg.init else None
+    return load_init(cfg.init, cfg.trust, cfg.init_sha256) if cfg.init else None
 
 
 def init_facts(path: str, trust: bool) -> InitFacts:
     """Load the --init checkpoint once (weights-only unless --trust, its sha256 record checked) and keep what the
     launch decides from it."""
+    return load_init(path, trust)[0]
+
+
+def load_init(path: str, trust: bool, sha256: str | None = None) -> InitLoad:
+    """The one load of the --init checkpoint (checked against `sha256` when given): (facts, state dict, model
+    config). A file that holds no DPOT model (a torch file of another network) is refused here, naming it, not in
+    every worker after torchrun starts."""
     from dpot_train.checkpoint import load_state_dict_file
+    from dpot_train.model import CheckpointError
+    from dpot_train.model_setup import checkpoint_config
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--init checkpoint not found: {path}")
-    _, config, _ = load_state_dict_file(path, trusted=trust)
-    return InitFacts(_absolute(path), config is None, config)
+    loaded = load_state_dict_file(path, trusted=trust, sha256=sha256.lower() if sha256 else None)
+    try:
+        state, model_config = checkpoint_config(path, trust, loaded)
+    except (CheckpointError, TypeError, ValueError) as exc:
+        text = str(exc)
+        raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+    return InitFacts(_absolute(path), loaded[1] is None, loaded[1]), state, model_config
 
 
 def _validate_config(cfg: TrainConfig) -> None:
@@ -128,12 +159,28 @@ def _validate_config(cfg: TrainConfig) -> None:
     if cfg.recipe not in (None, "dpot", "reference"):
         raise ValueError(f"--recipe must be dpot or reference, got {cfg.recipe!r}")
     check_schedule(cfg)
+    if cfg.init_sha256 is not None and not cfg.init:
+        raise ValueError("--sha256 checks the --init checkpoint; pass --init CHECKPOINT")
+    from dpot_train.checkpoint import check_sha256_option
+
+    check_sha256_option(cfg.init_sha256)
     if not cfg.init and cfg.load != "all":
         raise ValueError(f"--load {cfg.load}: names components of an --init checkpoint; pass --init CHECKPOINT")
     if cfg.init:  # the file itself is loaded once, by init_facts
         from dpot_train.finetune import parse_components
 
         parse_components(cfg.load)
+
+
+def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
+    """The fresh model on the data's grid (or --res) stays within MAX_PARAMETERS: its positional embedding grows with
+    the grid (cubically for 3D), so a large --res would otherwise fail in every worker."""
+    if cfg.init:
+        return
+    count = model_parameters(cfg.model, {**fixed, **cfg.model_overrides})
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"--res {cfg.data.res}: expected a grid the model fits at most {MAX_PARAMETERS:.0e} "
+                         f"parameters on; preset {cfg.model!r} on a {fixed['img_size']}-cell side has {count:.2e}")
 
 
 def check_schedule(cfg: TrainConfig) -> None:
@@ -215,13 +262,115 @@ def hold_outputs(data: DataConfig) -> list[int]:
     return fds
 
 
+RUN_LOCK = ".dpot-run.lock"  # in RUN_DIR: held by the launch, then by torchrun (the exec keeps it), for the run
+
+
+class RunLock:
+    """The exclusive lock of a RUN_DIR (dpot_format.lock.FileLock on RUN_DIR/.dpot-run.lock): one launch or resume
+    at a time writes into a run folder. Its descriptor is inheritable, so the exec into torchrun keeps it held until
+    the run ends (the kernel releases it when torchrun exits, however it exits); the file records the holder's pid
+    and host, which a refused launch names."""
+
+    def __init__(self, run: Path) -> None:
+        self.run = Path(run)
+        self.created = False
+        self.lock = FileLock(self.run / RUN_LOCK)
+
+    def acquire(self, record: bool = True) -> "RunLock":
+        """Take the lock (creating RUN_DIR when missing) or raise RunDirError naming the folder and the holder.
+        `record` False (a dry run's probe): the holder record is left as it is."""
+        if self.run.exists() and not self.run.is_dir():
+            raise RunDirError(f"{self.run}: is a file, expected a run folder (--out RUN_DIR)")
+        self.created = not self.run.exists()
+        self.run.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = self.lock.acquire().fd
+        except LockBusy:  # RUN_DIR is the holder's: nothing here is removed
+            raise RunDirError(f"{self.run}: another launch is running in this run folder ({self._holder()}); wait for "
+                              "it to end, or choose another --out") from None
+        except FormatError as exc:
+            self.abandon()
+            raise RunDirError(str(exc)) from None
+        os.set_inheritable(fd, True)
+        if record:
+            holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        return self
+
+    def _holder(self) -> str:
+        """"pid N on host H since T" from the lock file, as far as it can be read."""
+        try:
+            with open(self.run / RUN_LOCK, "rb") as fh:
+                record = json.loads(fh.read(4096) or b"{}")
+            return f"pid {int(record['pid'])} on host {record['host']}, since {record['started']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"it holds {RUN_LOCK}"
+
+    def release(self) -> None:
+        """Give the lock back now (a dry run, or a launch that stopped before torchrun)."""
+        self.lock.release()
+
+    def abandon(self) -> None:
+        """Release, and remove RUN_DIR again when this lock created it and nothing else was written into it (the
+        lock file is unlinked while still held, so that no other launch is holding the file removed)."""
+        self.lock.remove = self.created and self.lock.fd >= 0
+        self.release()
+        if self.created:
+            try:
+                self.run.rmdir()
+            except OSError:
+                pass
+
+
+@contextmanager
+def reading(manifests: list[str]) -> Iterator[None]:
+    """The readers' lock of every local output in `manifests` for the block (evaluate, preview): an `ingest
+    --overwrite` of one of them refuses meanwhile instead of deleting the shards being read (hold_outputs)."""
+    fds = hold_outputs(DataConfig(manifests=[str(m) for m in manifests]))
+    try:
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None, write: bool = True
                 ) -> tuple[TrainConfig, Path]:
     """Check the config, RUN_DIR and the data, then write config.yaml, plan.json (the RunPlan the workers load) and
     launch.json; returns the config to run and its path. `source`: the run config file the settings came from.
-    `write` False (`launch --dry-run`): every check, nothing written (no RUN_DIR files, no readers' lock)."""
-    init = validate_config(cfg, source)
+
+    RUN_DIR's lock (RunLock) is taken before RUN_DIR is looked at and stays held (through the exec into torchrun)
+    unless a check fails; a node other than the first of a multi-node run is part of the same run and takes none.
+    `write` False (`launch --dry-run`): every check, nothing written (no RUN_DIR files, no readers' lock); a run
+    already holding RUN_DIR is still refused."""
+    loaded = _validated(cfg, source)
     cfg = absolute_paths(cfg)
+    if cfg.init and cfg.init_sha256 is None:  # recorded in the run: every worker loads the file launch checked
+        from dpot_train.checkpoint import file_sha256
+
+        cfg = replace(cfg, init_sha256=file_sha256(cfg.init))
+    elif cfg.init_sha256 is not None:
+        cfg = replace(cfg, init_sha256=cfg.init_sha256.lower())
+    run = Path(cfg.out)
+    lock = None
+    if topo.node_rank == 0 and (write or (run / RUN_LOCK).is_file()):  # a dry run only probes an existing lock
+        lock = RunLock(run).acquire(record=write)
+    try:
+        result = _prepare_run(cfg, resume, topo, loaded, write)
+    except BaseException:
+        if lock is not None:
+            lock.abandon()
+        raise
+    if not write and lock is not None:
+        lock.release()
+    return result
+
+
+def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None, write: bool
+                 ) -> tuple[TrainConfig, Path]:
+    init = loaded[0] if loaded is not None else None
     run = Path(cfg.out)
     found = list_checkpoints(run / "checkpoints")
     check_run_dir(cfg, resume)
@@ -241,9 +390,14 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)
     ds0 = spec.datasets[0]
-    fixed = data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # readable
+    fixed = data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid
     if not cfg.init:  # the preset fits this data (e.g. its Fourier modes fit the grid): one line, before torchrun
         fresh_config(cfg.model, cfg.model_overrides, fixed)
+    check_model_size(cfg, fixed)
+    if loaded is not None and not (resume and found):  # a resume loads its own checkpoint, not --init
+        from dpot_train.finetune import check_components
+
+        check_components(cfg.init or "", loaded[1], loaded[2], fixed, cfg.load, cfg.model_overrides)
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)

@@ -40,9 +40,9 @@ def describe_config(config: Any, *, source: str, kind: str) -> dict[str, Any]:
     }
 
 
-def model_info(target: str | Path | Any, *, trusted: bool = False) -> dict[str, Any]:
+def model_info(target: str | Path | Any, *, trusted: bool = False, sha256: str | None = None) -> dict[str, Any]:
     """Info for a preset name (any family), a model config or a checkpoint path (config from the file or inferred
-    from the weights)."""
+    from the weights); `sha256`: the checkpoint file's expected digest, checked before it is loaded."""
     if not isinstance(target, (str, Path)):
         return describe_config(families.resolve(target), source="config", kind="config")
     text = str(target)
@@ -52,7 +52,7 @@ def model_info(target: str | Path | Any, *, trusted: bool = False) -> dict[str, 
     if not path.exists():
         raise FileNotFoundError(f"{text!r} is neither a preset ({', '.join(families.preset_names())}) nor an existing "
                                 "checkpoint file")
-    state, config_dict, hints = load_state_dict_file(path, trusted=trusted)
+    state, config_dict, hints = load_state_dict_file(path, trusted=trusted, sha256=sha256)
     config = checkpoint_model_config(config_dict, state, hints, str(path))
     info = describe_config(config, source=str(path), kind="checkpoint")
     info["checkpoint"] = {

@@ -50,11 +50,13 @@ def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:
 Loaded = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]  # a checkpoint file's (state, config, hints)
 
 
-def checkpoint_config(path: str, trusted: bool = False, loaded: Loaded | None = None,
+def checkpoint_config(path: str, trusted: bool = False, loaded: Loaded | None = None, sha256: str | None = None,
                       ) -> tuple[dict[str, torch.Tensor], Any]:
     """The state dict of `path` and its model config, any family (stored with our checkpoints, inferred for released
-    ones); `loaded`: the file's (state, config, hints) when already read, so it is not loaded again."""
-    state, config_dict, hints = loaded if loaded is not None else load_state_dict_file(path, trusted=trusted)
+    ones); `loaded`: the file's (state, config, hints) when already read, so it is not loaded again; `sha256`: the
+    file's expected digest."""
+    state, config_dict, hints = loaded if loaded is not None else load_state_dict_file(path, trusted=trusted,
+                                                                                        sha256=sha256)
     return state, (families.config_from_dict(config_dict) if config_dict is not None
                    else families.infer_config(state, hints))
 

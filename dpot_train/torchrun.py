@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from dpot_train.worker import REPORTED
+import signal
+
+from dpot_train.worker import PEER_FAILED, REPORTED
 
 
 def main(argv: list[str]) -> int:
@@ -20,7 +22,10 @@ def main(argv: list[str]) -> int:
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        if any(f.exitcode == REPORTED for f in exc.failures.values()):
+        codes = [f.exitcode for f in exc.failures.values()]
+        # a worker reported its error in one line; the others stopped because of it (or were stopped by torchrun)
+        if any(c in (REPORTED, PEER_FAILED) for c in codes) and \
+                all(c in (REPORTED, PEER_FAILED, -signal.SIGTERM) for c in codes):
             return REPORTED
         raise
     return 0

@@ -59,7 +59,7 @@ def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...], sav
     if saved is not None:
         model = families.build(families.config_from_dict(saved))
     elif cfg.init:
-        model, line = finetune_model(cfg.init, fixed, cfg.load, cfg.model_overrides, cfg.trust)
+        model, line = finetune_model(cfg.init, fixed, cfg.load, cfg.model_overrides, cfg.trust, cfg.init_sha256)
     else:
         model = fresh_model(cfg.model, cfg.model_overrides, fixed)
     cls_head = getattr(model, "cls_head", None)
@@ -195,11 +195,54 @@ def train_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimi
     return loss.detach(), per_sample.detach(), grad_norm.detach()
 
 
+class NonFiniteLoss(D.CollectiveError):
+    """A step's loss or gradient norm is not finite: every rank stops together, before the model is saved."""
+
+
+class FiniteGuard:
+    """Stops the run on the first step whose loss or gradient norm is not finite, naming the step and the samples.
+
+    Each step's flags stay on the device (no host sync per step); at every log or checkpoint step, before anything
+    is written, all ranks read them back together (one reduction over the ranks, so every rank takes the same
+    decision and none waits for another) and raise NonFiniteLoss: no NaN model is ever checkpointed."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, list[str], torch.Tensor, torch.Tensor]] = []
+
+    def add(self, step: int, per_sample: torch.Tensor, grad_norm: torch.Tensor, batch: dict[str, Any]) -> None:
+        """One finished step (device tensors; the batch's samples without a scored cell are noted for the message)."""
+        empty = ~(batch["mask"].flatten(1).bool().any(1) & batch["channel_valid"].bool().any(1))
+        self.pending.append((step, torch.isfinite(per_sample).all() & torch.isfinite(grad_norm), per_sample,
+                             list(batch["id"]), batch["dataset"], empty))
+
+    def check(self) -> None:
+        """NonFiniteLoss on every rank when any rank's pending steps hold a non-finite loss or gradient norm."""
+        if not self.pending:
+            return
+        bad = D.mean_across_ranks((~torch.stack([ok for _, ok, *_ in self.pending])).float()).cpu()
+        pending, self.pending = self.pending, []
+        if not bool(bad.any()):
+            return
+        step, _, per_sample, ids, datasets, empty = pending[int(bad.nonzero()[0])]
+        losses = per_sample.float().cpu().tolist()
+        mine = [f"dataset {self.names[int(d)]!r} trajectory {i} (" + (f"loss {v}" if not math.isfinite(v) else
+                                                                      "no fluid cell in a valid channel") + ")"
+                for i, d, v, e in zip(ids, datasets.tolist(), losses, empty.tolist()) if e or not math.isfinite(v)]
+        found = [s for rank in D.all_gather_object(mine) for s in rank]
+        where = f"in {', '.join(found[:3])}" + (f" and {len(found) - 3} more" if len(found) > 3 else "") \
+            if found else "with every sample's loss finite (the gradient overflowed: lower --lr or --clip-grad)"
+        raise NonFiniteLoss(f"step {step}: the training loss or its gradient is not finite {where}; stopped before "
+                            "saving that model (the checkpoints already written are intact): fix or remove that data "
+                            "(NaN or infinite values, or no fluid cell), then launch again")
+
+
 def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,
           opt: torch.optim.Optimizer, sched: Any, it: Any, spec: Any, step: int, position: int,
           run: Path) -> dict[str, Any]:
     """The step loop from (step, position) to cfg.steps; every rank records, rank 0 saves."""
     log = TrainLog(cfg, info, run, step, spec)
+    guard = FiniteGuard([d.name for d in spec.datasets])
     trainable = [p for p in model.parameters() if p.requires_grad]
     ddp_model.train()
     try:
@@ -207,6 +250,9 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             batch = next(it)
             loss, per_sample, grad_norm = train_step(cfg, ddp_model, opt, sched, batch, info.device, trainable)
             step, position = step + 1, position + cfg.batch_size
+            guard.add(step, per_sample, grad_norm, batch)
+            if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.steps:
+                guard.check()  # before the log and the checkpoint of these steps are written
             log.record(step, position, sched.get_last_lr()[0], batch, loss, per_sample, grad_norm)
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
                 _save(cfg, info, model, opt, sched, step, position, spec, run / "checkpoints")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from dpot_train.config import load_config
 
-REPORTED = 2  # exit code of a worker that printed its one-line error
+REPORTED = 2  # exit code of a worker that printed its one-line error (or left it to rank 0)
+PEER_FAILED = 3  # exit code of a worker stopped by another process's failure; that process says why
 
 
 def _reported_errors() -> tuple[type[BaseException], ...]:
@@ -26,7 +27,9 @@ def _reported_errors() -> tuple[type[BaseException], ...]:
     from dpot_format.errors import FormatError
     from dpot_train.checkpoint import CheckpointError, CheckpointWriteError, RunDirError, UnreadableCheckpointsError
 
-    return CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError
+    from dpot_train.distributed import CollectiveError
+
+    return CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError, CollectiveError
 
 
 def _watch_parent(interval: float = 0.2) -> None:
@@ -60,8 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None,
                         plan=plan)
     except Exception as exc:  # noqa: BLE001 - a reported error or a download that kept failing: one line
+        if isinstance(exc, D.CollectiveError):  # every rank stopped on it together: rank 0 says it once, and the
+            D.barrier()  # group ends on all ranks together (a peer's transport torn down mid-talk aborts a rank)
+            if int(os.environ.get("RANK", "0")) != 0:
+                return REPORTED
         line = fetch_failure(exc) or (" ".join(str(exc).split()) if isinstance(exc, _reported_errors()) else None)
         if line is None:
+            if D.peer_failed(exc):  # another rank failed and reports it; a traceback here would only bury that
+                return PEER_FAILED
             raise
         print(f"error: {line}", file=sys.stderr, flush=True)
         return REPORTED

@@ -213,3 +213,73 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_line_and_leaves_no_temporary
         assert [p.name for p in (out / "checkpoints").iterdir()] == []
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def test_model_export_writes_a_sha256_record_and_a_flipped_bit_is_refused(tmp_path: Path) -> None:
+    model = _model()
+    ckpt = _save(tmp_path / "checkpoints", 2, model)
+    out = tmp_path / "export" / "dpot_tiny.pth"
+    result = CliRunner().invoke(app, ["model", "export", str(ckpt), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert record_path(out).read_text() == f"{file_sha256(out)}  {out.name}\n"
+    assert "dpot_tiny.pth.sha256" in result.output
+    assert load_state_dict_file(out)[1] is None  # the released format
+    _flip_weight_bit(out, model)
+    result = CliRunner().invoke(app, ["model", "info", str(out)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [result.output.strip()] and f"{out}: damaged" in result.output
+
+
+def _released_copy(tmp_path: Path) -> tuple[Path, str]:
+    """A released file (no record beside it) with one bit flipped in its weights, and the sha256 of the intact one."""
+    state = torch.load(GOLDEN, weights_only=True)["model"]
+    path = tmp_path / "model_small.pth"
+    path.write_bytes(GOLDEN.read_bytes())
+    digest = file_sha256(path)
+    data = bytearray(path.read_bytes())
+    at = data.find(state["pos_embed"].numpy().tobytes())
+    data[at + 9] ^= 0x04
+    path.write_bytes(bytes(data))
+    return path, digest
+
+
+def test_released_weights_are_checked_against_the_sha256_given(fno_train_shards: Path, tmp_path: Path) -> None:
+    path, digest = _released_copy(tmp_path)
+    assert not record_path(path).exists() and C.load_state_dict_file(path)[1] is None  # loads unnoticed without it
+    expected = f"error: {path}: damaged or another file: its sha256 is {file_sha256(path)}, expected {digest}"
+    for command in (["model", "info", str(path)],
+                    ["evaluate", str(path), "--manifest", str(fno_train_shards), "--out", str(tmp_path / "e.json")],
+                    ["launch", "--manifest", str(fno_train_shards), "--out", str(tmp_path / "run"), "--init",
+                     str(path), "--steps", "10", "--dry-run"]):
+        result = CliRunner().invoke(app, [*command, "--sha256", digest.upper()])
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(expected), (command, result.output)
+        result = CliRunner().invoke(app, [*command, "--sha256", "abc"])
+        assert result.exit_code == 2 and "--sha256 'abc': expected the file's sha256, 64 hex digits" in result.output
+    assert not (tmp_path / "run").exists() and not (tmp_path / "e.json").exists()
+    intact = tmp_path / "intact.pth"
+    intact.write_bytes(GOLDEN.read_bytes())
+    result = CliRunner().invoke(app, ["model", "info", str(intact), "--sha256", digest])
+    assert result.exit_code == 0, result.output
+
+
+def test_launch_records_the_init_sha256_and_the_workers_check_it(fno_train_shards: Path, tmp_path: Path) -> None:
+    import yaml
+
+    from dpot_train.finetune import finetune_model
+    from dpot_train.model_setup import data_overrides
+
+    init = tmp_path / "model_small.pth"
+    init.write_bytes(GOLDEN.read_bytes())
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["launch", "--manifest", str(fno_train_shards), "--out", str(out), "--init",
+                                      str(init), "--steps", "10", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    recorded = yaml.safe_load((out / "config.yaml").read_text())["init_sha256"]
+    assert recorded == file_sha256(init)
+    fixed = data_overrides(4, (32, 32), 10, 1)
+    finetune_model(str(init), fixed, sha256=recorded)
+    flipped, _ = _released_copy(tmp_path)
+    init.write_bytes(flipped.read_bytes())  # the file changed after launch checked it
+    with pytest.raises(CheckpointError, match="damaged or another file"):
+        finetune_model(str(init), fixed, sha256=recorded)

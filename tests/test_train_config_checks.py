@@ -33,6 +33,12 @@ def _launch_config(tmp_path: Path, text: str) -> tuple[int, list[str], Path]:
     ("data:\n  noise: .nan\n", "data.noise: expected a finite number"),
     ("model_overrides: {embed_dim: 1048576}\n", "model_overrides {'embed_dim': 1048576}: expected a model of at most"),
     ("model_overrides: {depth: 100000000}\n", "model_overrides {'depth': 100000000}: expected a model of at most"),
+    ("data: [1]\n", "data: expected a mapping of data keys (indented below `data:`), got [1]"),
+    ("optim: 5\n", "optim: expected a mapping of optim keys"),
+    ("data:\n  manifests: [1, [2]]\n", "data.manifests: expected a list of strings, got [1, [2]]"),
+    ("optim:\n  betas: [0.9]\n", "optim.betas: expected a list of 2 finite numbers, got [0.9]"),
+    ("model_overrides: 5\n", "model_overrides: expected a mapping, got 5"),
+    ("data:\n  res: 100000\n", "data.res: expected a grid side from 1 to 4096 (0: the stored grid), got 100000"),
 ])
 def test_values_the_worker_cannot_run_are_refused_naming_file_and_key(tmp_path: Path, text: str,
                                                                       expected: str) -> None:
@@ -95,3 +101,26 @@ def test_every_launch_option_sets_its_run_config_key_or_is_the_launchers_own() -
     both = launch_overrides({**none_given, "steps": 5, "manifest": ["a"]})
     assert both["steps"] == 5 and both["epochs"] == 0 and both["data.manifests"] == ["a"]  # --steps beats epochs
     assert launch_overrides({**none_given, "steps": 5, "epochs": 2.0})["epochs"] == 2.0
+
+
+@pytest.mark.parametrize("weight", ["1e308", "-1", "inf", "nan"])
+@pytest.mark.parametrize("form", ["file", "inline", "config"])
+def test_a_mixture_weight_out_of_range_names_the_mixture_and_the_dataset(tmp_path: Path, weight: str,
+                                                                         form: str) -> None:
+    import yaml
+
+    from dpot_train.data.datasets import DataError
+    from dpot_train.data.mixture import parse_mixture
+
+    path = tmp_path / "mix.yaml"
+    path.write_text(f"fno: 1\nns: {weight}\n")
+    spec: object = {"file": str(path), "inline": f"fno=1,ns={weight}", "config": yaml.safe_load(path.read_text())}[form]
+    where = {"file": str(path), "inline": "--mixture", "config": "data.mixture"}[form]
+    with pytest.raises(DataError, match=rf"^{where}: weight of 'ns' must be a number from 0 to 1e\+09"):
+        parse_mixture(spec)  # type: ignore[arg-type]
+
+
+def test_the_largest_weights_allowed_give_finite_visit_counts() -> None:
+    from dpot_train.data.mixture import MAX_WEIGHT, visit_counts
+
+    assert visit_counts({"a": 3, "b": 4}, {"a": MAX_WEIGHT, "b": MAX_WEIGHT}) == {"a": 4, "b": 4}

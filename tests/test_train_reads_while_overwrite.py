@@ -97,3 +97,40 @@ def test_a_running_training_keeps_its_output_through_an_overwrite(output: tuple[
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.mark.parametrize("command", ["evaluate", "preview"])
+def test_an_overwrite_while_evaluate_or_preview_reads_is_refused(output: tuple[Path, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    import numpy as np
+
+    from dpot_train import evaluate, preview
+    from dpot_train.cli import app as train_app
+
+    raw, out = output
+    before = _files(out)
+    during: list[object] = []
+
+    def overwrite_now() -> None:  # an ingest --overwrite started while the command reads the output
+        during.append(CliRunner().invoke(data_app, _overwrite_args(raw, out)))
+
+    def fake_evaluate(*args: object, **kwargs: object) -> dict[str, object]:
+        overwrite_now()
+        return {"split": "test", "recipe": "dpot", "datasets": {}}
+
+    def fake_preview(*args: object, **kwargs: object) -> np.ndarray:
+        overwrite_now()
+        return np.zeros((2, 2, 1, 1), np.float32)
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", fake_evaluate)
+    monkeypatch.setattr(preview, "model_input", fake_preview)
+    args = (["evaluate", "model.pth", "--manifest", str(out), "--out", str(tmp_path / "eval.json")]
+            if command == "evaluate" else ["preview", "--manifest", str(out), "--out", str(tmp_path / "x.npy")])
+    result = CliRunner().invoke(train_app, args)
+    assert result.exit_code == 0, result.output
+    refused = during[0]
+    assert refused.exit_code == 2, refused.output  # type: ignore[attr-defined]
+    assert "is reading this output" in refused.output  # type: ignore[attr-defined]
+    assert _files(out) == before
+    result = CliRunner().invoke(data_app, _overwrite_args(raw, out))  # the read has ended: it goes through
+    assert result.exit_code == 0, result.output

@@ -81,6 +81,25 @@ def test_missing_or_invalid_manifest(tmp_path: Path) -> None:
     assert [str(p) for p in problems] == ["manifest.json: datasets/0: 'frames' is a required property"]
 
 
+@pytest.mark.parametrize("target", ["outside", "inside"])
+def test_a_symlinked_manifest_is_refused(tmp_path: Path, target: str) -> None:
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+
+    out = tmp_path / "out"
+    write_toy_output(str(out))
+    real = tmp_path / "elsewhere.json" if target == "outside" else out / "real-manifest.json"
+    (out / "manifest.json").rename(real)
+    (out / "manifest.json").symlink_to(real)
+    problems = validate_output(str(out))
+    assert [str(p) for p in problems] == [f"manifest.json: is a symbolic link (to {str(real)!r}), expected the "
+                                          "manifest file itself inside the output folder"]
+    assert problems[0].fatal
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code == 1 and "manifest.json: is a symbolic link" in result.output, result.output
+
+
 def _ingested(tmp_path: Path) -> Path:
     from dpot_data.ingest import IngestOptions, run_ingest
     from tests.toy_output import write_fno_raw

@@ -17,6 +17,8 @@ from typing import Mapping
 
 from dpot_train.data.datasets import DataError
 
+MAX_WEIGHT = 1e9  # weights are relative: a larger one only overflows the visit counts (N * w / sum w)
+
 
 def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | None:
     """Read weights from a YAML file (mapping name -> weight, or {weights: mapping}), an inline "a=1,b=2", or a dict."""
@@ -24,7 +26,7 @@ def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | 
         return None
     if isinstance(spec, Mapping):
         raw: object = dict(spec)
-        where = "mixture"
+        where = "data.mixture"
     elif Path(spec).is_file() or packaged_mixture(str(spec)) is not None:
         where = str(spec)
         raw = _read(spec if Path(spec).is_file() else packaged_mixture(str(spec)))
@@ -43,8 +45,9 @@ def parse_mixture(spec: str | Mapping[str, float] | None) -> dict[str, float] | 
             w = float(v)
         except (TypeError, ValueError):
             raise DataError(f"{where}: weight of {k!r} must be a number, got {v!r}") from None
-        if not w >= 0 or w == float("inf"):
-            raise DataError(f"{where}: weight of {k!r} must be finite and >= 0, got {v!r}")
+        if not 0 <= w <= MAX_WEIGHT:
+            raise DataError(f"{where}: weight of {k!r} must be a number from 0 to {MAX_WEIGHT:.0e} (weights are "
+                            f"relative shares), got {v!r}")
         out[str(k)] = w
     return out
 
