@@ -279,8 +279,13 @@ def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
     """Write the weights of one of our checkpoints in the released format, a bare {'model': state_dict} (what the
     reference code and `--init`/`evaluate` take as released weights); returns the config the weights imply.
 
-    Refused when the bare weights would not say the architecture back (a field only our config records)."""
-    state, config_dict, _ = load_state_dict_file(src)
+    Refused when the bare weights would not say the architecture back (a field only our config records). The run's
+    normalisation (its mode and statistics, unless `none`) goes beside the weights as `normalization`
+    (dpot_train.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the checkpoint."""
+    from dpot_train.normalize import export_record
+
+    content = read_checkpoint(src)
+    state, config_dict, _ = parse_checkpoint(content, src)
     if config_dict is None:
         raise CheckpointError(f"{src}: already in the released format (no 'config' entry); nothing to export")
     config = DPOTConfig.from_dict(config_dict)
@@ -293,7 +298,8 @@ def export_released(src: str | Path, dst: str | Path) -> DPOTConfig:
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(dst) as tmp:
-        torch.save(released_payload(state), tmp)
+        record = export_record(content)
+        torch.save({**released_payload(state), **({"normalization": record} if record else {})}, tmp)
     return config
 
 

@@ -40,21 +40,29 @@ def preview_cmd(
     res: int = typer.Option(0, "--res", help="Resize to this grid side, as `launch --res` (0: the stored grid)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
+    normalize: str = typer.Option("auto", "--normalize", help="Normalise per channel with the manifest's train "
+                                  "statistics as `launch --normalize` does: auto (datasets whose convention is not "
+                                  "dpot-reference), manifest or none."),
 ) -> None:
     """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32 ((X, Y, Z, T, C) for 3D),
-    padded channels included, in the manifest's convention (docs/conventions.md); no noise."""
+    padded channels included, in the manifest's convention (docs/conventions.md), normalised per channel as a run
+    with the same --normalize is ((x - mean) / std, the manifest's train statistics); no noise."""
     import numpy as np
 
-    from dpot_train.preview import model_input
+    from dpot_train.normalize import check_mode
+    from dpot_train.preview import normalized_input
 
     try:
-        x = model_input(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)
+        x, stats = normalized_input(manifest, dataset, split, index, start, frames, backend, res, cache_dir,
+                                    cache_limit, check_mode(normalize, "--normalize"))
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, x, allow_pickle=False)
-    typer.echo(f"{out}: {x.dtype} {tuple(x.shape)} {'(X, Y, Z, T, C)' if x.ndim == 5 else '(H, W, T, C)'}")
+    how = "as stored (not normalised)" if stats is None else \
+        f"normalised per channel, (x - mean) / std with mean {stats['mean']} and std {stats['std']}"
+    typer.echo(f"{out}: {x.dtype} {tuple(x.shape)} {'(X, Y, Z, T, C)' if x.ndim == 5 else '(H, W, T, C)'}, {how}")
 
 
 @model_app.command("info")

@@ -100,3 +100,13 @@ def finetune_model(path: str, fixed: dict[str, Any], load: str | list[str] = "al
     line = (f"--init {path}{transfer}: loaded {', '.join(loaded) or 'nothing'}; "
             f"fresh: {', '.join(fresh) or 'nothing'}")
     return model, line
+
+
+def recipe_line(init: str | None, recipe: str | None) -> str | None:
+    """The line a fine-tune prints before training when it runs under the reference recipe (the default for released
+    weights), saying what changes and which option keeps the dpot recipe; None otherwise."""
+    if not init or recipe != "reference":
+        return None
+    return (f"--init {init}: training with the reference recipe (the default for released weights): loss and noise "
+            "over every channel and cell, padded channels included; pass --recipe dpot to keep the dpot recipe "
+            "(valid channels, fluid cells)")
