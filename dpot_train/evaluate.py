@@ -214,6 +214,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
     from dpot_train.normalize import check_mode, recorded
 
+    if normalize is not None:
+        check_mode(normalize, "--normalize")
     datasets = read_manifests(manifests)
     require_split(datasets, split, "evaluate another --split")
     content = read_checkpoint(checkpoint, trusted=trusted)  # the one load of the file
@@ -224,8 +226,6 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         if problems:
             raise ValueError(problems[0])
     recipe = default_recipe(datasets) if recipe is None else recipe
-    if normalize is not None:
-        check_mode(normalize, "--normalize")
     mode, stats = (normalize, None) if normalize is not None else recorded(content) or ("none", None)
     model = pretrained_from(*loaded, source=str(checkpoint))
     cfg = model.config
