@@ -188,7 +188,8 @@ def test_a_finetune_under_the_reference_recipe_says_so_before_training(fno_train
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert recipe_line(None, "reference") is None and recipe_line(str(RELEASED), "dpot") is None
     cfg = TrainConfig(out=str(tmp_path / "ft"), init=str(RELEASED), recipe="reference", steps=1, batch_size=2,
-                      device="cpu", progress=False, eval_at_end=False, data=DataConfig(manifests=[str(fno_train_shards)]))
+                      device="cpu", progress=False, eval_at_end=False,
+                      data=DataConfig(manifests=[str(fno_train_shards)]))
     train(cfg)
     lines = capsys.readouterr().out.splitlines()
     said = [i for i, line in enumerate(lines) if "the reference recipe" in line]
