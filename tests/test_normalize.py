@@ -4,8 +4,9 @@ evaluation recipe the same for a checkpoint and its export; the fine-tune's reci
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sys
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -198,7 +199,7 @@ def test_a_finetune_under_the_reference_recipe_says_so_before_training(fno_train
     assert "--recipe dpot" in lines[said[0]] and str(RELEASED) in lines[said[0]]
 
 
-def test_statistics_are_checked_and_constant_channels_are_only_centred(fno_train_shards: Path,
+def test_statistics_are_checked_and_constant_channels_are_only_centred(fno_train_shards: Path, units: dict[str, Path],
                                                                          tmp_path: Path) -> None:
     ds = read_manifest(str(fno_train_shards))[0]
     flat = dict(ds.entry["stats"]["fields"]["vorticity"], std=0.0)
@@ -218,3 +219,40 @@ def test_statistics_are_checked_and_constant_channels_are_only_centred(fno_train
                                               "--dry-run", nproc=1))
     assert r.returncode == 2 and "data.normalize must be auto, none or manifest" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    # a dataset to normalise without statistics: one line before torchrun, naming the manifest and the way out
+    bare = tmp_path / "no-stats"
+    shutil.copytree(units["kelvin"], bare)
+    doc = json.loads((bare / "manifest.json").read_text())
+    doc["datasets"][0]["stats"] = None
+    (bare / "manifest.json").write_text(json.dumps(doc))
+    r = train_runs.run(train_runs.launch_args(bare, tmp_path / "run2", "--dry-run", nproc=1))
+    assert r.returncode == 2 and r.stderr.count("error:") == 1, r.stderr
+    assert f"{bare / 'manifest.json'}: dataset 'fno-ns-v1e-3' has no train statistics" in r.stderr
+    assert "--normalize none" in r.stderr
+    assert train_runs.run(train_runs.launch_args(bare, tmp_path / "run3", "--dry-run", "--normalize", "none",
+                                                 nproc=1)).returncode == 0
+
+
+def test_a_resume_normalises_with_the_statistics_its_checkpoint_recorded(units: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = TrainConfig(out=str(out), model="tiny", steps=6, batch_size=4, device="cpu", progress=False,
+                      ckpt_every=2, eval_at_end=False, data=DataConfig(manifests=[str(units["kelvin"])]))
+    train(cfg)
+    final = out / "checkpoints" / "step-00000006.pt"
+    first = torch.load(final, weights_only=True)
+    final.unlink()
+    # the same shards, their manifest re-written with other statistics, and a config asking for none: the resumed
+    # run keeps what its checkpoint recorded, and repeats its last two steps exactly
+    moved = tmp_path / "kelvin-again"
+    shutil.copytree(units["kelvin"], moved)
+    doc = json.loads((moved / "manifest.json").read_text())
+    doc["datasets"][0]["stats"]["fields"]["vorticity"]["mean"] += 1.0
+    (moved / "manifest.json").write_text(json.dumps(doc))
+    assert manifest_stats(read_manifest(str(moved))[0]) != manifest_stats(read_manifest(str(units["kelvin"]))[0])
+    train(dataclasses.replace(cfg, data=DataConfig(manifests=[str(moved)], normalize="none")), resume=True)
+    second = torch.load(final, weights_only=True)
+    assert second["train_config"]["data"]["norm_stats"] == first["train_config"]["data"]["norm_stats"]
+    assert second["train_config"]["data"]["normalize"] == "auto"
+    for k, v in first["model"].items():
+        assert torch.equal(second["model"][k], v), k
