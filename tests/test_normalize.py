@@ -18,7 +18,7 @@ from dpot_data.ingest import IngestOptions, ingest_files
 from dpot_data.synth.fno import solve_fno, write_mat_v5
 from dpot_train.checkpoint import export_released
 from dpot_train.cli import app
-from dpot_train.config import DataConfig, TrainConfig
+from dpot_train.config import DataConfig, TrainConfig, load_config
 from dpot_train.data.datasets import read_manifest
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import WebDatasetReader
@@ -27,6 +27,7 @@ from dpot_train.evaluate import evaluate_checkpoint, evaluate_model
 from dpot_train.finetune import recipe_line
 from dpot_train.normalize import manifest_stats, normalize, denormalize, resolve
 from dpot_train.preview import model_input
+from dpot_train.run_plan import load_plan
 from dpot_train.trainer import train
 from tests import train_runs
 
@@ -256,3 +257,26 @@ def test_a_resume_normalises_with_the_statistics_its_checkpoint_recorded(units: 
     assert second["train_config"]["data"]["normalize"] == "auto"
     for k, v in first["model"].items():
         assert torch.equal(second["model"][k], v), k
+
+
+@pytest.mark.slow
+def test_launch_records_the_statistics_in_config_yaml_and_a_resume_keeps_them(units: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = train_runs.run(train_runs.launch_args(units["kelvin"], out, "--no-eval", steps=4, nproc=1))
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = load_config(out / "config.yaml")
+    assert saved.data.normalize == "auto"
+    assert saved.data.norm_stats == {"fno-ns-v1e-3": manifest_stats(read_manifest(str(units["kelvin"]))[0])}
+    assert load_plan(out, saved.to_dict()) is not None  # config.yaml unchanged by the run: its plan still fits
+    final = out / "checkpoints" / "step-00000004.pt"
+    first = torch.load(final, weights_only=True)
+    assert first["train_config"]["data"]["norm_stats"] == saved.data.norm_stats
+    final.unlink()
+    r = train_runs.run(train_runs.launch_args(units["kelvin"], out, "--no-eval", "--resume", steps=4, nproc=1))
+    assert r.returncode == 0, r.stderr[-3000:]
+    second = torch.load(final, weights_only=True)
+    assert all(torch.equal(second["model"][k], v) for k, v in first["model"].items())
+    r = train_runs.run(train_runs.launch_args(units["kelvin"], out, "--no-eval", "--resume", "--normalize", "none",
+                                              steps=4, nproc=1))
+    assert r.returncode == 2 and "data.normalize" in r.stderr, r.stderr[-2000:]
