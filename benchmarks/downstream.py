@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "--ckpt-every", str(a.steps), "--log-every", str(max(1, a.steps // 10))]
     scratch = train_and_score("scratch", common, work)
     tuned = train_and_score("finetuned", common + ["--init", str(ckpt), "--load", load], work)
-    key = "step_l2re" if recipe == "reference" else "one_step_l2re"
-    print(f"\n{scratch['dataset']}: {a.steps} steps, batch {a.batch_size}, recipe {recipe}, device {a.device}")
+    key = "step_l2re" if scratch["recipe"] == "reference" else "one_step_l2re"  # the evaluation's recipe
+    print(f"\n{scratch['dataset']}: {a.steps} steps, batch {a.batch_size}, recipe {recipe} (evaluated with "
+          f"the {scratch['recipe']} recipe), device {a.device}")
     print(tuned["init"] or "")
     print(f"{'':12}{'rollout L2RE':>14}{key.replace('_', ' '):>16}")
     for name, r in (("from scratch", scratch), ("fine-tuned", tuned)):

@@ -346,8 +346,13 @@ def export_released(src: str | Path, dst: str | Path) -> Any:
     """Write the weights of one of our checkpoints in the released format, a bare {'model': state_dict} (what the
     reference code and `--init`/`evaluate` take as released weights); returns the config the weights imply.
 
-    Refused when the bare weights would not say the architecture back (a field only our config records)."""
-    state, config_dict, _ = load_state_dict_file(src)
+    Refused when the bare weights would not say the architecture back (a field only our config records). The run's
+    normalisation (its mode and statistics, unless `none`) goes beside the weights as `normalization`
+    (dpot_train.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the checkpoint."""
+    from dpot_train.normalize import export_record
+
+    content = read_checkpoint(src)
+    state, config_dict, _ = parse_checkpoint(content, src)
     if config_dict is None:
         raise CheckpointError(f"{src}: already in the released format (no 'config' entry); nothing to export")
     config = checkpoint_model_config(config_dict, state, {}, str(src))
@@ -357,7 +362,9 @@ def export_released(src: str | Path, dst: str | Path) -> Any:
         said = ", ".join(f"{k}={inferred.get(k)}" for k in lost)
         raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
                               f"(the weights alone say {said})")
-    save_atomic(released_payload(state), Path(dst))  # with its sha256 record: a flipped bit is caught on load
+    record = export_record(content)
+    payload = {**released_payload(state), **({"normalization": record} if record else {})}
+    save_atomic(payload, Path(dst))  # with its sha256 record: a flipped bit is caught on load
     return config
 
 

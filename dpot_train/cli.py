@@ -43,14 +43,19 @@ def preview_cmd(
     res: int = typer.Option(0, "--res", help="Resize to this grid side, as `launch --res` (0: the stored grid)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
+    normalize: str = typer.Option("auto", "--normalize", help="Normalise per channel with the manifest's train "
+                                  "statistics as `launch --normalize` does: auto (datasets whose convention is not "
+                                  "dpot-reference), manifest or none."),
 ) -> None:
     """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32 ((X, Y, Z, T, C) for 3D),
-    padded channels included, in the manifest's convention (docs/conventions.md); no noise. --mask-out adds the
+    padded channels included, in the manifest's convention (docs/conventions.md), normalised per channel as a run
+    with the same --normalize is ((x - mean) / std, the manifest's train statistics); no noise. --mask-out adds the
     loss's fluid mask, cell for cell in the same order."""
     from dpot_format.readers import ReadersBusy
     from dpot_train.cli_train import check_out_file
     from dpot_train.launch import reading
-    from dpot_train.preview import model_window, save_array
+    from dpot_train.normalize import check_mode
+    from dpot_train.preview import save_array, window
 
     try:
         check_out_file(out, "--out", "x.npy")
@@ -59,13 +64,15 @@ def preview_cmd(
             if Path(mask_out).absolute() == Path(out).absolute():
                 raise ValueError(f"--mask-out {mask_out}: the same file as --out; expected another file")
         with reading([manifest]):  # an ingest --overwrite of this output waits for the read
-            x, mask = model_window(manifest, dataset, split, index, start, frames, backend, res, cache_dir,
-                                   cache_limit)
+            x, mask, stats = window(manifest, dataset, split, index, start, frames, backend, res, cache_dir,
+                                    cache_limit, check_mode(normalize, "--normalize"))
     except (FileNotFoundError, ValueError, ReadersBusy) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     axes = "(X, Y, Z" if x.ndim == 5 else "(H, W"
-    typer.echo(f"{save_array(out, x)}: {x.dtype} {tuple(x.shape)} {axes}, T, C)")
+    how = "as stored (not normalised)" if stats is None else \
+        f"normalised per channel, (x - mean) / std with mean {stats['mean']} and std {stats['std']}"
+    typer.echo(f"{save_array(out, x)}: {x.dtype} {tuple(x.shape)} {axes}, T, C), {how}")
     if mask_out is not None:
         typer.echo(f"{save_array(mask_out, mask)}: loss mask {mask.dtype} {tuple(mask.shape)} {axes}) "
                    "(True: fluid)")

@@ -111,6 +111,9 @@ def launch_cmd(
                                          "default: reference when --init names released weights, else dpot."),
     allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
                                                    help="Fine-tune released weights on shards of another convention."),
+    normalize: Optional[str] = typer.Option(None, "--normalize", help=_default(
+        "data.normalize", "Per-channel normalisation from the manifests' train statistics: auto (datasets whose "
+        "convention is not dpot-reference), manifest (every dataset) or none; recorded with the checkpoints.")),
     device: Optional[str] = typer.Option(None, "--device", help=_default("device", "auto, cpu or cuda.")),
     rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps",
                                                 help=_default("rollout_steps", "Rollout length of the final evaluation "
@@ -169,7 +172,7 @@ _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res"
            "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
            "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit",
-           "sha256": "init_sha256"}
+           "sha256": "init_sha256", "normalize": "data.normalize"}
 _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
              "deterministic": ("deterministic", True), "trust": ("trust", True),
              "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),
@@ -207,9 +210,13 @@ def evaluate_cmd(
     no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums"),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help=SHA256_HELP),
-    recipe: Optional[str] = typer.Option(None, "--recipe", help="reference (the reference DPOT evaluation; default "
-                                         "for released weights) or dpot (valid channels, fluid cells; default for "
-                                         "our checkpoints)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="reference (the reference DPOT evaluation) or dpot "
+                                         "(valid channels, fluid cells); default: reference when every dataset "
+                                         "follows the dpot-reference convention, else dpot, whichever file holds "
+                                         "the weights."),
+    normalize: Optional[str] = typer.Option(None, "--normalize", help="auto, manifest or none: normalise with the "
+                                            "manifests' train statistics (default: as the weights were trained, with "
+                                            "the statistics their run recorded; released weights: none)."),
     allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
                                                    help="Evaluate released weights on shards of another convention."),
     res: Optional[int] = typer.Option(None, "--res", help="Resize trajectories to this grid side (default: the "
@@ -232,11 +239,12 @@ def evaluate_cmd(
                                          verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
                                          allow_convention_mismatch=allow_convention_mismatch, res=res,
                                          cache_dir=cache_dir, cache_limit=cache_limit,
-                                         sha256=check_sha256_option(sha256))
+                                         sha256=check_sha256_option(sha256), normalize=normalize)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
         return
     write_eval(result, out)
     print_table(result)
+    normalised = sorted(k for k, v in result["normalization"]["stats"].items() if v is not None)
     typer.echo(f"wrote {out}: L2RE per dataset, model vs the persistence baseline "
-               f"({result['recipe']} recipe, {split} split)")
+               f"({result['recipe']} recipe, {split} split; normalised: {', '.join(normalised) or 'none'})")

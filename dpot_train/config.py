@@ -34,8 +34,18 @@ class DataConfig:
     verify_checksums: bool = True
     cache_dir: str | None = None  # shard cache for shards in object storage (docs/training.md); None: the default
     cache_limit: str | None = None  # its size bound ("200GiB"); None: 100 GiB
+    # per-channel normalisation from the manifests' train statistics (dpot_train/normalize.py): "auto" (datasets whose
+    # convention is not dpot-reference), "manifest" (every dataset) or "none"
+    normalize: str = "auto"
+    # the statistics the run normalises with, dataset name -> {mean: [C], std: [C]}: filled in by the run from the
+    # manifests (None) and saved with every checkpoint, so that evaluation applies the same ones
+    norm_stats: dict[str, dict[str, list[float]]] | None = None
 
     def __post_init__(self) -> None:
+        if self.normalize not in ("auto", "none", "manifest"):
+            raise ValueError(f"data.normalize must be auto, none or manifest, got {self.normalize!r}")
+        if self.normalize == "none" and self.norm_stats:
+            raise ValueError("data.norm_stats: expected none with data.normalize none")
         if self.worker_kind not in ("thread", "process"):
             raise ValueError(f"data.worker_kind must be 'thread' or 'process', got {self.worker_kind!r}")
         if not isinstance(self.num_workers, int) or self.num_workers < 0:

@@ -11,11 +11,12 @@ import torch
 
 from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DatasetInfo, check_compatible
-from dpot_train.data.prepare import checked_index, data_reader, load_datasets
+from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import model_shape, resize_frames, resize_mask, to_model_layout, to_model_mask
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
+from dpot_train.normalize import Stats, denormalize, normalize
 
 RECIPES = ("dpot", "reference")
 
@@ -27,10 +28,31 @@ def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
     return predict
 
 
+def default_recipe(datasets: list[DatasetInfo]) -> str:
+    """The evaluation recipe when none is named: "reference" when every dataset follows the dpot-reference
+    convention (the reference's metric, comparable with the paper's numbers), else "dpot". It depends on the data
+    only, never on the file holding the weights, so a checkpoint and its released-format export score the same."""
+    return "reference" if datasets and all(d.convention.get("name") == "dpot-reference" for d in datasets) \
+        else "dpot"
+
+
+def _normalized(predict: Any, stats: Stats | None) -> Any:
+    """`predict` on windows in physical units: normalised before the model, its prediction denormalised after, so
+    that rollouts and metrics stay in physical units (unchanged when the dataset is not normalised)."""
+    if stats is None:
+        return predict
+
+    def in_physical_units(window: torch.Tensor) -> torch.Tensor:
+        return denormalize(predict(normalize(window, stats)), stats)
+
+    return in_physical_units
+
+
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
-                   verify: bool | None = None, recipe: str = "dpot", datasets: list[DatasetInfo] | None = None,
+                   verify: bool | None = None, recipe: str | None = "dpot",
+                   datasets: list[DatasetInfo] | None = None,
                    trajectories: Mapping[str, list[TrajRef]] | None = None) -> dict[str, Any]:
     """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
@@ -40,12 +62,14 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     on the original grid's cells and the dataset's pred_channels; rollout_l2re over the whole rollout and
     step_l2re, the mean of the per-step errors inside it.
 
+    recipe None: `default_recipe` of the datasets. The model is handed each dataset normalised as `data` says
+    (data.normalize, data.norm_stats: dpot_train.normalize) and its predictions are denormalised before scoring.
     rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
     `data.res` > 0 resizes every trajectory to that grid first, as training did (2D and 3D alike).
     `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
     `trajectories`: per dataset, its `split` trajectories already indexed (their shards' headers are not read again).
     """
-    if recipe not in RECIPES:
+    if recipe is not None and recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     device = torch.device(device)
     if datasets is None:
@@ -53,13 +77,16 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         trajectories = indexed_trajectories(datasets, split, index)
     else:
         check_compatible(datasets, data.t_in, data.t_out, split, data.res)
+    recipe = default_recipe(datasets) if recipe is None else recipe
+    norm = norm_table(data, datasets)
     reader = data_reader(data, datasets)
     given = dict(trajectories or {})
     model = model.to(device).eval()
-    predict = _predictor(model, device)
     t_in = data.t_in
-    out: dict[str, Any] = {"split": split, "t_in": t_in, "recipe": recipe, "datasets": {}}
+    out: dict[str, Any] = {"split": split, "t_in": t_in, "recipe": recipe,
+                           "normalization": {"normalize": data.normalize, "stats": norm}, "datasets": {}}
     for ds in datasets:
+        predict = _normalized(_predictor(model, device), norm[ds.name])
         refs = given[ds.name] if ds.name in given else reader.refs(ds, split)
         if max_trajectories > 0:
             refs = refs[:max_trajectories]
@@ -181,18 +208,23 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
                         allow_convention_mismatch: bool = False, res: int | None = None,
                         cache_dir: str | None = None, cache_limit: str | None = None,
-                        sha256: str | None = None) -> dict[str, Any]:
+                        sha256: str | None = None, normalize: str | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
 
-    `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
-    recipe the run was trained with ("dpot" by default). Released weights on shards of another convention than
+    `recipe` None: `default_recipe` of the data (the same for a checkpoint and its export). `normalize` None: as the
+    weights were trained, with the statistics their run recorded (a checkpoint's run config, an export's
+    `normalization` entry); released weights without a record: none. A mode (auto, manifest, none) instead takes
+    the statistics from the manifests. Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
     the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest."""
-    from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_recipe, trained_res
+    from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_res
     from dpot_train.data.datasets import read_manifests
     from dpot_train.model import families
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
+    from dpot_train.normalize import check_mode, recorded
 
+    if normalize is not None:
+        check_mode(normalize, "--normalize")
     datasets = read_manifests(manifests)
     require_split(datasets, split, "evaluate another --split")
     content = read_checkpoint(checkpoint, trusted=trusted, sha256=sha256)  # the one load of the file
@@ -202,8 +234,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         problems = convention_problems(datasets, checkpoint)
         if problems:
             raise ValueError(problems[0])
-    if recipe is None:
-        recipe = "reference" if released else trained_recipe(content)
+    recipe = default_recipe(datasets) if recipe is None else recipe
+    mode, stats = (normalize, None) if normalize is not None else recorded(content) or ("none", None)
     model = pretrained_from(*loaded, source=str(checkpoint))
     cfg = model.config
     frames_in = cfg.in_timesteps
@@ -221,7 +253,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted,
                            loaded=loaded)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
-                      verify_checksums=verify_checksums, res=res, cache_dir=cache_dir, cache_limit=cache_limit)
+                      verify_checksums=verify_checksums, res=res, cache_dir=cache_dir, cache_limit=cache_limit,
+                      normalize=mode, norm_stats=stats)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     index = checked_index(data, datasets, split)  # the manifests read above are not read again

@@ -155,3 +155,11 @@ def _whole_model(path: str, state: dict[str, torch.Tensor], config: Any, fixed: 
     model = families.build(families.configure(config, fixed, overrides))
     load_weights(model, families.adapt_state(state, model.config), source=f"--init {path}")
     return model, f"--init {path}: loaded all ({families.model_label(model.config)})"
+def recipe_line(init: str | None, recipe: str | None) -> str | None:
+    """The line a fine-tune prints before training when it runs under the reference recipe (the default for released
+    weights), saying what changes and which option keeps the dpot recipe; None otherwise."""
+    if not init or recipe != "reference":
+        return None
+    return (f"--init {init}: training with the reference recipe (the default for released weights): loss and noise "
+            "over every channel and cell, padded channels included; pass --recipe dpot to keep the dpot recipe "
+            "(valid channels, fluid cells)")

@@ -35,6 +35,7 @@ from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
 from dpot_train.model_setup import data_overrides, fresh_config
+from dpot_train.normalize import applied
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
 from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
 
@@ -386,6 +387,7 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
     index = check_outputs(cfg.data, docs)  # docs/format.md on every output, sha256 included unless disabled
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility
+    cfg = replace(cfg, data=replace(cfg.data, norm_stats=applied(spec.norm)))  # the statistics, in config.yaml
     evaluation = indexed_trajectories(datasets, cfg.eval_split, index) if cfg.eval_at_end else {}
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)

@@ -2,8 +2,10 @@
 
 `model_input` reads frames of one trajectory through the same readers and layout rule as training and evaluation
 (the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32, or
-(X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on. `model_window` adds the
-fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell for cell in the same order.
+(X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on. It is normalised as a run
+with the same `normalize` setting normalises it (dpot_train.normalize: the manifest's train statistics; `auto`
+leaves dpot-reference datasets as stored), or with `norm_stats` given (a run's recorded statistics). `model_window`
+adds the fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell for cell in the same order.
 """
 
 from __future__ import annotations
@@ -15,27 +17,53 @@ import torch
 
 from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DataError
-from dpot_train.data.prepare import data_reader, load_datasets
+from dpot_train.data.prepare import data_reader, load_datasets, norm_table
 from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout, to_model_mask
+from dpot_train.normalize import Stats, normalize_array
 
 
 def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
                 start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
-                cache_dir: str | None = None, cache_limit: str | None = None) -> np.ndarray:
-    """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
-    (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res` per
-    axis when > 0 (as `launch --res` does)."""
-    return model_window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit)[0]
+                cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
+                norm_stats: dict | None = None) -> np.ndarray:
+    """`window`'s array: what the model is handed."""
+    return window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit,
+                  normalize, norm_stats)[0]
+
+
+def normalized_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
+                     start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
+                     cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
+                     norm_stats: dict | None = None) -> tuple[np.ndarray, Stats | None]:
+    """`window`'s array and the statistics applied (None: as stored)."""
+    x, _, stats = window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit,
+                         normalize, norm_stats)
+    return x, stats
 
 
 def model_window(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
                  start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
-                 cache_dir: str | None = None, cache_limit: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`model_input`'s frames and the trajectory's fluid mask as the loss sees it: (H, W[, D]) bool in the same
-    orientation (True: fluid), resized by nearest neighbour to `res` when > 0, as the trainer does."""
+                 cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
+                 norm_stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`window`'s array and the loss's fluid mask, cell for cell in the same order."""
+    x, mask, _ = window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit,
+                        normalize, norm_stats)
+    return x, mask
+
+
+def window(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
+           start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
+           cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
+           norm_stats: dict | None = None) -> tuple[np.ndarray, np.ndarray, Stats | None]:
+    """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
+    (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res` per
+    axis when > 0 (as `launch --res` does), normalised per channel as `normalize` (auto, manifest, none) and
+    `norm_stats` say (`data.normalize`, `data.norm_stats` of a run); the trajectory's fluid mask as the loss sees
+    it, (H, W[, D]) bool in the same orientation (True: fluid), resized by nearest neighbour as the trainer does;
+    and the statistics applied (None: as stored)."""
     # any trajectory length: the frame range is checked below, not a training window
     cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0,
-                     cache_dir=cache_dir, cache_limit=cache_limit)
+                     cache_dir=cache_dir, cache_limit=cache_limit, normalize=normalize, norm_stats=norm_stats)
     datasets, shard_index = load_datasets(cfg, split, verify=False)
     names = [d.name for d in datasets]
     if dataset is None:
@@ -54,12 +82,13 @@ def model_window(manifest: str | Path, dataset: str | None = None, split: str = 
     if start < 0 or length < 1 or start + length > ds.frames:
         raise DataError(f"{ds.name}: frames [{start}, {start + length}) are outside its {ds.frames} frames")
     fields, stored_mask = reader.read(refs[index], start, length)
-    x = to_model_layout(fields, ds.model_layout)
+    stats = norm_table(cfg, [ds])[ds.name]
+    x = to_model_layout(normalize_array(fields, stats, axis=1), ds.model_layout)  # stored (T, C, ...): C on axis 1
     mask = to_model_mask(stored_mask, ds.model_layout).astype(bool)
     if res > 0:
         x = resize_frames(torch.from_numpy(x)[None], res)[0].numpy()
         mask = resize_mask(torch.from_numpy(mask)[None], res)[0].numpy()
-    return x, mask
+    return x, mask, stats
 
 
 def save_array(path: str | Path, array: np.ndarray) -> str:

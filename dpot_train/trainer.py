@@ -5,6 +5,7 @@ Run it under torchrun (`dpot-train launch` builds the command); a plain `python 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -21,14 +22,15 @@ from dpot_train.checkpoint import (RunDirError, checkpoint_path, latest_checkpoi
                                    restore_training, rng_state, rng_states, save_atomic, set_rng_state, stored_config,
                                    trained_config, training_payload)
 from dpot_train.config import TrainConfig, resolve_epochs
-from dpot_train.data.prepare import data_reader, prepare_stream
+from dpot_train.data.prepare import data_reader, norm_table, prepare_stream
 from dpot_train.data.loader import make_loader
-from dpot_train.data.stream import WindowStream
+from dpot_train.data.stream import StreamSpec, WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
 from dpot_train.metrics import per_sample_loss
-from dpot_train.finetune import finetune_model
+from dpot_train.finetune import finetune_model, recipe_line
 from dpot_train.model import families
 from dpot_train.model_setup import data_overrides, fresh_model
+from dpot_train.normalize import applied, recorded
 from dpot_train.run_plan import RunPlan
 from dpot_train.train_log import TrainLog, eval_to_tensorboard
 
@@ -67,6 +69,20 @@ def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...], sav
         for p in cls_head.parameters():
             p.requires_grad_(False)
     return model, line
+
+
+def with_normalization(cfg: TrainConfig, spec: StreamSpec, resumed: dict[str, Any] | None
+                       ) -> tuple[TrainConfig, StreamSpec]:
+    """The statistics the run normalises with (dpot_train.normalize): on a resume those its checkpoint recorded
+    (none for a run from before normalisation), else cfg's from the manifests. They go into cfg's data.norm_stats,
+    saved with every checkpoint and used by the final evaluation, and into the stream."""
+    data = cfg.data
+    if resumed is not None:
+        mode, stats = recorded(resumed) or ("none", {})
+        data = dataclasses.replace(data, normalize=mode, norm_stats=stats)
+    table = norm_table(data, spec.datasets)
+    data = dataclasses.replace(data, norm_stats=applied(table))
+    return dataclasses.replace(cfg, data=data), dataclasses.replace(spec, norm=table)
 
 
 def set_determinism(enabled: bool) -> None:
@@ -111,12 +127,15 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         verify = (cfg.data.verify_checksums if verify_checksums is None else verify_checksums) and info.is_main
         spec, reader = prepare_stream(cfg.data, cfg.seed, verify=verify)
     cfg = resolve_epochs(cfg, spec.epoch_length)
+    cfg, spec = with_normalization(cfg, spec, found[1] if found is not None else None)
     ds0 = spec.datasets[0]
     model, init_line = build_run_model(cfg, len(ds0.channels), ds0.shape,
                                        stored_config(found[1]) if found is not None else None)
     model = model.to(info.device)
     if init_line and info.is_main:
         print(init_line, flush=True)
+    if info.is_main and recipe_line(cfg.init, cfg.recipe):
+        print(recipe_line(cfg.init, cfg.recipe), flush=True)
     opt, sched = build_optimizer(model, cfg)
     step, position = _restore(found, cfg, model, opt, sched) if found is not None else (0, 0)
     if info.is_main and found is not None:
@@ -149,7 +168,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         model.eval()
         result = evaluate_model(model, cfg.data, split=cfg.eval_split, rollout_steps=cfg.rollout_steps,
                                 device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False,
-                                recipe=cfg.recipe or "dpot", datasets=plan.datasets() if plan is not None else None,
+                                recipe=None, datasets=plan.datasets() if plan is not None else None,
                                 trajectories=plan.eval_trajectories() if plan is not None else None)
         result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
         write_eval(result, run / "eval.json")

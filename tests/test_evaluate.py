@@ -65,8 +65,9 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     ev = json.loads((run / "eval.json").read_text())
     r = ev["datasets"]["fno-ns-v1e-3"]
     assert ev["split"] == "test" and r["trajectories"] == 2 and r["rollout_steps"] == 3
+    assert ev["recipe"] == "reference"  # dpot-reference shards: the reference's metric, whatever the run trained with
     for who in ("model", "persistence"):
-        assert set(r[who]) == {"one_step_l2re", "rollout_l2re"} and all(0 < v < 10 for v in r[who].values())
+        assert set(r[who]) == {"step_l2re", "rollout_l2re"} and all(0 < v < 10 for v in r[who].values())
     ckpt = run / "checkpoints" / f"step-{train_runs.STEPS:08d}.pt"
     assert ev["checkpoint"] == str(ckpt)
     out = tmp_path / "eval.json"

@@ -15,6 +15,7 @@ from dpot_train.data.datasets import DataError, DatasetInfo, check_compatible, r
 from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.readers import ShardIndex, TrajectoryReader
 from dpot_train.data.stream import StreamSpec
+from dpot_train.normalize import resolve
 
 
 def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None
@@ -41,6 +42,15 @@ def data_reader(cfg: DataConfig, datasets: Sequence[DatasetInfo] = ()) -> Trajec
     return reader_for(cfg.backend, list(cfg.manifests), cache_settings(cfg.cache_dir, cfg.cache_limit), datasets)
 
 
+def norm_table(cfg: DataConfig, datasets: Sequence[DatasetInfo]) -> dict:
+    """Per dataset, the statistics cfg normalises it with (dpot_train.normalize.resolve); DataError naming the
+    manifest (or the config key) when a dataset to normalise has none."""
+    try:
+        return resolve(cfg.normalize, datasets, cfg.norm_stats)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
 def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, validated: bool = False,
                    datasets: list[DatasetInfo] | None = None,
                    index: ShardIndex | None = None) -> tuple[StreamSpec, TrajectoryReader]:
@@ -65,5 +75,5 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, valid
     refs = [r[:caps[d.name]] if d.name in caps else r for d, r in zip(datasets, refs)]
     counts = visit_counts({d.name: len(r) for d, r in zip(datasets, refs)}, weights)
     spec = StreamSpec(datasets=datasets, refs=refs, visits=[counts[d.name] for d in datasets],
-                      t_in=cfg.t_in, t_out=cfg.t_out, seed=seed)
+                      t_in=cfg.t_in, t_out=cfg.t_out, seed=seed, norm=norm_table(cfg, datasets))
     return spec, reader

@@ -21,7 +21,7 @@ The rule (documented in docs/training.md and checked by tests/test_train_ddp.py)
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -31,6 +31,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from dpot_train.data.datasets import DataError, DatasetInfo
 from dpot_train.data.readers import TrajectoryReader, TrajRef
 from dpot_train.data.windows import as_model_order, mask_view, model_batch_view, model_view, split_window, window_start
+from dpot_train.normalize import Stats, normalize_array
 
 
 def _name_seed(name: str) -> int:
@@ -75,6 +76,8 @@ class StreamSpec:
     t_in: int
     t_out: int
     seed: int
+    # per dataset name, the statistics its windows are normalised with (dpot_train.normalize; absent or None: as read)
+    norm: dict[str, Stats | None] = field(default_factory=dict)
 
     @property
     def epoch_length(self) -> int:
@@ -110,12 +113,14 @@ def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef
     "yx" dataset the last two swapped), plus the model's (H, W[, D], T, C) views x and y and its (H, W[, D]) mask.
 
     No noise here: it is injected on the training device (windows.inject_noise), seeded by the same position.
+    The dataset's normalisation (spec.norm) is applied here, the one place of the training data path.
     """
     rng = np.random.default_rng([spec.seed, position, 0xD907])
     ds = spec.datasets[k]
     length = spec.t_in + spec.t_out
     t0 = window_start(rng, ds.frames, length)
-    fields, mask = as_model_order(*reader.read(ref, t0, length), ds.model_layout)
+    fields, mask = reader.read(ref, t0, length)
+    fields, mask = as_model_order(normalize_array(fields, spec.norm.get(ds.name), axis=1), mask, ds.model_layout)
     x, y = split_window(model_view(fields), spec.t_in)
     return {"frames": fields, "x": x, "y": y, "frames_mask": mask, "mask": mask_view(mask).astype(bool),
             "channel_valid": np.asarray(ds.channel_valid, bool), "dataset": k, "id": ref.id,
