@@ -60,14 +60,15 @@ def obstacle_out(obstacle_nc: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module")
 def well_out(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A Well-layout file on an (x 8, y 6, z 4) grid, ingested with `dpot-data ingest the-well`; (output, file)."""
+    """A Well-layout file on an (x 8, y 6, z 4) grid, NaN over an obstacle (x 2-3, y 2, z 1: obstacle_cells),
+    ingested with `dpot-data ingest the-well`; (output, file)."""
     from dpot_data.cli import app
     from dpot_data.synth.gridded import _well_file
 
     base = tmp_path_factory.mktemp("well3d")
     path = base / "data" / "train" / "waves_alpha_0.5.hdf5"
     path.parent.mkdir(parents=True)
-    _well_file(path, 3, np.arange(FRAMES, dtype=np.float64) * 0.25, (NX, NY, NZ), False, 0.5, 0)
+    _well_file(path, 3, np.arange(FRAMES, dtype=np.float64) * 0.25, (NX, NY, NZ), False, 0.5, 0, obstacle_nan=True)
     out = base / "out"
     r = CliRunner().invoke(app, ["ingest", "the-well", str(path), "--out", str(out), "--split", "0.67",
                                  "--no-progress"])
@@ -157,18 +158,22 @@ def test_preview_writes_fields_and_loss_mask_in_the_same_xyz_order(obstacle_out:
 
 
 def test_preview_of_the_well_3d_is_xyz(well_out: tuple[Path, Path], tmp_path: Path) -> None:
+    from dpot_data.synth.gridded import obstacle_cells
     from dpot_train.preview import model_window
 
     out, path = well_out
     x, mask = model_window(out, split="train", index=0)
-    assert x.shape[:3] == (NX, NY, NZ) and mask.shape == (NX, NY, NZ) and mask.all()
+    assert x.shape[:3] == (NX, NY, NZ) and mask.shape == (NX, NY, NZ)
+    assert np.array_equal(~mask, obstacle_cells((NX, NY, NZ)))  # the Well's (x, y, z) is the model's order
     entry = json.loads((out / "manifest.json").read_text())["datasets"][0]
     first = entry["splits"]["ids"]["train"][0]  # '<file>#<n>'
     with h5py.File(path, "r") as f:
         names = list(f["t0_fields"].attrs["field_names"])
         raw = f["t0_fields"][names[0]][int(first.rsplit("#", 1)[1])]  # (T, x, y, z)
     channel = entry["channels"].index(names[0] if isinstance(names[0], str) else names[0].decode())
-    np.testing.assert_array_equal(x[..., channel], np.transpose(raw, (1, 2, 3, 0)).astype(np.float32))
+    want = np.transpose(raw, (1, 2, 3, 0)).astype(np.float32)  # (x, y, z, T)
+    np.testing.assert_array_equal(x[..., channel][mask], want[mask])
+    assert np.all(x[..., channel][~mask] == x[..., channel][~mask].flat[0])  # one fill value over the obstacle
 
 
 class _FirstLoss(Exception):
@@ -225,10 +230,12 @@ def test_the_loss_of_a_launched_run_sees_mask_and_fields_in_one_order(obstacle_o
         want_x, want_mask = _expected_at(np.asarray(group["fields"][row]), np.asarray(group["mask"][row]), RES)
         torch.testing.assert_close(true[b], want_x[..., 2:, :], rtol=0, atol=1e-3)
         assert torch.equal(mask[b], want_mask)
-    if source == "xarray":  # the obstacle, resized by nearest: x 5-7, y 2-3 -> 3-5, z 0-1 -> 0-3
-        solid = torch.zeros(RES, RES, RES, dtype=torch.bool)
+    solid = torch.zeros(RES, RES, RES, dtype=torch.bool)  # the obstacle in the model's (X, Y, Z), resized by nearest
+    if source == "xarray":  # x 5-7, y 2-3 -> 3-5, z 0-1 -> 0-3
         solid[5:8, 3:6, 0:4] = True
-        assert all(torch.equal(~m, solid) for m in mask)
+    else:  # x 2-3, y 2 -> 3, z 1 -> 2-3
+        solid[2:4, 3, 2:4] = True
+    assert all(torch.equal(~m, solid) for m in mask)
 
 
 @pytest.mark.parametrize("backend", ["webdataset", "zarr"])
