@@ -291,6 +291,10 @@ class RunLock:
         except FormatError as exc:
             self.abandon()
             raise RunDirError(str(exc)) from None
+        except OSError as exc:  # a file system without flock: nothing to coordinate with, as for the readers' lock
+            print(f"warning: {self.run}: cannot be locked ({exc.strerror or exc}); make sure no other launch writes "
+                  "into it", file=sys.stderr)
+            return self
         os.set_inheritable(fd, True)
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
