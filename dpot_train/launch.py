@@ -357,7 +357,7 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
         cfg = replace(cfg, init_sha256=cfg.init_sha256.lower())
     lock = RunLock(Path(cfg.out)).acquire() if topo.node_rank == 0 else None
     try:
-        result = _prepare_run(cfg, resume, topo, loaded)
+        result = _prepare_run(cfg, resume, topo, loaded, source)
     except BaseException:
         if lock is not None:
             lock.abandon()
@@ -367,8 +367,8 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     return result
 
 
-def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None
-                 ) -> tuple[TrainConfig, Path]:
+def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None,
+                 source: str | None = None) -> tuple[TrainConfig, Path]:
     init = loaded[0] if loaded is not None else None
     run = Path(cfg.out)
     found = list_checkpoints(run / "checkpoints")
@@ -380,7 +380,11 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
     hold_outputs(cfg.data)  # before the checks: what is checked is what the run reads
     docs = read_manifest_docs(list(cfg.data.manifests))  # each manifest read once, here
     datasets = datasets_of_docs(docs)
-    weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
+    try:
+        mixture = parse_mixture(cfg.data.mixture)
+    except DataError as exc:  # a mapping under data.mixture came from the run config file: name it too
+        raise DataError(f"{source}: {exc}" if source and isinstance(cfg.data.mixture, dict) else str(exc)) from None
+    weights = resolve_weights([d.name for d in datasets], mixture, cfg.data.mixture_partial)
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
     index = check_outputs(cfg.data, docs)  # docs/format.md on every output, sha256 included unless disabled
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility
