@@ -292,6 +292,10 @@ class RunLock:
         except FormatError as exc:
             self.abandon()
             raise RunDirError(str(exc)) from None
+        except OSError as exc:  # a file system without flock: nothing to coordinate with, as for the readers' lock
+            print(f"warning: {self.run}: cannot be locked ({exc.strerror or exc}); make sure no other launch writes "
+                  "into it", file=sys.stderr)
+            return self
         os.set_inheritable(fd, True)
         if record:
             holder = {"pid": os.getpid(), "host": socket.gethostname(),
@@ -359,7 +363,7 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     if topo.node_rank == 0 and (write or (run / RUN_LOCK).is_file()):  # a dry run only probes an existing lock
         lock = RunLock(run).acquire(record=write)
     try:
-        result = _prepare_run(cfg, resume, topo, loaded, write)
+        result = _prepare_run(cfg, resume, topo, loaded, write, source)
     except BaseException:
         if lock is not None:
             lock.abandon()
@@ -369,8 +373,8 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     return result
 
 
-def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None, write: bool
-                 ) -> tuple[TrainConfig, Path]:
+def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None, write: bool = True,
+                 source: str | None = None) -> tuple[TrainConfig, Path]:
     init = loaded[0] if loaded is not None else None
     run = Path(cfg.out)
     found = list_checkpoints(run / "checkpoints")
@@ -383,7 +387,11 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
         hold_outputs(cfg.data)  # before the checks: what is checked is what the run reads
     docs = read_manifest_docs(list(cfg.data.manifests))  # each manifest read once, here
     datasets = datasets_of_docs(docs)
-    weights = resolve_weights([d.name for d in datasets], parse_mixture(cfg.data.mixture), cfg.data.mixture_partial)
+    try:
+        mixture = parse_mixture(cfg.data.mixture)
+    except DataError as exc:  # a mapping under data.mixture came from the run config file: name it too
+        raise DataError(f"{source}: {exc}" if source and isinstance(cfg.data.mixture, dict) else str(exc)) from None
+    weights = resolve_weights([d.name for d in datasets], mixture, cfg.data.mixture_partial)
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
     index = check_outputs(cfg.data, docs)  # docs/format.md on every output, sha256 included unless disabled
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility

@@ -124,3 +124,16 @@ def test_the_largest_weights_allowed_give_finite_visit_counts() -> None:
     from dpot_train.data.mixture import MAX_WEIGHT, visit_counts
 
     assert visit_counts({"a": 3, "b": 4}, {"a": MAX_WEIGHT, "b": MAX_WEIGHT}) == {"a": 4, "b": 4}
+
+
+def test_a_mixture_weight_in_a_run_config_names_the_file_and_the_key(fno_train_shards: Path, tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("data:\n  mixture:\n    fno-ns-v1e-3: 1.0e+308\n")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["launch", "--config", str(path), "--out", str(out), "--manifest",
+                                      str(fno_train_shards), "--dry-run"])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {path}: data.mixture: weight of 'fno-ns-v1e-3' must be a number from 0 to "
+                               "1e+09"), lines
+    assert not out.exists()
