@@ -220,7 +220,7 @@ def evaluate_cmd(
     allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
                                                    help="Evaluate released weights on shards of another convention."),
     res: Optional[int] = typer.Option(None, "--res", help="Resize trajectories to this grid side (default: the "
-                                      "run's --res; a 3D model's own grid)."),
+                                      "run's --res; a 3D DPOT model's own grid)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
 ) -> None:

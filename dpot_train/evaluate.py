@@ -248,7 +248,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                          f"{len(grid)}D (dims {datasets[0].dims})")
     if res is None:  # the run's grid; a 3D model reads its own grid (the reference resizes every sample to it)
         res = 0 if released else trained_res(content)
-        res = cfg.img_size if res == 0 and cfg.spatial_dims == 3 else res
+        res = cfg.img_size if res == 0 and cfg.spatial_dims == 3 and families.weights_fix_grid(cfg) else res
     if res == 0 and cfg.img_size != grid[0]:  # released 2D weights at another grid: resample the positional embedding
         model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted,
                            loaded=loaded)

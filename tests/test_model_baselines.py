@@ -30,6 +30,20 @@ def baselines_dir(reference_dir: Path) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def shards_3d(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """3D shards at their native 12^3 grid (6 trajectories of 6 frames: 4 train, 2 test) and a run config with 3
+    input frames."""
+    from dpot_data.ingest import IngestOptions, ingest_files
+    from dpot_data.synth.pdebench import write_cfd
+
+    base = tmp_path_factory.mktemp("baselines3d")
+    raw = write_cfd(base / "raw", dims=3, m=1.0, eta=1e-8, kind="Rand", n=6, frames=6, res=12, seed=0)
+    ingest_files("pdebench", [raw], base / "s3d", IngestOptions(resolution=None, split=(0.6, 0.0), seed=0))
+    (base / "t_in.yaml").write_text("data:\n  t_in: 3\n  t_out: 1\n", encoding="utf-8")
+    return {"shards": base / "s3d", "config": base / "t_in.yaml"}
+
+
 def _io(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as data:
         return {k: data[k] for k in ("x", "pred", "cls")}
@@ -270,3 +284,17 @@ def test_evaluate_scores_a_baseline_and_names_it(fno_train_shards: Path, tmp_pat
                                    allow_convention_mismatch=True)
     assert released["network"]["model"] == label  # the grid (not in the weights) fitted to the data's
     assert 0 < ours["datasets"]["fno-ns-v1e-3"]["model"]["rollout_l2re"] < float("inf")
+
+
+def test_evaluate_runs_a_released_3d_baseline_on_the_data_grid(shards_3d: dict[str, Path], tmp_path: Path) -> None:
+    """The grid is not in a baseline's weights (the inferred 128 is a default): 3D released weights are evaluated on
+    the data's grid, as with --res 0, not resized to the default."""
+    from dpot_train.evaluate import evaluate_checkpoint
+
+    torch.manual_seed(0)
+    model = fresh_model("fno-tiny", {}, data_overrides(5, (12, 12, 12), 3, 1))
+    torch.save({"model": model.state_dict()}, tmp_path / "w.pth")
+    args = (str(tmp_path / "w.pth"), [str(shards_3d["shards"])])
+    default = evaluate_checkpoint(*args, rollout_steps=1)
+    assert default["network"]["model"] == "FNO3D"
+    assert default["datasets"] == evaluate_checkpoint(*args, rollout_steps=1, res=0)["datasets"]

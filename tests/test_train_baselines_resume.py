@@ -18,22 +18,9 @@ import torch
 
 from dpot_train.checkpoint import list_checkpoints
 from tests import train_runs
+from tests.test_model_baselines import shards_3d  # noqa: F401  (a fixture)
 
 STEPS = 10
-
-
-@pytest.fixture(scope="module")
-def shards_3d(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """3D shards at their native 12^3 grid (6 trajectories of 6 frames: 4 train, 2 test) and a run config with 3
-    input frames."""
-    from dpot_data.ingest import IngestOptions, ingest_files
-    from dpot_data.synth.pdebench import write_cfd
-
-    base = tmp_path_factory.mktemp("baselines3d")
-    raw = write_cfd(base / "raw", dims=3, m=1.0, eta=1e-8, kind="Rand", n=6, frames=6, res=12, seed=0)
-    ingest_files("pdebench", [raw], base / "s3d", IngestOptions(resolution=None, split=(0.6, 0.0), seed=0))
-    (base / "t_in.yaml").write_text("data:\n  t_in: 3\n  t_out: 1\n", encoding="utf-8")
-    return {"shards": base / "s3d", "config": base / "t_in.yaml"}
 
 
 def _args(data: dict[str, Path], out: Path, preset: str, *extra: str) -> list[str]:

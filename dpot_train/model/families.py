@@ -329,6 +329,11 @@ def summary(config: Any) -> dict[str, Any]:
             "parameters": parameter_count(config)}
 
 
+def weights_fix_grid(config: Any) -> bool:
+    """Whether the weights fix the grid (DPOT's positional embedding); the baselines' run on the data's."""
+    return "img_size" not in family_of(config).free_fields and "in_shape" not in family_of(config).free_fields
+
+
 def not_applicable(config: Any, option: str) -> str | None:
     """One line saying why a DPOT-only option does not apply to `config`'s family (None when it does)."""
     family = family_of(config)
