@@ -20,7 +20,8 @@ from dpot_train.checkpoint import list_checkpoints
 from tests import train_runs
 from tests.test_model_baselines import shards_3d  # noqa: F401  (a fixture)
 
-STEPS = 10
+STEPS = 24
+KILL_AT = 2  # the first checkpoint: the kill must land before the last of the STEPS - KILL_AT remaining steps
 
 
 def _args(data: dict[str, Path], out: Path, preset: str, *extra: str) -> list[str]:
@@ -39,10 +40,10 @@ def _equal(a: object, b: object) -> bool:
 
 
 def _kill_mid_run(args: list[str], out: Path) -> None:
-    """Start the launcher, SIGKILL it once the step-4 checkpoint exists, wait until its workers are gone."""
+    """Start the launcher, SIGKILL it once the first checkpoint exists, wait until its workers are gone."""
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=train_runs.env(),
                             cwd=train_runs.ROOT)
-    target = out / "checkpoints" / "step-00000004.pt"
+    target = out / "checkpoints" / f"step-{KILL_AT:08d}.pt"
     deadline = time.monotonic() + 180
     workers: list[int] = []
     while not target.exists():
@@ -57,7 +58,7 @@ def _kill_mid_run(args: list[str], out: Path) -> None:
     while any(Path(f"/proc/{p}").exists() for p in workers) and time.monotonic() < end:
         time.sleep(0.05)
     steps = [s for s, _ in list_checkpoints(out / "checkpoints")]
-    assert steps and max(steps) < STEPS, steps
+    assert steps and max(steps) < STEPS, f"the run reached step {max(steps)} before the kill landed: {steps}"
 
 
 @pytest.mark.slow
