@@ -6,8 +6,10 @@
 #   bash benchmarks/gpu_session.sh compile # latency under torch.compile(reduce-overhead) per preset; compiled train
 #   bash benchmarks/gpu_session.sh data    # loader and full-step throughput with 0/4/8 workers; `dpot-train launch`
 #                                          # for 300 steps (per-step vs deferred host sync); kill-and-resume on the GPU
+#   bash benchmarks/gpu_session.sh loop    # the part of `data` that fits one short lease: bf16 step vs model step
+#                                          # with 0/4/8 workers, one deferred-sync launch, kill-and-resume (default)
 #
-# Env: PY (python with torch+CUDA; default python3), REF (folder with dpot_tiny.pth, dpot_tiny_io.npz; default
+# Env: WORKER_KIND (thread or process, for train_step), LOOP_MODES (the kill-and-resume modes of `loop`), PY (python with torch+CUDA; default python3), REF (folder with dpot_tiny.pth, dpot_tiny_io.npz; default
 # ../shared/reference), OUT (folder for logs; default gpu-out), WORK (scratch; default /tmp/dpot-gpu).
 # Wheels under .whl/ (packages the machine lacks) are installed to /tmp/site first when present.
 set -uo pipefail
@@ -53,7 +55,9 @@ if [ "$STAGE" = compile ]; then  # one preset per command, so that each leaves i
     exit 0
 fi
 
-[ "$STAGE" = data ] || { echo "unknown stage $STAGE (model, compile or data)"; exit 2; }
+[ "$STAGE" = data ] || [ "$STAGE" = loop ] || { echo "unknown stage $STAGE (model, compile, data or loop)"; exit 2; }
+DTYPES=${DTYPES:-fp32,bf16} MODES=${MODES:-default deterministic}
+[ "$STAGE" = loop ] && DTYPES=bf16 MODES=${LOOP_MODES:-default}
 # Data: 96 PDEBench compressible-NS trajectories of 21 frames at 128^2 (the pre-training resolution), ingested by us.
 DATA=$WORK/shards
 if [ ! -f "$DATA/manifest.json" ]; then
@@ -61,8 +65,8 @@ if [ ! -f "$DATA/manifest.json" ]; then
     $PY -m dpot_data ingest pdebench "$WORK"/raw/*.hdf5 --out "$DATA" --workers 8 --no-progress > "$OUT/ingest.log" 2>&1 \
         || { tail "$OUT/ingest.log"; exit 1; }
 fi
-step train_step 240 $PY benchmarks/train_step.py --device "$DEVICE" --presets "$MODEL" --dtypes fp32,bf16 \
-    --compile off --workers 0,4,8 --steps 40 --warmup 10 --trajectories 32 --batch "$BATCH"
+step train_step 240 $PY benchmarks/train_step.py --device "$DEVICE" --presets "$MODEL" --dtypes "$DTYPES" \
+    --compile off --workers 0,4,8 --worker-kind "${WORKER_KIND:-thread}" --steps 40 --warmup 10 --trajectories 32 --batch "$BATCH"
 launch() {  # launch NAME EXTRA...: $MODEL, batch $BATCH, bf16 on CUDA, 8 thread workers, no eval
     local name=$1; shift
     rm -rf "${WORK:?}/$name"
@@ -81,10 +85,10 @@ for r in rows:  # each logged rate covers the steps since the previous log line;
 print(f"steps {len(rows)}, samples/s over steps 51..{prev}: {samples / max(seconds, 1e-9):.1f}")
 EOF
 }
-launch launch_sync_each_step --steps "$STEPS" --log-every 1 --ckpt-every 100000
+[ "$STAGE" = data ] && launch launch_sync_each_step --steps "$STEPS" --log-every 1 --ckpt-every 100000
 launch launch_deferred_sync --steps "$STEPS" --log-every 50 --ckpt-every 100000
 # kill-and-resume: the same 300 steps uninterrupted, and killed after the step-150 checkpoint then resumed
-for mode in default deterministic; do
+for mode in $MODES; do
     flag=(); [ $mode = deterministic ] && flag=(--deterministic)
     launch "full_$mode" --steps "$STEPS" --log-every 50 --ckpt-every $((STEPS / 2)) "${flag[@]}"
     rm -rf "$WORK/killed_$mode"
@@ -105,5 +109,6 @@ equal = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 print(f"{sys.argv[1].rsplit('_', 1)[-1]}: resumed weights bitwise equal: {equal}; max abs diff {max(diffs):.3e}")
 EOF
 done
-step train_step_compiled 150 $PY benchmarks/train_step.py --device "$DEVICE" --presets "$MODEL" --dtypes bf16 \
+[ "$STAGE" = data ] && step train_step_compiled 150 $PY benchmarks/train_step.py --device "$DEVICE" --presets "$MODEL" --dtypes bf16 \
     --compile on --workers 8 --steps 40 --warmup 10 --trajectories 32 --batch "$BATCH"
+exit 0
