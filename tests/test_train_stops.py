@@ -78,7 +78,7 @@ class _Last(torch.nn.Module):
 def test_evaluation_of_data_with_no_valid_cell_reports_null(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     shards = _toy(tmp_path / "toy", monkeypatch, masked=True)
-    result = evaluate_model(_Last(), DataConfig(manifests=[str(shards)]), rollout_steps=2)
+    result = evaluate_model(_Last(), DataConfig(manifests=[str(shards)], normalize="none"), rollout_steps=2)
     r = result["datasets"]["toy"]
     assert r["model"] == {"one_step_l2re": None, "rollout_l2re": None}
     assert r["persistence"] == {"one_step_l2re": None, "rollout_l2re": None}
@@ -86,5 +86,5 @@ def test_evaluation_of_data_with_no_valid_cell_reports_null(tmp_path: Path, monk
     print_table(result)
     assert "n/a" in capsys.readouterr().out
     intact = _toy(tmp_path / "intact", monkeypatch)
-    r = evaluate_model(_Last(), DataConfig(manifests=[str(intact)]), rollout_steps=2)["datasets"]["toy"]
+    r = evaluate_model(_Last(), DataConfig(manifests=[str(intact)], normalize="none"), rollout_steps=2)["datasets"]["toy"]
     assert "unscored" not in r and 0 < r["persistence"]["rollout_l2re"] < math.inf
