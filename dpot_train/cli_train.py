@@ -192,18 +192,32 @@ def evaluate_cmd(
                                       "run's --res; a 3D model's own grid)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
+    predictions: Optional[Path] = typer.Option(None, "--predictions", help="Also write the model's rollouts, truth "
+                                               "and mask as a Zarr store here (xarray.open_zarr(PATH, "
+                                               "group=DATASET)); dpot recipe."),
 ) -> None:
-    """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline;
-    writes eval.json."""
+    """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline, with
+    per-step L2RE and The Well's NRMSE / VRMSE / spectral MSE per channel; writes eval.json."""
+    from dpot_train.eval_predictions import PredictionWriter
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
 
+    sink = PredictionWriter(predictions) if predictions is not None else None
     try:
+        if predictions is not None and recipe == "reference":
+            raise ValueError("--predictions: the reference recipe writes no predictions; use --recipe dpot")
         result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
                                      backend=backend, device=device, max_trajectories=max_trajectories,
                                      verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
                                      allow_convention_mismatch=allow_convention_mismatch, res=res,
-                                     cache_dir=cache_dir, cache_limit=cache_limit)
+                                     cache_dir=cache_dir, cache_limit=cache_limit, sink=sink)
+        if sink is not None and result["recipe"] == "reference":
+            raise ValueError("--predictions: the reference recipe (released weights) writes no predictions; "
+                             "add --recipe dpot")
+        if sink is not None:
+            result["predictions"] = str(sink.close())
     except Exception as exc:  # noqa: BLE001
+        if sink is not None:
+            sink.abort()
         _fail(exc)
         return
     write_eval(result, out)

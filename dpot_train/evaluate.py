@@ -14,10 +14,13 @@ from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
+from dpot_train.eval_metrics import DatasetSuite
+from dpot_train.eval_predictions import PredictionSink
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
 
 RECIPES = ("dpot", "reference")
+EVAL_SCHEMA = "dpot-eval/2"  # docs/training.md, "eval.json"
 
 
 def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
@@ -31,7 +34,8 @@ def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
 def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
                    verify: bool | None = None, recipe: str = "dpot", datasets: list[DatasetInfo] | None = None,
-                   trajectories: Mapping[str, list[TrajRef]] | None = None) -> dict[str, Any]:
+                   trajectories: Mapping[str, list[TrajRef]] | None = None,
+                   sink: PredictionSink | None = None) -> dict[str, Any]:
     """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
     recipe "dpot": valid channels and fluid cells; rollout and one-step from the first t_in true frames; padded
@@ -44,6 +48,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     `data.res` > 0 resizes every trajectory to that grid first, as training did (2D and 3D alike).
     `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
     `trajectories`: per dataset, its `split` trajectories already indexed (their shards' headers are not read again).
+    `sink`: receives the model's rollouts batch by batch (dpot recipe; eval_predictions.PredictionWriter).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
@@ -58,7 +63,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     model = model.to(device).eval()
     predict = _predictor(model, device)
     t_in = data.t_in
-    out: dict[str, Any] = {"split": split, "t_in": t_in, "recipe": recipe, "datasets": {}}
+    out: dict[str, Any] = {"schema": EVAL_SCHEMA, "split": split, "t_in": t_in, "recipe": recipe, "datasets": {}}
     for ds in datasets:
         refs = given[ds.name] if ds.name in given else reader.refs(ds, split)
         if max_trajectories > 0:
@@ -69,6 +74,9 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             continue
         steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
         sums = {k: [] for k in ("model_one_step", "model_rollout", "persistence_one_step", "persistence_rollout")}
+        suite = DatasetSuite(ds.channels, ds.channel_valid, steps)
+        if sink is not None:
+            sink.begin(ds, [r.id for r in refs], steps, t_in)
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
             arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
@@ -79,15 +87,21 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
             true = frames[..., t_in:t_in + steps, :]
             keep = predicted_entries(mask, cv, frames[..., :1, :])
-            sums["model_rollout"].append(l2re(rollout(predict, frames, t_in, steps, keep), true, mask, cv))
-            sums["model_one_step"].append(l2re(one_step(predict, frames, t_in, steps, keep), true, mask, cv))
-            sums["persistence_rollout"].append(l2re(rollout(persistence, frames, t_in, steps), true, mask, cv))
-            sums["persistence_one_step"].append(l2re(one_step(persistence, frames, t_in, steps), true, mask, cv))
+            for who, fn, k in (("model", predict, keep), ("persistence", persistence, None)):
+                pred, once = rollout(fn, frames, t_in, steps, k), one_step(fn, frames, t_in, steps, k)
+                sums[f"{who}_rollout"].append(l2re(pred, true, mask, cv))
+                sums[f"{who}_one_step"].append(l2re(once, true, mask, cv))
+                suite.add(who, pred, once, true, mask)
+                if who == "model" and sink is not None:
+                    sink.write(ds, [r.id for r in chunk], pred, true, mask)
         vals = {k: float(torch.cat(v).mean()) for k, v in sums.items()}
+        more = suite.result()
         out["datasets"][ds.name] = {
             "trajectories": len(refs), "rollout_steps": steps,
-            "model": {"one_step_l2re": vals["model_one_step"], "rollout_l2re": vals["model_rollout"]},
-            "persistence": {"one_step_l2re": vals["persistence_one_step"], "rollout_l2re": vals["persistence_rollout"]},
+            **{k: v for k, v in more.items() if k not in ("model", "persistence")},
+            "model": {"one_step_l2re": vals["model_one_step"], "rollout_l2re": vals["model_rollout"], **more["model"]},
+            "persistence": {"one_step_l2re": vals["persistence_one_step"], "rollout_l2re": vals["persistence_rollout"],
+                            **more["persistence"]},
         }
     return out
 
@@ -172,7 +186,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
                         allow_convention_mismatch: bool = False, res: int | None = None,
-                        cache_dir: str | None = None, cache_limit: str | None = None) -> dict[str, Any]:
+                        cache_dir: str | None = None, cache_limit: str | None = None,
+                        sink: PredictionSink | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
 
     `recipe` None: "reference" for released weights (their numbers are comparable with the paper's), else the
@@ -217,6 +232,6 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     index = checked_index(data, datasets, split)  # the manifests read above are not read again
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,
-                            trajectories=indexed_trajectories(datasets, split, index))
+                            trajectories=indexed_trajectories(datasets, split, index), sink=sink)
     result["checkpoint"] = str(checkpoint)
     return result
