@@ -195,31 +195,53 @@ def evaluate_cmd(
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="Also write the model's rollouts, truth "
                                                "and mask as a Zarr store here (xarray.open_zarr(PATH, "
                                                "group=DATASET)); dpot recipe."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write pictures per dataset to this folder: truth / "
+                                        "prediction / error at the first, middle and last step, error per step, "
+                                        "power spectra (dpot recipe)."),
+    video: bool = typer.Option(False, "--video", help="With --plot: also one rollout as a GIF."),
 ) -> None:
     """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline, with
     per-step L2RE and The Well's NRMSE / VRMSE / spectral MSE per channel; writes eval.json."""
     from dpot_train.eval_predictions import PredictionWriter
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
 
-    sink = PredictionWriter(predictions) if predictions is not None else None
+    import tempfile
+
+    if plot is not None:
+        plot.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.TemporaryDirectory(prefix=".dpot-predictions-", dir=plot) \
+        if plot is not None and predictions is None else None
+    store = predictions if predictions is not None else Path(scratch.name) / "predictions.zarr" if scratch else None
+    sink = PredictionWriter(store) if store is not None else None
     try:
-        if predictions is not None and recipe == "reference":
-            raise ValueError("--predictions: the reference recipe writes no predictions; use --recipe dpot")
+        if video and plot is None:
+            raise ValueError("--video: name the folder for it with --plot DIR")
+        if sink is not None and recipe == "reference":
+            raise ValueError("--predictions/--plot: the reference recipe writes no predictions; use --recipe dpot")
         result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps, split=split,
                                      backend=backend, device=device, max_trajectories=max_trajectories,
                                      verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
                                      allow_convention_mismatch=allow_convention_mismatch, res=res,
                                      cache_dir=cache_dir, cache_limit=cache_limit, sink=sink)
         if sink is not None and result["recipe"] == "reference":
-            raise ValueError("--predictions: the reference recipe (released weights) writes no predictions; "
+            raise ValueError("--predictions/--plot: the reference recipe (released weights) writes no predictions; "
                              "add --recipe dpot")
         if sink is not None:
-            result["predictions"] = str(sink.close())
+            published = sink.close()
+            if predictions is not None:
+                result["predictions"] = str(published)
+        if plot is not None:
+            from dpot_train.eval_plots import write_plots
+
+            result["plots"] = [str(p.resolve()) for p in write_plots(published, result, plot, video=video)]
     except Exception as exc:  # noqa: BLE001
         if sink is not None:
             sink.abort()
         _fail(exc)
         return
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     write_eval(result, out)
     print_table(result)
     typer.echo(f"wrote {out}: L2RE per dataset, model vs the persistence baseline "
