@@ -88,6 +88,10 @@ def launch_cmd(
     ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every",
                                              help=_default("ckpt_every", "Checkpoint every N steps.")),
     log_every: Optional[int] = typer.Option(None, "--log-every", help=_default("log_every", "Log every N steps.")),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every",
+                                             help=_default("eval_every", "Score the validation split every N steps "
+                                                           "and keep the best weights as checkpoints/best.pt, which "
+                                                           "the final evaluation then scores (0: off).")),
     loss: Optional[str] = typer.Option(None, "--loss", help=_default("loss", "valid or all (the reference's loss).")),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="dpot (loss and noise over valid channels and fluid "
                                          "cells) or reference (the reference DPOT's loss, noise and evaluation); "
@@ -143,6 +147,7 @@ def launch_cmd(
 # launch options -> the run-config keys they set when given (None: not given, the run config's value stays)
 _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res": "data.res", "steps": "steps",
            "batch_size": "batch_size", "seed": "seed", "ckpt_every": "ckpt_every", "log_every": "log_every",
+           "eval_every": "eval_every",
            "loss": "loss", "device": "device", "rollout_steps": "rollout_steps", "lr": "optim.lr",
            "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
