@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,9 +81,9 @@ class PredictionWriter:
             {"prediction": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk)),
              "truth": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk)),
              "mask": (("trajectory", *spatial), da.zeros((n, *shape), dtype=bool, chunks=(1, *shape)))},
-            coords={"trajectory": np.array(g["ids"], dtype=str), "step": np.arange(1, steps + 1),
+            coords={"trajectory": np.array(g["ids"], dtype=object), "step": np.arange(1, steps + 1),
                     "frame": ("step", np.arange(g["t_in"], g["t_in"] + steps)),
-                    "channel": np.array(ds.channels, dtype=str)},
+                    "channel": np.array(ds.channels, dtype=object)},  # variable-length UTF-8 strings
             attrs={"dataset": ds.name, "t_in": g["t_in"], "model_layout": ds.model_layout,
                    "channel_valid": [bool(v) for v in ds.channel_valid],
                    "mask_meaning": "True on fluid cells; metrics count only these"})
@@ -115,7 +116,9 @@ class PredictionWriter:
         """Publish the store at `path` (replacing one there) and return it."""
         import zarr
 
-        zarr.consolidate_metadata(str(self.tmp))
+        with warnings.catch_warnings():  # zarr 3 notes that consolidated metadata is outside the v3 spec
+            warnings.simplefilter("ignore", category=UserWarning)
+            zarr.consolidate_metadata(str(self.tmp))  # so that xarray.open_zarr(PATH, group=...) reads one file
         if self.path.exists():
             shutil.rmtree(self.path) if self.path.is_dir() else self.path.unlink()
         os.replace(self.tmp, self.path)

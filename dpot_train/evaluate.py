@@ -16,6 +16,7 @@ from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout
 from dpot_train.eval_metrics import DatasetSuite
 from dpot_train.eval_predictions import PredictionSink
+from dpot_train.eval_stream import STREAM_STEPS, score_streamed
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
 
@@ -79,11 +80,13 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             sink.begin(ds, [r.id for r in refs], steps, t_in)
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
-            arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
-            frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout)
-                                                              for f, _ in arrays])), data.res)
-            mask = resize_mask(torch.from_numpy(np.stack([np.ascontiguousarray(m.T if ds.model_layout == "xy" else m)
-                                                          for _, m in arrays]).astype(bool)), data.res)
+            if steps > STREAM_STEPS:  # a long rollout: read and scored chunk by chunk (eval_stream)
+                found = score_streamed(predict, lambda t0, n, c=chunk: _read_batch(reader, c, ds, t0, n, data.res),
+                                       t_in, steps, ds.channel_valid, suite, sink, ds, [r.id for r in chunk])
+                for k, v in found.items():
+                    sums[k].append(v)
+                continue
+            frames, mask = _read_batch(reader, chunk, ds, 0, t_in + steps, data.res)
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
             true = frames[..., t_in:t_in + steps, :]
             keep = predicted_entries(mask, cv, frames[..., :1, :])
@@ -104,6 +107,18 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
                             **more["persistence"]},
         }
     return out
+
+
+def _read_batch(reader: Any, chunk: list[TrajRef], ds: DatasetInfo, t0: int, length: int, res: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frames [t0, t0 + length) of the trajectories `chunk` in the model layout (B, *S, T, C), resized to `res`,
+    and their fluid-cell mask (B, *S)."""
+    arrays = [reader.read(r, t0, length) for r in chunk]
+    frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout)
+                                                      for f, _ in arrays])), res)
+    mask = resize_mask(torch.from_numpy(np.stack([np.ascontiguousarray(m.T if ds.model_layout == "xy" else m)
+                                                  for _, m in arrays]).astype(bool)), res)
+    return frames, mask
 
 
 def _model_grid(ds: Any, res: int = 0) -> tuple[tuple[int, ...], list[int]]:
