@@ -100,6 +100,16 @@ def cost(shards: Path, steps: int, repeat: int, device: str) -> dict[str, Any]:
             "ratio_cpu": med_cpu["suite"] / med_cpu["without"]}
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM): unlike ru_maxrss it starts anew at exec, so a child process started
+    from a large parent reports its own peak."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def long_rollout(shards: Path, steps: int, mode: str, device: str) -> dict[str, Any]:
     """(In a fresh process) one --long-steps evaluation, streamed or whole; peak RSS before and after."""
     import torch
@@ -112,14 +122,14 @@ def long_rollout(shards: Path, steps: int, mode: str, device: str) -> dict[str, 
     model = tiny_model(len(ds.channels), ds.shape[0])
     if mode == "whole":
         evaluate.STREAM_STEPS = 10**9
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_mib()
     t0 = time.perf_counter()
     res = evaluate.evaluate_model(model, DataConfig(manifests=[str(shards)]), rollout_steps=steps,
                                   device=torch.device(device), verify=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_mib()
     r = res["datasets"][ds.name]
     return {"mode": mode, "steps": r["rollout_steps"], "trajectories": r["trajectories"], "grid": list(ds.shape),
-            "seconds": time.perf_counter() - t0, "peak_rss_mib_before": before / 1024, "peak_rss_mib": peak / 1024,
+            "seconds": time.perf_counter() - t0, "peak_rss_mib_before": before, "peak_rss_mib": peak,
             "rollout_l2re": r["model"]["rollout_l2re"]}
 
 
@@ -136,6 +146,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--skip-long", action="store_true")
+    ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--child", choices=["streamed", "whole"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     import torch
@@ -150,12 +161,12 @@ def main() -> None:
     from benchmarks.common import machine
 
     out: dict[str, Any] = {"machine": machine(work, ["torch", "numpy", "zarr"]), "device": args.device}
-    out["cost"] = cost(make_shards(work, args.trajectories, args.steps + 10, args.res), args.steps, args.repeat,
-                       args.device)
-    c = out["cost"]
-    print(f"cost: CPU s suite {c['median_cpu']['suite']:.2f} / without {c['median_cpu']['without']:.2f} = "
-          f"{c['ratio_cpu']:.3f}; wall s {c['median_wall']['suite']:.2f} / {c['median_wall']['without']:.2f} = "
-          f"{c['ratio_wall']:.3f}", file=sys.stderr)
+    if not args.skip_cost:
+        out["cost"] = c = cost(make_shards(work, args.trajectories, args.steps + 10, args.res), args.steps,
+                               args.repeat, args.device)
+        print(f"cost: CPU s suite {c['median_cpu']['suite']:.2f} / without {c['median_cpu']['without']:.2f} = "
+              f"{c['ratio_cpu']:.3f}; wall s {c['median_wall']['suite']:.2f} / {c['median_wall']['without']:.2f} = "
+              f"{c['ratio_wall']:.3f}", file=sys.stderr)
     if not args.skip_long:
         make_shards(work, args.long_trajectories, args.long_steps + 10, args.long_res)
         out["long"] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -209,8 +210,6 @@ def evaluate_cmd(
     per-step L2RE and The Well's NRMSE / VRMSE / spectral MSE per channel; writes eval.json."""
     from dpot_train.eval_predictions import PredictionWriter
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
-
-    import tempfile
 
     if plot is not None:
         plot.mkdir(parents=True, exist_ok=True)

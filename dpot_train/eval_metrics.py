@@ -87,27 +87,35 @@ def spectral_bin_edges(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _bin_matrix(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """(N, 3) float64 one-hot: which of the three bins each cell's isotropic wavenumber (grid spacing 1, computed
-    in float32 as The Well does) falls in; wavenumbers past the last edge are in none (The Well drops its open last
-    bin)."""
+    """(N', 3) float32 weights over the half spectrum torch.fft.rfftn keeps (N' cells, the last axis halved): which
+    of the three bins each wavenumber (grid spacing 1, computed in float32 as The Well does) falls in, times the
+    number of full-spectrum cells it stands for (2 for the last axis' interior frequencies: the spectrum of a real
+    field is symmetric). Wavenumbers past the last edge are in none (The Well drops its open last bin)."""
     wn2 = torch.zeros(shape, dtype=torch.float32)
     for i, s in enumerate(shape):
         k = 2 * np.pi * torch.fft.fftfreq(s, d=1.0)
         wn2 = wn2 + torch.moveaxis(k.reshape((s,) + (1,) * (len(shape) - 1)), 0, i) ** 2
     idx = torch.bucketize(torch.sqrt(wn2).flatten(), spectral_bin_edges(shape), right=True) - 1
-    onehot = torch.nn.functional.one_hot(idx, num_classes=SPECTRAL_BINS + 1).to(torch.float64)
-    return onehot[:, :SPECTRAL_BINS].to(device)
+    full = torch.nn.functional.one_hot(idx, num_classes=SPECTRAL_BINS + 1)[:, :SPECTRAL_BINS].reshape(*shape, -1)
+    last = shape[-1]
+    half = full[..., :last // 2 + 1, :].to(torch.float32)
+    twice = torch.full((last // 2 + 1,), 2.0)
+    twice[0] = 1.0
+    if last % 2 == 0:
+        twice[-1] = 1.0  # the Nyquist frequency appears once
+    return (half * twice[:, None]).reshape(-1, SPECTRAL_BINS).to(device)
 
 
 def spectral_mse(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, T, 3, C) The Well's binned spectral MSE of the residual (zeroed on solid cells) per frame and channel."""
+    """(B, T, 3, C) The Well's binned spectral MSE of the residual (zeroed on solid cells) per frame and channel;
+    float32 FFT as The Well's, summed in float64."""
     dims = _spatial_dims(pred)
     shape = tuple(pred.shape[d] for d in dims)
-    res = (pred.to(torch.float64) - true.to(torch.float64)) * _fluid(mask, pred)
-    power = torch.fft.fftn(res, dim=dims).abs().pow(2)
-    flat = power.reshape(power.shape[0], -1, *power.shape[-2:])  # (B, N, T, C)
+    res = (pred.float() - true.float()) * _fluid(mask, pred).float()
+    power = torch.fft.rfftn(res, dim=dims).abs().pow(2)
+    flat = power.reshape(power.shape[0], -1, *power.shape[-2:])  # (B, N', T, C)
     cells = float(np.prod(shape))
-    return torch.einsum("bntc,nk->btkc", flat, _bin_matrix(shape, pred.device)) / cells ** 2
+    return torch.einsum("bntc,nk->btkc", flat, _bin_matrix(shape, pred.device)).to(torch.float64) / cells ** 2
 
 
 class SuiteAccumulator:
@@ -164,7 +172,12 @@ class SuiteAccumulator:
     def add_one_step(self, pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None) -> None:
         """Teacher-forced next-frame predictions (B, *S, T, C) and their truth: MPP's one-step NRMSE."""
         k = self.valid.to(pred.device)
-        err = nrmse(pred[..., k], true[..., k], mask).mean(dim=2)  # (B, T): mean over valid channels
+        m = _fluid(mask, pred)
+        dims = _spatial_dims(pred)
+        p, t = pred[..., k].to(torch.float64), true[..., k].to(torch.float64)
+        n = m.sum(dim=dims)  # (B, 1, 1)
+        mse, norm = ((p - t).pow(2) * m).sum(dim=dims) / n, (t.pow(2) * m).sum(dim=dims) / n
+        err = torch.sqrt(mse / (norm + WELL_EPS)).mean(dim=2)  # (B, T): The Well's NRMSE, mean over valid channels
         self.one_step_sum += float(err.sum())
         self.one_step_frames += err.numel()
 

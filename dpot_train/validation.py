@@ -63,7 +63,8 @@ def validate_and_keep_best(cfg: Any, info: Any, model: torch.nn.Module, step: in
         best = best_record(ckpt_dir)
         if math.isfinite(score) and (best is None or score < float(best["score"])):
             record = {"step": step, "score": score, "split": VALID_SPLIT, "metric": METRIC}
-            save_atomic(checkpoint_payload(model, train_config=cfg.to_dict(), step=step, validation=record), Path(ckpt_dir) / BEST_NAME)
+            payload = checkpoint_payload(model, train_config=cfg.to_dict(), step=step, validation=record)
+            save_atomic(payload, Path(ckpt_dir) / BEST_NAME)
             from dpot_format.io import atomic_write
 
             atomic_write(Path(ckpt_dir) / BEST_RECORD, (json.dumps(record) + "\n").encode("utf-8"))

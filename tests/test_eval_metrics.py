@@ -14,7 +14,7 @@ from dpot_train.eval_metrics import DatasetSuite, SuiteAccumulator, nrmse, spect
 from dpot_train.metrics import l2re
 
 GOLDEN = Path(__file__).parent / "golden" / "well_metrics.npz"
-CASES = ("random_2d", "masked_2d", "masked_3d")
+CASES = ("random_2d", "masked_2d", "masked_3d", "odd_2d")
 
 
 def _case(name: str) -> dict[str, np.ndarray]:

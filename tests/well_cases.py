@@ -1,6 +1,7 @@
 """Arrays the evaluation's metric suite is checked on against The Well's own metric functions (the referee): a
 random 2D block, a real-shaped 2D block with a cylinder of solid cells, a padded channel and a channel constant in one
-frame, and a masked 3D block. Layout as the model's: fields (B, *S, T, C), mask (B, *S) True on fluid cells.
+frame, a masked 3D block and a block with odd sides. Layout as the model's: fields (B, *S, T, C), mask (B, *S) True
+on fluid cells.
 
 tests/golden/make_well_metrics.py turns these into tests/golden/well_metrics.npz (inputs and The Well's values);
 numpy only, so that the script also runs in a scratch environment that has the_well installed.
@@ -48,4 +49,7 @@ def cases() -> dict[str, dict[str, np.ndarray]]:
     pred = (0.8 * true + 0.2 * rng.standard_normal(true.shape)).astype(np.float32)
     mask = rng.uniform(size=(2, 8, 8, 8)) > 0.2
     out["masked_3d"] = {"pred": pred, "true": true, "mask": mask, "channel_valid": np.ones(2, dtype=bool)}
+    true = rng.standard_normal((2, 9, 7, 3, 1)).astype(np.float32)  # odd sides: no Nyquist frequency
+    pred = (true + 0.5 * rng.standard_normal(true.shape)).astype(np.float32)
+    out["odd_2d"] = {"pred": pred, "true": true, "channel_valid": np.ones(1, dtype=bool)}
     return out
