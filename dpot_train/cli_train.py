@@ -216,8 +216,9 @@ def evaluate_cmd(
     scratch = tempfile.TemporaryDirectory(prefix=".dpot-predictions-", dir=plot) \
         if plot is not None and predictions is None else None
     store = predictions if predictions is not None else Path(scratch.name) / "predictions.zarr" if scratch else None
-    sink = PredictionWriter(store) if store is not None else None
+    sink = None
     try:
+        sink = PredictionWriter(store) if store is not None else None
         if video and plot is None:
             raise ValueError("--video: name the folder for it with --plot DIR")
         if sink is not None and recipe == "reference":

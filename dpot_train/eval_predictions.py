@@ -60,6 +60,9 @@ class PredictionWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if (self.path.exists() or self.path.is_symlink()) and not (self.path / "zarr.json").is_file():
+            raise ValueError(f"--predictions {self.path}: exists and is not a Zarr store; name a new path (a store "
+                             "written before is replaced)")
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
         self._groups: dict[str, dict[str, Any]] = {}
 

@@ -42,7 +42,7 @@ def test_readme_path_runs_verbatim(tmp_path: Path) -> None:
     script = "set -euo pipefail\n" + "\n".join(blocks)
     env = {**os.environ, "STEPS": "20", "MPLBACKEND": "Agg", "COLUMNS": "160"}
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=900)  # the path plus "Evaluate and compare" (its pictures and GIF)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert "Traceback" not in output, output[-4000:]

@@ -120,3 +120,14 @@ def test_picked_steps() -> None:
     from dpot_train.eval_plots import picked_steps
 
     assert [picked_steps(n) for n in (1, 2, 5, 500)] == [[0], [0, 1], [0, 2, 4], [0, 249, 499]]
+
+
+def test_predictions_path_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
+    keep = tmp_path / "results"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "none.pt"), "--manifest", str(tmp_path), "--out",
+                                 str(tmp_path / "e.json"), "--predictions", str(keep)])
+    assert r.exit_code == 2 and r.output.strip() == (f"error: --predictions {keep}: exists and is not a Zarr store; "
+                                                     "name a new path (a store written before is replaced)")
+    assert (keep / "notes.txt").read_text() == "mine"
