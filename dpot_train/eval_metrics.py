@@ -151,7 +151,8 @@ class SuiteAccumulator:
 
     def add_rollout(self, pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None) -> None:
         """The batch's rollout steps [next, next + T) and their truth, (B, *S, T, C)."""
-        assert self._run_sse is not None and self._run_sst is not None, "start_batch first"
+        if self._run_sse is None or self._run_sst is None:
+            raise RuntimeError("SuiteAccumulator.add_rollout before start_batch")
         k = self.valid.to(pred.device)
         pred, true = pred[..., k], true[..., k]
         t0, t1 = self._next, self._next + pred.shape[-2]
