@@ -79,7 +79,15 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     again = json.loads(out.read_text())["datasets"]["fno-ns-v1e-3"]
     assert again["rollout_steps"] == 2
     direct = evaluate_checkpoint(str(ckpt), [str(fno_train_shards)], rollout_steps=2)["datasets"]["fno-ns-v1e-3"]
-    assert direct == again
+    # the CLI ran with one thread, this process with several: the model's float32 outputs may differ in their last
+    # bits, which the float32 scalars round away and the float64 per-step suite shows (at ~1e-9)
+    for who in ("model", "persistence"):
+        for key in ("one_step_l2re", "rollout_l2re"):
+            assert direct[who][key] == again[who][key]
+        np.testing.assert_allclose(direct[who]["l2re_per_step"], again[who]["l2re_per_step"], rtol=1e-6)
+        assert direct[who]["one_step_nrmse"] == pytest.approx(again[who]["one_step_nrmse"], rel=1e-6)
+    assert {k: v for k, v in direct.items() if k not in ("model", "persistence")} == \
+        {k: v for k, v in again.items() if k not in ("model", "persistence")}
 
     # --init accepts our own checkpoints too: the weights come back exactly
     from dpot_train.model_setup import data_overrides, init_model
