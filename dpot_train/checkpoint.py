@@ -90,6 +90,18 @@ def trained_recipe(content: Any) -> str:
     return str(trained_config(content).get("recipe") or "dpot")
 
 
+def weights_recipe(content: Any) -> str:
+    """The recipe weights are evaluated with when none is named: the one they were trained with, as their file
+    records it (our checkpoint's run config, or the `recipe` entry a `model export` writes beside the weights), so
+    that a checkpoint and its export score alike; released weights that record none: "reference" (the paper's
+    metric)."""
+    if isinstance(content, dict) and content.get("recipe") in ("dpot", "reference"):
+        return str(content["recipe"])
+    if isinstance(content, dict) and isinstance(content.get("train_config"), dict):
+        return trained_recipe(content)
+    return "reference"
+
+
 def trained_res(content: Any) -> int:
     """The grid a checkpoint's run resized windows to (its data.res), 0 when none or for released weights."""
     data = trained_config(content).get("data")
@@ -363,7 +375,8 @@ def export_released(src: str | Path, dst: str | Path) -> Any:
         raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
                               f"(the weights alone say {said})")
     record = export_record(content)
-    payload = {**released_payload(state), **({"normalization": record} if record else {})}
+    payload = {**released_payload(state), "recipe": trained_recipe(content),  # evaluated as the checkpoint is
+               **({"normalization": record} if record else {})}
     save_atomic(payload, Path(dst))  # with its sha256 record: a flipped bit is caught on load
     return config
 

@@ -78,6 +78,26 @@ def preview_cmd(
                    "(True: fluid)")
 
 
+@app.command("report")
+def report_cmd(
+    evals: list[Path] = typer.Argument(..., help="eval.json files of `evaluate` or of finished runs (one per run)."),
+    out: Path = typer.Option(..., "--out", help="report.md (Markdown) or report.html (HTML, pictures embedded)."),
+    paper: bool = typer.Option(False, "--paper", help="Set the DPOT paper's published figures (Table 1) beside "
+                               "the runs: each paper row, each run's ratio to it and its sign."),
+) -> None:
+    """One table of datasets x runs (the model's rollout L2RE), persistence, the horizon columns, and with --paper
+    the paper's figures; prints the Markdown form and writes --out."""
+    from dpot_train.report import write_report
+
+    try:
+        path, text = write_report(list(evals), out, paper=paper)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    typer.echo(text)
+    typer.echo(f"wrote {path}")
+
+
 @model_app.command("info")
 def model_info_cmd(
     target: str = typer.Argument(..., help="Preset name (tiny, Ti, S, M, L, H, fno, fno-m, unet, ...) or "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -105,6 +106,10 @@ def launch_cmd(
     ckpt_every: Optional[int] = typer.Option(None, "--ckpt-every",
                                              help=_default("ckpt_every", "Checkpoint every N steps.")),
     log_every: Optional[int] = typer.Option(None, "--log-every", help=_default("log_every", "Log every N steps.")),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every",
+                                             help=_default("eval_every", "Score the validation split every N steps "
+                                                           "and keep the best weights as checkpoints/best.pt, which "
+                                                           "the final evaluation then scores (0: off).")),
     loss: Optional[str] = typer.Option(None, "--loss", help=_default("loss", "valid or all (the reference's loss).")),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="dpot (loss and noise over valid channels and fluid "
                                          "cells) or reference (the reference DPOT's loss, noise and evaluation); "
@@ -168,6 +173,7 @@ def launch_cmd(
 # launch options -> the run-config keys they set when given (None: not given, the run config's value stays)
 _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res": "data.res", "steps": "steps",
            "batch_size": "batch_size", "seed": "seed", "ckpt_every": "ckpt_every", "log_every": "log_every",
+           "eval_every": "eval_every",
            "loss": "loss", "device": "device", "rollout_steps": "rollout_steps", "lr": "optim.lr",
            "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
@@ -223,15 +229,34 @@ def evaluate_cmd(
                                       "run's --res; a 3D DPOT model's own grid)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
+    predictions: Optional[Path] = typer.Option(None, "--predictions", help="Also write the model's rollouts, truth "
+                                               "and mask as a Zarr store here (xarray.open_zarr(PATH, "
+                                               "group=DATASET)); dpot recipe."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write pictures per dataset to this folder: truth / "
+                                        "prediction / error at the first, middle and last step, error per step, "
+                                        "power spectra (dpot recipe)."),
+    video: bool = typer.Option(False, "--video", help="With --plot: also one rollout as a GIF."),
 ) -> None:
-    """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline;
-    writes eval.json."""
+    """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline, with
+    per-step L2RE and The Well's NRMSE / VRMSE / spectral MSE per channel; writes eval.json."""
     from dpot_train.checkpoint import check_sha256_option
+    from dpot_train.eval_predictions import PredictionWriter
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
     from dpot_train.launch import reading
 
+    if plot is not None:
+        plot.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.TemporaryDirectory(prefix=".dpot-predictions-", dir=plot) \
+        if plot is not None and predictions is None else None
+    store = predictions if predictions is not None else Path(scratch.name) / "predictions.zarr" if scratch else None
+    sink = None
     try:
         check_out_file(out)  # before the evaluation, not after it
+        sink = PredictionWriter(store) if store is not None else None
+        if video and plot is None:
+            raise ValueError("--video: name the folder for it with --plot DIR")
+        if sink is not None and recipe == "reference":
+            raise ValueError("--predictions/--plot: the reference recipe writes no predictions; use --recipe dpot")
         with reading(manifest):  # an ingest --overwrite of these outputs waits for the evaluation
             result = evaluate_checkpoint(checkpoint, [str(m) for m in manifest], rollout_steps=rollout_steps,
                                          split=split, backend=backend, device=device,
@@ -239,10 +264,26 @@ def evaluate_cmd(
                                          verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
                                          allow_convention_mismatch=allow_convention_mismatch, res=res,
                                          cache_dir=cache_dir, cache_limit=cache_limit,
-                                         sha256=check_sha256_option(sha256), normalize=normalize)
+                                         sha256=check_sha256_option(sha256), normalize=normalize, sink=sink)
+        if sink is not None and result["recipe"] == "reference":
+            raise ValueError("--predictions/--plot: the reference recipe (released weights) writes no predictions; "
+                             "add --recipe dpot")
+        if sink is not None:
+            published = sink.close()
+            if predictions is not None:
+                result["predictions"] = str(published)
+        if plot is not None:
+            from dpot_train.eval_plots import write_plots
+
+            result["plots"] = [str(p.resolve()) for p in write_plots(published, result, plot, video=video)]
     except Exception as exc:  # noqa: BLE001
+        if sink is not None:
+            sink.abort()
         _fail(exc)
         return
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     write_eval(result, out)
     print_table(result)
     normalised = sorted(k for k, v in result["normalization"]["stats"].items() if v is not None)

@@ -113,6 +113,7 @@ class TrainConfig:
     ckpt_every: int = 100
     keep_checkpoints: int = 3
     eval_at_end: bool = True
+    eval_every: int = 0  # > 0: validation-split rollout L2RE every N steps; the best weights kept as checkpoints/best.pt
     eval_split: str = "test"
     rollout_steps: int = 0  # 0: roll out to the end of each test trajectory
     eval_max_trajectories: int = 0  # 0: all test trajectories of each dataset
@@ -198,6 +199,7 @@ _LIMITS: dict[str, tuple[float, float, str]] = {
     "batch_size": (1, 2**20, "a global batch from 1 to 1048576"),
     "log_every": (1, 10**10, "a positive whole number"),
     "ckpt_every": (1, 10**10, "a positive whole number"),
+    "eval_every": (0, 10**10, "a whole number of steps >= 0 (0: no validation)"),
     "optim.lr": (0, 10.0, "a learning rate above 0 and at most 10"),
     "data.noise": (0, 1e3, "a finite noise epsilon >= 0"),
     "data.t_in": (1, 4096, "a frame count from 1 to 4096"),

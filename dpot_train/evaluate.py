@@ -14,11 +14,15 @@ from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import model_shape, resize_frames, resize_mask, to_model_layout, to_model_mask
+from dpot_train.eval_metrics import DatasetSuite
+from dpot_train.eval_predictions import PredictionSink
+from dpot_train.eval_stream import STREAM_STEPS, score_streamed
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
                                 reference_rollout_errors, rollout)
 from dpot_train.normalize import Stats, denormalize, normalize
 
 RECIPES = ("dpot", "reference")
+EVAL_SCHEMA = "dpot-eval/2"  # docs/training.md, "eval.json"
 
 
 def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
@@ -26,14 +30,6 @@ def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
         return model(window.to(device)).float().cpu()
 
     return predict
-
-
-def default_recipe(datasets: list[DatasetInfo]) -> str:
-    """The evaluation recipe when none is named: "reference" when every dataset follows the dpot-reference
-    convention (the reference's metric, comparable with the paper's numbers), else "dpot". It depends on the data
-    only, never on the file holding the weights, so a checkpoint and its released-format export score the same."""
-    return "reference" if datasets and all(d.convention.get("name") == "dpot-reference" for d in datasets) \
-        else "dpot"
 
 
 def _normalized(predict: Any, stats: Stats | None) -> Any:
@@ -51,9 +47,9 @@ def _normalized(predict: Any, stats: Stats | None) -> Any:
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test", rollout_steps: int = 0,
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
-                   verify: bool | None = None, recipe: str | None = "dpot",
-                   datasets: list[DatasetInfo] | None = None,
-                   trajectories: Mapping[str, list[TrajRef]] | None = None) -> dict[str, Any]:
+                   verify: bool | None = None, recipe: str = "dpot", datasets: list[DatasetInfo] | None = None,
+                   trajectories: Mapping[str, list[TrajRef]] | None = None,
+                   sink: PredictionSink | None = None) -> dict[str, Any]:
     """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
     recipe "dpot": valid channels and fluid cells; rollout and one-step from the first t_in true frames; padded
@@ -62,14 +58,15 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     on the original grid's cells and the dataset's pred_channels; rollout_l2re over the whole rollout and
     step_l2re, the mean of the per-step errors inside it.
 
-    recipe None: `default_recipe` of the datasets. The model is handed each dataset normalised as `data` says
+    The model is handed each dataset normalised as `data` says
     (data.normalize, data.norm_stats: dpot_train.normalize) and its predictions are denormalised before scoring.
     rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
     `data.res` > 0 resizes every trajectory to that grid first, as training did (2D and 3D alike).
     `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
     `trajectories`: per dataset, its `split` trajectories already indexed (their shards' headers are not read again).
+    `sink`: receives the model's rollouts batch by batch (dpot recipe; eval_predictions.PredictionWriter).
     """
-    if recipe is not None and recipe not in RECIPES:
+    if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     device = torch.device(device)
     if datasets is None:
@@ -77,13 +74,12 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         trajectories = indexed_trajectories(datasets, split, index)
     else:
         check_compatible(datasets, data.t_in, data.t_out, split, data.res)
-    recipe = default_recipe(datasets) if recipe is None else recipe
     norm = norm_table(data, datasets)
     reader = data_reader(data, datasets)
     given = dict(trajectories or {})
     model = model.to(device).eval()
     t_in = data.t_in
-    out: dict[str, Any] = {"split": split, "t_in": t_in, "recipe": recipe,
+    out: dict[str, Any] = {"schema": EVAL_SCHEMA, "split": split, "t_in": t_in, "recipe": recipe,
                            "normalization": {"normalize": data.normalize, "stats": norm}, "datasets": {}}
     for ds in datasets:
         predict = _normalized(_predictor(model, device), norm[ds.name])
@@ -96,33 +92,59 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             continue
         steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
         sums = {k: [] for k in ("model_one_step", "model_rollout", "persistence_one_step", "persistence_rollout")}
+        suite = DatasetSuite(ds.channels, ds.channel_valid, steps)
+        if sink is not None:
+            sink.begin(ds, [r.id for r in refs], steps, t_in)
         scored = []  # per trajectory: any fluid cell in a valid channel (else its L2RE is 0/0, not a perfect 0)
+        valid = torch.tensor(ds.channel_valid, dtype=torch.bool)
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
-            arrays = [reader.read(r, 0, t_in + steps) for r in chunk]
-            frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout)
-                                                              for f, _ in arrays])), data.res)
-            mask = resize_mask(torch.from_numpy(np.stack([to_model_mask(m, ds.model_layout)
-                                                          for _, m in arrays]).astype(bool)), data.res)
+            if steps > STREAM_STEPS:  # a long rollout: read and scored chunk by chunk (eval_stream)
+                found = score_streamed(predict, lambda t0, n, c=chunk: _read_batch(reader, c, ds, t0, n, data.res),
+                                       t_in, steps, ds.channel_valid, suite, sink, ds, [r.id for r in chunk])
+                for k, v in found.items():
+                    sums[k].append(v)
+                mask = _read_batch(reader, chunk, ds, 0, 1, data.res)[1]
+                scored.append(mask.flatten(1).any(1) & valid.any())
+                continue
+            frames, mask = _read_batch(reader, chunk, ds, 0, t_in + steps, data.res)
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
             true = frames[..., t_in:t_in + steps, :]
             keep = predicted_entries(mask, cv, frames[..., :1, :])
-            sums["model_rollout"].append(l2re(rollout(predict, frames, t_in, steps, keep), true, mask, cv))
-            sums["model_one_step"].append(l2re(one_step(predict, frames, t_in, steps, keep), true, mask, cv))
-            sums["persistence_rollout"].append(l2re(rollout(persistence, frames, t_in, steps), true, mask, cv))
-            sums["persistence_one_step"].append(l2re(one_step(persistence, frames, t_in, steps), true, mask, cv))
+            for who, fn, k in (("model", predict, keep), ("persistence", persistence, None)):
+                pred, once = rollout(fn, frames, t_in, steps, k), one_step(fn, frames, t_in, steps, k)
+                sums[f"{who}_rollout"].append(l2re(pred, true, mask, cv))
+                sums[f"{who}_one_step"].append(l2re(once, true, mask, cv))
+                suite.add(who, pred, once, true, mask)
+                if who == "model" and sink is not None:
+                    sink.write(ds, [r.id for r in chunk], pred, true, mask)
             scored.append(mask.flatten(1).any(1) & cv.any(1))
         keep = torch.cat(scored)
         vals = {k: float(torch.cat(v)[keep].mean()) if keep.any() else None for k, v in sums.items()}
+        more = suite.result()
         out["datasets"][ds.name] = {
             "trajectories": len(refs), "rollout_steps": steps,
-            "model": {"one_step_l2re": vals["model_one_step"], "rollout_l2re": vals["model_rollout"]},
-            "persistence": {"one_step_l2re": vals["persistence_one_step"], "rollout_l2re": vals["persistence_rollout"]},
+            **{k: v for k, v in more.items() if k not in ("model", "persistence")},
+            "model": {"one_step_l2re": vals["model_one_step"], "rollout_l2re": vals["model_rollout"], **more["model"]},
+            "persistence": {"one_step_l2re": vals["persistence_one_step"], "rollout_l2re": vals["persistence_rollout"],
+                            **more["persistence"]},
         }
         if not keep.all():  # left out of the means; none left: the metrics are null
             out["datasets"][ds.name]["unscored"] = (f"{int((~keep).sum())} of {len(refs)} trajectories have no fluid "
                                                     "cell in a valid channel: nothing to score, left out")
     return out
+
+
+def _read_batch(reader: Any, chunk: list[TrajRef], ds: DatasetInfo, t0: int, length: int, res: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frames [t0, t0 + length) of the trajectories `chunk` in the model layout (B, *S, T, C), resized to `res`,
+    and their fluid-cell mask (B, *S)."""
+    arrays = [reader.read(r, t0, length) for r in chunk]
+    frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout)
+                                                      for f, _ in arrays])), res)
+    mask = resize_mask(torch.from_numpy(np.stack([to_model_mask(m, ds.model_layout)
+                                                  for _, m in arrays]).astype(bool)), res)
+    return frames, mask
 
 
 def _model_grid(ds: Any, res: int = 0) -> tuple[tuple[int, ...], list[int]]:
@@ -208,16 +230,18 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
                         allow_convention_mismatch: bool = False, res: int | None = None,
                         cache_dir: str | None = None, cache_limit: str | None = None,
-                        sha256: str | None = None, normalize: str | None = None) -> dict[str, Any]:
+                        sha256: str | None = None, normalize: str | None = None,
+                        sink: PredictionSink | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
 
-    `recipe` None: `default_recipe` of the data (the same for a checkpoint and its export). `normalize` None: as the
+    `recipe` None: the one the weights were trained with (checkpoint.weights_recipe: a checkpoint and its export
+    score alike; released weights: "reference", the paper's metric). `normalize` None: as the
     weights were trained, with the statistics their run recorded (a checkpoint's run config, an export's
     `normalization` entry); released weights without a record: none. A mode (auto, manifest, none) instead takes
     the statistics from the manifests. Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
     the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest."""
-    from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_res
+    from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_res, weights_recipe
     from dpot_train.data.datasets import read_manifests
     from dpot_train.model import families
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
@@ -234,7 +258,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         problems = convention_problems(datasets, checkpoint)
         if problems:
             raise ValueError(problems[0])
-    recipe = default_recipe(datasets) if recipe is None else recipe
+    recipe = weights_recipe(content) if recipe is None else recipe
     mode, stats = (normalize, None) if normalize is not None else recorded(content) or ("none", None)
     model = pretrained_from(*loaded, source=str(checkpoint))
     cfg = model.config
@@ -260,7 +284,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     index = checked_index(data, datasets, split)  # the manifests read above are not read again
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,
-                            trajectories=indexed_trajectories(datasets, split, index))
+                            trajectories=indexed_trajectories(datasets, split, index), sink=sink)
     result["checkpoint"] = str(checkpoint)
     result["network"] = families.summary(model.config)  # model family, size and parameter count
     return result

@@ -43,7 +43,7 @@ __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_
 
 # Fields a resume may change: they do not alter the data stream or the optimisation.
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
-              "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
+              "eval_every", "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
               "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256"}
 

@@ -155,7 +155,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
             set_rng_state(states[info.rank])
         else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
             torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
-    summary = _loop(cfg, info, ddp_model, model, opt, sched, batches, spec, step, position, run)
+    summary = _loop(cfg, info, ddp_model, model, opt, sched, batches, spec, step, position, run,
+                    _validator(cfg, info, model, plan.datasets() if plan is not None else spec.datasets, ckpt_dir))
     del batches  # stops the loader workers (threads or processes) before the evaluation
     del ddp_model
     # every rank done with its collectives, the process group ends on all ranks together (a rank leaving while a
@@ -165,17 +166,50 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     if info.is_main and cfg.eval_at_end:
         from dpot_train.evaluate import evaluate_model, print_table, write_eval
 
+        scored = _final_weights(cfg, model, ckpt_dir, summary["step"])
         model.eval()
         result = evaluate_model(model, cfg.data, split=cfg.eval_split, rollout_steps=cfg.rollout_steps,
                                 device=info.device, max_trajectories=cfg.eval_max_trajectories, verify=False,
-                                recipe=None, datasets=plan.datasets() if plan is not None else None,
+                                recipe=cfg.recipe or "dpot", datasets=plan.datasets() if plan is not None else None,
                                 trajectories=plan.eval_trajectories() if plan is not None else None)
-        result["checkpoint"] = str(checkpoint_path(ckpt_dir, summary["step"]))
+        result.update(scored)
         write_eval(result, run / "eval.json")
         print_table(result)
         eval_to_tensorboard(run / "tb", result, summary["step"])
         summary["eval"] = result
     return summary
+
+
+def _validator(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, datasets: list[Any], ckpt_dir: Path
+               ) -> Any:
+    """`--eval-every N`: the function the loop calls after each step (validation.validate_and_keep_best every N
+    steps); None when off, or when a dataset has no validation split (said once)."""
+    from dpot_train.validation import VALID_SPLIT, has_split, validate_and_keep_best
+
+    if cfg.eval_every <= 0:
+        return None
+    if not has_split(datasets):
+        if info.is_main:
+            print(f"--eval-every: no {VALID_SPLIT!r} split in every dataset; no validation, the final evaluation "
+                  "scores the last checkpoint", flush=True)
+        return None
+
+    def validate(step: int) -> None:
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            validate_and_keep_best(cfg, info, model, step, ckpt_dir, datasets)
+
+    return validate
+
+
+def _final_weights(cfg: TrainConfig, model: torch.nn.Module, ckpt_dir: Path, step: int) -> dict[str, Any]:
+    """Which checkpoint the final evaluation scores: best.pt (its weights loaded into `model`) when validation ran,
+    else the last one; eval.json's `checkpoint`, `step` and, for best.pt, `validation`."""
+    from dpot_train.validation import BEST_NAME, load_best
+
+    best = load_best(model, ckpt_dir) if cfg.eval_every > 0 else None
+    if best is None:
+        return {"checkpoint": str(checkpoint_path(ckpt_dir, step)), "step": step}
+    return {"checkpoint": str(ckpt_dir / BEST_NAME), "step": int(best["step"]), "validation": best}
 
 
 def _restore(found: tuple[Path, dict[str, Any]], cfg: TrainConfig, model: torch.nn.Module,
@@ -258,8 +292,9 @@ class FiniteGuard:
 
 def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,
           opt: torch.optim.Optimizer, sched: Any, it: Any, spec: Any, step: int, position: int,
-          run: Path) -> dict[str, Any]:
-    """The step loop from (step, position) to cfg.steps; every rank records, rank 0 saves."""
+          run: Path, validate: Any = None) -> dict[str, Any]:
+    """The step loop from (step, position) to cfg.steps; every rank records, rank 0 saves; `validate(step)` (see
+    _validator) after each step's checkpoint."""
     log = TrainLog(cfg, info, run, step, spec)
     guard = FiniteGuard([d.name for d in spec.datasets])
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -275,6 +310,8 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             log.record(step, position, sched.get_last_lr()[0], batch, loss, per_sample, grad_norm)
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
                 _save(cfg, info, model, opt, sched, step, position, spec, run / "checkpoints")
+            if validate is not None:
+                validate(step)
     finally:
         log.close()
     log.print_loss_curve()

@@ -65,9 +65,11 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     ev = json.loads((run / "eval.json").read_text())
     r = ev["datasets"]["fno-ns-v1e-3"]
     assert ev["split"] == "test" and r["trajectories"] == 2 and r["rollout_steps"] == 3
-    assert ev["recipe"] == "reference"  # dpot-reference shards: the reference's metric, whatever the run trained with
+    assert ev["schema"] == "dpot-eval/2" and ev["recipe"] == "dpot"  # scored as the run trained
     for who in ("model", "persistence"):
-        assert set(r[who]) == {"step_l2re", "rollout_l2re"} and all(0 < v < 10 for v in r[who].values())
+        assert all(0 < r[who][k] < 10 for k in ("one_step_l2re", "rollout_l2re", "one_step_nrmse"))
+        assert len(r[who]["l2re_per_step"]) == 3 and r[who]["l2re_per_step"][-1] == pytest.approx(
+            r[who]["rollout_l2re"], rel=1e-6)
     ckpt = run / "checkpoints" / f"step-{train_runs.STEPS:08d}.pt"
     assert ev["checkpoint"] == str(ckpt)
     out = tmp_path / "eval.json"
@@ -78,7 +80,15 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     again = json.loads(out.read_text())["datasets"]["fno-ns-v1e-3"]
     assert again["rollout_steps"] == 2
     direct = evaluate_checkpoint(str(ckpt), [str(fno_train_shards)], rollout_steps=2)["datasets"]["fno-ns-v1e-3"]
-    assert direct == again
+    # the CLI ran with one thread, this process with several: the model's float32 outputs may differ in their last
+    # bits, which the float32 scalars round away and the float64 per-step suite shows (at ~1e-9)
+    for who in ("model", "persistence"):
+        for key in ("one_step_l2re", "rollout_l2re"):
+            assert direct[who][key] == again[who][key]
+        np.testing.assert_allclose(direct[who]["l2re_per_step"], again[who]["l2re_per_step"], rtol=1e-6)
+        assert direct[who]["one_step_nrmse"] == pytest.approx(again[who]["one_step_nrmse"], rel=1e-6)
+    assert {k: v for k, v in direct.items() if k not in ("model", "persistence")} == \
+        {k: v for k, v in again.items() if k not in ("model", "persistence")}
 
     # --init accepts our own checkpoints too: the weights come back exactly
     from dpot_train.model_setup import data_overrides, init_model

@@ -1,6 +1,6 @@
 """The README's own step-by-step path, run verbatim in a fresh folder: synth -> ingest -> inspect/verify/stats ->
-train -> resume -> evaluate -> export -> fine-tune -> evaluate released weights -> preview, each command exiting 0
-with no traceback. Steps are reduced only the way the README says (`STEPS=20` in the environment)."""
+train -> resume -> evaluate -> export -> fine-tune -> evaluate released weights -> preview -> evaluate with
+predictions, pictures and video -> report beside the paper, each command exiting 0 with no traceback. Steps are reduced only the way the README says (`STEPS=20` in the environment)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-SECTIONS = ("Ingest, step by step", "Train and evaluate")
+SECTIONS = ("Ingest, step by step", "Train and evaluate", "Evaluate and compare")
 
 
 def bash_blocks(text: str, heading: str) -> list[str]:
@@ -29,7 +29,7 @@ def test_the_sections_hold_the_whole_path() -> None:
     script = "\n".join(b for h in SECTIONS for b in bash_blocks(text, h))
     for step in ("synth fno", "ingest fno", "inspect shards", "verify shards", "stats shards", "launch --manifest",
                  "--resume", "evaluate run/", "model export", "--init dpot_tiny.pth", "evaluate dpot_tiny.pth",
-                 "preview"):
+                 "preview", "--predictions", "report eval.json"):
         assert step in script, f"the README path lost its {step!r} step"
 
 
@@ -42,7 +42,7 @@ def test_readme_path_runs_verbatim(tmp_path: Path) -> None:
     script = "set -euo pipefail\n" + "\n".join(blocks)
     env = {**os.environ, "STEPS": "20", "MPLBACKEND": "Agg", "COLUMNS": "160"}
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=900)  # the path plus "Evaluate and compare" (its pictures and GIF)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
@@ -51,3 +51,6 @@ def test_readme_path_runs_verbatim(tmp_path: Path) -> None:
     assert "only the final evaluation is repeated" in output  # the resume of a finished run
     assert f"tensorboard --logdir {os.path.join('run', 'tb')}" in output  # launch's closing lines
     assert (tmp_path / "frames.png").stat().st_size > 0 and (tmp_path / "x.npy").is_file()
+    assert (tmp_path / "plots" / "fno-ns-v1e-3_rollout.gif").stat().st_size > 0
+    assert "prediction" in output and "FNO-nu 1e-3" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "report.html").read_text().count("data:image/") == 4

@@ -1,0 +1,137 @@
+"""`evaluate --predictions PATH`: the model's rollouts as a Zarr store that `xarray.open_zarr` opens.
+
+One group per dataset (`xarray.open_zarr(PATH, group=DATASET)`), with variables
+  prediction, truth  (trajectory, step, channel, *spatial)  float32
+  mask               (trajectory, *spatial)                 bool, True on fluid cells
+and coordinates `trajectory` (ids "dataset:index"), `step` (1..R, frames after the t_in inputs), `frame` (the
+trajectory's frame index of each step) and `channel` (names; padded channels included, see the `channel_valid`
+attribute). The spatial axes are named and ordered as the manifest stores them (its `dims`, e.g. y, x), whatever
+orientation the model reads them in. Chunks hold one trajectory and at most STEP_CHUNK steps, and every batch is
+written as it is scored, so memory holds one batch however long the rollout. The store is written under a temporary
+name beside PATH and renamed at the end: a failed evaluation leaves no partial store at PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from dpot_format.layout import space_order
+
+STEP_CHUNK = 16
+
+
+class PredictionSink(Protocol):
+    """What evaluate_model hands the model's rollouts to."""
+
+    def begin(self, ds: Any, ids: list[str], steps: int, t_in: int) -> None: ...
+
+    def write(self, ds: Any, ids: list[str], pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
+              step0: int = 0) -> None: ...
+
+
+def _stored_axes(space_ndim: int, model_layout: str) -> list[int]:
+    """For each stored space axis, the model axis (counted from 0) that holds it: the inverse of
+    dpot_format.layout.space_order, the one rule windows.to_model_layout follows."""
+    order = space_order(space_ndim, model_layout)
+    return [order.index(j) for j in range(space_ndim)]
+
+
+def to_stored_order(x: torch.Tensor, model_layout: str) -> np.ndarray:
+    """(B, *S_model, T, C) in the model's orientation -> (B, T, C, *S_stored), the manifest's axis order (the inverse
+    of windows.to_model_layout)."""
+    nd = x.ndim - 3
+    out = x.permute(0, nd + 1, nd + 2, *(1 + a for a in _stored_axes(nd, model_layout)))
+    return out.contiguous().cpu().numpy()
+
+
+def mask_to_stored(mask: torch.Tensor, model_layout: str) -> np.ndarray:
+    """(B, *S_model) -> (B, *S_stored), as to_stored_order does for fields."""
+    nd = mask.ndim - 1
+    out = mask.permute(0, *(1 + a for a in _stored_axes(nd, model_layout)))
+    return out.contiguous().cpu().numpy()
+
+
+class PredictionWriter:
+    """Writes the predictions store batch by batch; `close()` publishes it at `path` (an existing store there is
+    replaced only then)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if (self.path.exists() or self.path.is_symlink()) and not (self.path / "zarr.json").is_file():
+            raise ValueError(f"--predictions {self.path}: exists and is not a Zarr store; name a new path (a store "
+                             "written before is replaced)")
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self._groups: dict[str, dict[str, Any]] = {}
+
+    def begin(self, ds: Any, ids: list[str], steps: int, t_in: int) -> None:
+        """Dataset `ds` will have `ids` trajectories, each rolled out `steps` frames after `t_in` inputs."""
+        self._groups[ds.name] = {"ids": list(ids), "steps": steps, "t_in": t_in, "created": False, "next": 0}
+
+    def _create(self, ds: Any, shape: tuple[int, ...]) -> None:
+        """The group's metadata and empty arrays (nothing computed: dask zeros, compute=False)."""
+        import dask.array as da
+        import xarray as xr
+
+        g = self._groups[ds.name]
+        n, steps, c = len(g["ids"]), g["steps"], len(ds.channels)
+        spatial = [str(d) for d in ds.dims][-len(shape):]
+        chunk = (1, min(steps, STEP_CHUNK), c, *shape)
+        field = ("trajectory", "step", "channel", *spatial)
+        tmpl = xr.Dataset(
+            {"prediction": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk)),
+             "truth": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk)),
+             "mask": (("trajectory", *spatial), da.zeros((n, *shape), dtype=bool, chunks=(1, *shape)))},
+            coords={"trajectory": np.array(g["ids"], dtype=object), "step": np.arange(1, steps + 1),
+                    "frame": ("step", np.arange(g["t_in"], g["t_in"] + steps)),
+                    "channel": np.array(ds.channels, dtype=object)},  # variable-length UTF-8 strings
+            attrs={"dataset": ds.name, "t_in": g["t_in"], "model_layout": ds.model_layout,
+                   "channel_valid": [bool(v) for v in ds.channel_valid],
+                   "mask_meaning": "True on fluid cells; metrics count only these"})
+        encoding = {k: {"chunks": tmpl[k].data.chunksize} for k in ("prediction", "truth", "mask")}
+        tmpl.to_zarr(str(self.tmp), group=ds.name, mode="a" if self.tmp.exists() else "w", compute=False,
+                     encoding=encoding, zarr_format=3, consolidated=False)
+        g["created"] = True
+
+    def write(self, ds: Any, ids: list[str], pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
+              step0: int = 0) -> None:
+        """One batch's rollout steps [step0, step0 + T) in the model's layout (B, *S, T, C), and its mask."""
+        import zarr
+
+        g = self._groups[ds.name]
+        p, t = to_stored_order(pred.float(), ds.model_layout), to_stored_order(true.float(), ds.model_layout)
+        if not g["created"]:
+            self._create(ds, tuple(p.shape[3:]))
+        start = g["ids"].index(ids[0])
+        group = zarr.open_group(str(self.tmp / ds.name), mode="r+")
+        rows = slice(start, start + len(ids))
+        steps = slice(step0, step0 + p.shape[1])
+        group["prediction"][rows, steps] = p
+        group["truth"][rows, steps] = t
+        if step0 == 0:
+            m = np.ones((len(ids), *p.shape[3:]), dtype=bool) if mask is None else \
+                mask_to_stored(mask.bool(), ds.model_layout)
+            group["mask"][rows] = m
+
+    def close(self) -> Path:
+        """Publish the store at `path` (replacing one there) and return it."""
+        import zarr
+
+        with warnings.catch_warnings():  # zarr 3 notes that consolidated metadata is outside the v3 spec
+            warnings.simplefilter("ignore", category=UserWarning)
+            zarr.consolidate_metadata(str(self.tmp))  # so that xarray.open_zarr(PATH, group=...) reads one file
+        if self.path.exists():
+            shutil.rmtree(self.path) if self.path.is_dir() else self.path.unlink()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Remove the temporary store (an evaluation that failed)."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
