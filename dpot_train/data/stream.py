@@ -106,19 +106,20 @@ class EpochPlans:
         return int(k), self.spec.refs[k][j], epoch
 
 
-def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int
-                ) -> dict[str, Any]:
+def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int,
+                t0: int | None = None) -> dict[str, Any]:
     """Read the window of the sample at `position`: frames (T, C, *S) and frames_mask (*S), the stored window and
     mask with their space axes in the model's reverse order (windows.as_model_order: the stored ones, or for a 2D
     "yx" dataset the last two swapped), plus the model's (H, W[, D], T, C) views x and y and its (H, W[, D]) mask.
 
     No noise here: it is injected on the training device (windows.inject_noise), seeded by the same position.
     The dataset's normalisation (spec.norm) is applied here, the one place of the training data path.
+    `t0`: the window's first frame (an ordered pass over every window); None: drawn from (seed, position).
     """
-    rng = np.random.default_rng([spec.seed, position, 0xD907])
     ds = spec.datasets[k]
     length = spec.t_in + spec.t_out
-    t0 = window_start(rng, ds.frames, length)
+    if t0 is None:
+        t0 = window_start(np.random.default_rng([spec.seed, position, 0xD907]), ds.frames, length)
     fields, mask = reader.read(ref, t0, length)
     fields, mask = as_model_order(normalize_array(fields, spec.norm.get(ds.name), axis=1), mask, ds.model_layout)
     x, y = split_window(model_view(fields), spec.t_in)

@@ -1,0 +1,128 @@
+"""`from dpot_train import open_dataset`: launch's windows as a torch IterableDataset, split over ranks and workers,
+and the training loop of docs/api.md run verbatim."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from dpot_train import open_dataset
+from dpot_train.config import DataConfig
+from dpot_train.data.prepare import prepare_stream
+from dpot_train.data.stream import WindowStream
+from dpot_train.preview import model_input
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ids(items: list[dict]) -> list[tuple[str, int, int]]:
+    return [(it["id"], int(it["position"]), int(it["t0"])) for it in items]
+
+
+def test_shuffled_windows_are_launchs_stream(fno_train_shards: Path) -> None:
+    spec, reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards)], t_in=10, t_out=1), seed=3)
+    data = open_dataset(fno_train_shards, t_in=10, t_out=1, seed=3)
+    items = list(data)
+    assert len(items) == len(data) == spec.epoch_length == 12
+    batches = WindowStream(spec, reader, start=0, global_batch=4).worker_batches(0, 1)
+    launch = [next(batches) for _ in range(3)]
+    x = torch.cat([b["x"] for b in launch])
+    y = torch.cat([b["y"] for b in launch])
+    assert torch.equal(torch.stack([it["x"] for it in items]), x)
+    assert torch.equal(torch.stack([it["y"] for it in items]), y)
+    assert torch.equal(torch.stack([it["mask"] for it in items]), torch.cat([b["mask"] for b in launch]))
+    assert [it["id"] for it in items] == [i for b in launch for i in b["id"]]
+    assert items[0]["x"].shape == (32, 32, 10, 4) and items[0]["x"].is_contiguous()
+    # the next epoch continues the stream, as launch does
+    data.set_epoch(1)
+    assert torch.equal(next(iter(data))["x"], next(batches)["x"][0])
+
+
+def test_ordered_test_split_starts_with_previews_array(fno_train_shards: Path) -> None:
+    data = open_dataset(fno_train_shards, split="test", t_in=10, t_out=1, shuffle=False)
+    items = list(data)
+    np.testing.assert_array_equal(items[0]["x"].numpy(), model_input(fno_train_shards, split="test", index=0,
+                                                                      frames=10))
+    # every window of every trajectory, in stored order: 2 trajectories x 3 first frames
+    assert [(it["t0"]) for it in items] == [0, 1, 2, 0, 1, 2]
+    np.testing.assert_array_equal(items[4]["y"].numpy(), model_input(fno_train_shards, split="test", index=1,
+                                                                     start=11, frames=1))
+    resized = next(iter(open_dataset(fno_train_shards, split="test", shuffle=False, res=16)))
+    np.testing.assert_array_equal(resized["x"].numpy(), model_input(fno_train_shards, split="test", index=0,
+                                                                    frames=10, res=16))
+    assert resized["mask"].shape == (16, 16)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_two_ranks_split_one_ranks_windows(fno_train_shards: Path, shuffle: bool) -> None:
+    one = _ids(list(open_dataset(fno_train_shards, shuffle=shuffle, seed=1, t_in=4)))
+    ranks = [_ids(list(open_dataset(fno_train_shards, shuffle=shuffle, seed=1, t_in=4, rank=r, world_size=2)))
+             for r in (0, 1)]
+    assert len(one) == (12 if shuffle else 12 * 9)
+    assert not set(ranks[0]) & set(ranks[1])
+    assert sorted(ranks[0] + ranks[1]) == sorted(one)
+    # with launch's global batch, each rank holds launch's share of each step
+    halves = [_ids(list(open_dataset(fno_train_shards, shuffle=shuffle, seed=1, t_in=4, rank=r, world_size=2,
+                                     global_batch=4))) for r in (0, 1)]
+    assert halves[0][:2] == one[:2] and halves[1][:2] == one[2:4]
+
+
+def test_process_group_rank_is_used(fno_train_shards: Path, tmp_path: Path) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        data = open_dataset(fno_train_shards, seed=1)
+        assert len(data) == 12
+        with pytest.raises(ValueError, match="rank and world_size together"):
+            open_dataset(fno_train_shards, rank=1)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_dataloader_workers_deliver_each_window_once(fno_train_shards: Path) -> None:
+    data = open_dataset(fno_train_shards, seed=2, t_in=4)
+    alone = _ids(list(data))
+    batches = list(DataLoader(data, batch_size=3, num_workers=2))
+    seen = [(i, int(p), int(t)) for b in batches for i, p, t in zip(b["id"], b["position"], b["t0"])]
+    assert len(seen) == len(set(seen)) == len(alone)
+    assert sorted(seen) == sorted(alone)
+    assert batches[0]["x"].shape == (3, 32, 32, 4, 4) and batches[0]["mask"].dtype == torch.bool
+
+
+def test_3d_windows_are_x_y_z_t_c(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from dpot_data.ingest import IngestOptions, ingest_files
+    from dpot_data.synth.pdebench import write_cfd
+
+    base = tmp_path_factory.mktemp("cfd3d_api")
+    raw = write_cfd(base / "raw", dims=3, m=1.0, eta=1e-8, kind="Rand", n=5, frames=6, res=8, seed=0)
+    ingest_files("pdebench", [raw], base / "shards", IngestOptions(resolution=None, split=(0.6, 0.0), seed=0))
+    item = next(iter(open_dataset(base / "shards", split="test", t_in=3, t_out=1, shuffle=False)))
+    assert item["x"].shape == (8, 8, 8, 3, 5) and item["y"].shape == (8, 8, 8, 1, 5)
+    assert item["mask"].shape == (8, 8, 8)
+    np.testing.assert_array_equal(item["x"].numpy(), model_input(base / "shards", split="test", index=0, frames=3))
+
+
+def test_bad_arguments_are_one_line(fno_train_shards: Path) -> None:
+    with pytest.raises(ValueError, match=r"global_batch 3 is not divisible by the 2 processes"):
+        len(open_dataset(fno_train_shards, rank=0, world_size=2, global_batch=3))
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got 2"):
+        open_dataset(fno_train_shards, rank=2, world_size=2)
+
+
+def test_docs_api_example_runs_verbatim(fno_train_shards: Path, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "docs/api.md has no ```python block"
+    (tmp_path / "shards").symlink_to(fno_train_shards)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"__name__": "__main__"}
+    exec(compile(blocks[0], str(ROOT / "docs" / "api.md"), "exec"), scope)  # noqa: S102 - the project's own docs
+    losses = scope["losses"]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    assert os.getcwd() == str(tmp_path)
