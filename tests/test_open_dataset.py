@@ -4,6 +4,7 @@ and the training loop of docs/api.md run verbatim."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,29 @@ def test_3d_windows_are_x_y_z_t_c(tmp_path_factory: pytest.TempPathFactory) -> N
     assert item["x"].shape == (8, 8, 8, 3, 5) and item["y"].shape == (8, 8, 8, 1, 5)
     assert item["mask"].shape == (8, 8, 8)
     np.testing.assert_array_equal(item["x"].numpy(), model_input(base / "shards", split="test", index=0, frames=3))
+
+
+def test_urls_read_through_the_shard_cache(fno_train_shards: Path, tmp_path: Path) -> None:
+    pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
+    pytest.importorskip("s3fs", reason="needs s3fs (the test or cloud extra)")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import s3_local
+
+    server = s3_local.start()
+    try:
+        s3_local.upload(str(fno_train_shards), "s3://dpot/api")
+        server.reset_counts()
+        remote = list(open_dataset("s3://dpot/api", seed=4, t_in=4, cache_dir=str(tmp_path / "cache")))
+        gets = server.shard_gets()
+        assert gets and set(gets.values()) == {1}  # each shard fetched once, then read from the cache
+        assert any((tmp_path / "cache").rglob("*.tar"))
+    finally:
+        server.stop()
+        s3_local.unconfigure_this_process(server)
+    local = list(open_dataset(fno_train_shards, seed=4, t_in=4))
+    assert _ids(remote) == _ids(local)
+    for a, b in zip(remote, local):
+        assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])
 
 
 def test_bad_arguments_are_one_line(fno_train_shards: Path) -> None:
