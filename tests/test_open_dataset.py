@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from dpot_train import open_dataset
 from dpot_train.config import DataConfig
 from dpot_train.data.prepare import prepare_stream
-from dpot_train.data.stream import WindowStream
+from dpot_train.data.stream import EpochPlans, WindowStream
 from dpot_train.preview import model_input
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +57,26 @@ def test_ordered_test_split_starts_with_previews_array(fno_train_shards: Path) -
     np.testing.assert_array_equal(resized["x"].numpy(), model_input(fno_train_shards, split="test", index=0,
                                                                     frames=10, res=16))
     assert resized["mask"].shape == (16, 16)
+
+
+def test_windows_are_normalised_as_launch_normalises_them(tmp_path: Path) -> None:
+    """A canonical-convention output: data.normalize auto applies the manifest's train statistics."""
+    from dpot_data.ingest import IngestOptions, ingest_files
+    from dpot_data.synth.fno import synth_fno
+
+    files = synth_fno(tmp_path / "raw", n=4, frames=6, viscosity=1e-3, seed=0, resolution=16)
+    out = tmp_path / "shards"
+    ingest_files("fno", [files[0]], out, IngestOptions(resolution=16, split=(0.5, 0.0), seed=0,
+                                                       convention="canonical"))
+    spec, reader = prepare_stream(DataConfig(manifests=[str(out)], t_in=2, t_out=1), seed=0)
+    assert spec.norm[spec.datasets[0].name] is not None  # launch normalises this dataset
+    launch = WindowStream(spec, reader, start=0, global_batch=spec.epoch_length).batch(0, EpochPlans(spec))
+    items = list(open_dataset(out, t_in=2, t_out=1))
+    assert torch.equal(torch.stack([it["x"] for it in items]), launch["x"])
+    raw = next(iter(open_dataset(out, t_in=2, t_out=1, normalize="none")))
+    assert not torch.equal(raw["x"], items[0]["x"])
+    first = next(iter(open_dataset(out, split="test", t_in=2, t_out=1, shuffle=False)))
+    np.testing.assert_array_equal(first["x"].numpy(), model_input(out, split="test", index=0, frames=2))
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
