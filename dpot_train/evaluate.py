@@ -111,17 +111,19 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
             true = frames[..., t_in:t_in + steps, :]
             keep = predicted_entries(mask, cv, frames[..., :1, :])
+            rows = mask.flatten(1).any(1) & cv.any(1)  # trajectories with something to score
             for who, fn, k in (("model", predict, keep), ("persistence", persistence, None)):
                 pred, once = rollout(fn, frames, t_in, steps, k), one_step(fn, frames, t_in, steps, k)
                 sums[f"{who}_rollout"].append(l2re(pred, true, mask, cv))
                 sums[f"{who}_one_step"].append(l2re(once, true, mask, cv))
-                suite.add(who, pred, once, true, mask)
+                if rows.any():
+                    suite.add(who, pred[rows], once[rows], true[rows], mask[rows])
                 if who == "model" and sink is not None:
                     sink.write(ds, [r.id for r in chunk], pred, true, mask)
-            scored.append(mask.flatten(1).any(1) & cv.any(1))
+            scored.append(rows)
         keep = torch.cat(scored)
         vals = {k: float(torch.cat(v)[keep].mean()) if keep.any() else None for k, v in sums.items()}
-        more = suite.result()
+        more = suite.result() if keep.any() else _no_numbers(suite.result())
         out["datasets"][ds.name] = {
             "trajectories": len(refs), "rollout_steps": steps,
             **{k: v for k, v in more.items() if k not in ("model", "persistence")},
@@ -133,6 +135,15 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             out["datasets"][ds.name]["unscored"] = (f"{int((~keep).sum())} of {len(refs)} trajectories have no fluid "
                                                     "cell in a valid channel: nothing to score, left out")
     return out
+
+
+def _no_numbers(found: Any) -> Any:
+    """`found` with every number replaced by None: the suite of a dataset with nothing to score (null, never 0)."""
+    if isinstance(found, dict):
+        return {k: _no_numbers(v) for k, v in found.items()}
+    if isinstance(found, list):
+        return [_no_numbers(v) for v in found]
+    return None if isinstance(found, (int, float)) and not isinstance(found, bool) else found
 
 
 def _read_batch(reader: Any, chunk: list[TrajRef], ds: DatasetInfo, t0: int, length: int, res: int

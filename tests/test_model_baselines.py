@@ -128,7 +128,7 @@ def test_export_round_trips_through_the_released_format(preset: str, tmp_path: P
     torch.save(checkpoint_payload(model, step=1), ours)
     export_released(ours, tmp_path / "w.pth")
     saved = torch.load(tmp_path / "w.pth", weights_only=True)
-    assert list(saved) == ["model"]
+    assert list(saved) == ["model", "recipe"]  # the weights, and the recipe they are scored with
     again = load_pretrained(tmp_path / "w.pth")
     assert type(again) is type(model)
     x = torch.randn(2, 24, 24, 10, 4)  # the grid is not in the released weights; the network runs on any grid

@@ -275,7 +275,7 @@ def test_launch_records_the_init_sha256_and_the_workers_check_it(fno_train_shard
     result = CliRunner().invoke(app, ["launch", "--manifest", str(fno_train_shards), "--out", str(out), "--init",
                                       str(init), "--steps", "10", "--dry-run"])
     assert result.exit_code == 0, result.output
-    recorded = yaml.safe_load((out / "config.yaml").read_text())["init_sha256"]
+    recorded = yaml.safe_load(result.stdout)["init_sha256"]  # the run config --dry-run prints; it writes nothing
     assert recorded == file_sha256(init)
     fixed = data_overrides(4, (32, 32), 10, 1)
     finetune_model(str(init), fixed, sha256=recorded)

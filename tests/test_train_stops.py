@@ -80,8 +80,10 @@ def test_evaluation_of_data_with_no_valid_cell_reports_null(tmp_path: Path, monk
     shards = _toy(tmp_path / "toy", monkeypatch, masked=True)
     result = evaluate_model(_Last(), DataConfig(manifests=[str(shards)], normalize="none"), rollout_steps=2)
     r = result["datasets"]["toy"]
-    assert r["model"] == {"one_step_l2re": None, "rollout_l2re": None}
-    assert r["persistence"] == {"one_step_l2re": None, "rollout_l2re": None}
+    for who in ("model", "persistence"):  # nothing scored: null, never 0 and never NaN
+        assert r[who]["one_step_l2re"] is None and r[who]["rollout_l2re"] is None
+        assert r[who]["l2re_per_step"] == [None, None] and r[who]["one_step_nrmse"] is None
+    json.dumps(result, allow_nan=False)  # eval.json stays valid JSON
     assert r["unscored"] == "2 of 2 trajectories have no fluid cell in a valid channel: nothing to score, left out"
     print_table(result)
     assert "n/a" in capsys.readouterr().out
