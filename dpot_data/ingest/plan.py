@@ -234,6 +234,7 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
     """Check the options against the data and decide everything about the output; no I/O."""
     formats = check_options(opts)
     check_result(result)
+    check_extent(result)
     name, layout = _name_and_layout(result, opts)
     channels, channel_valid = _channels(result, opts, name)
     ds = result.data
@@ -256,6 +257,19 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
     out.warnings = _warnings(result, out, rule)
     out.units = array_units(ds.attrs["source"], channels, channel_valid.tolist(), grid.dims, list(sample_params))
     return out
+
+
+def check_extent(result: ReadResult) -> None:
+    """At least one trajectory, one frame and one point along every spatial axis, refused in one line naming the
+    input otherwise: an empty axis has nothing to store, resample or index (and no coordinate to span)."""
+    sizes = result.data["fields"].sizes
+    where = result.inputs[0] if result.inputs else result.data.attrs.get("dataset", "<input>")
+    empty = [(d, "trajectories" if d == "sample" else "frames" if d == "time" else f"points along {d}")
+             for d in ("sample", "time", *result.spatial_dims) if int(sizes[d]) == 0]
+    if empty:
+        shape = "x".join(str(int(sizes[d])) for d in result.spatial_dims)
+        raise InputError(where, f"holds no {empty[0][1]} ({int(sizes['sample'])} trajectories of "
+                                f"{int(sizes['time'])} frames on a {shape} grid); expected at least one of each")
 
 
 def check_limits(result: ReadResult, entry: dict[str, Any]) -> None:

@@ -34,7 +34,8 @@ from dpot_data.errors import InputError
 from dpot_data.sources._blocks import SampleBlocks, as_path, auto_block, check_sizes, distinct_files, text_path, \
     to_dask, unique_names
 from dpot_data.sources._xr_choose import Choice, choose, periodic_dim, space_values, time_values
-from dpot_data.sources._xr_open import Opener, check_numpy_file, file_bytes, kind_of, open_checked, parse_axes
+from dpot_data.sources._xr_open import Opener, check_input, check_numpy_file, file_bytes, kind_of, open_checked, \
+    parse_axes
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -151,6 +152,7 @@ def _openers(paths: Sequence[Path], axes: tuple[str, ...] | None, names: tuple[s
         kind = kind_of(p)
         if kind is None:
             raise InputError(p, "expected a NetCDF (.nc), HDF5 (.h5) or .npy/.npz file, or a Zarr store folder")
+        check_input(p, kind)
         if kind in ("npy", "npz"):
             check_numpy_file(p, kind, axes)
         out.append(Opener(str(p), kind, axes, names))
