@@ -260,16 +260,17 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
 
 
 def check_extent(result: ReadResult) -> None:
-    """At least one trajectory, one frame and one point along every spatial axis, refused in one line naming the
-    input otherwise: an empty axis has nothing to store, resample or index (and no coordinate to span)."""
+    """At least one trajectory, and (the format's rule, `limit_problems`) one frame and one cell along every axis of
+    the native grid, before the grid is planned: an empty axis has nothing to store, resample or index. One line
+    naming the input otherwise."""
     sizes = result.data["fields"].sizes
     where = result.inputs[0] if result.inputs else result.data.attrs.get("dataset", "<input>")
-    empty = [(d, "trajectories" if d == "sample" else "frames" if d == "time" else f"points along {d}")
-             for d in ("sample", "time", *result.spatial_dims) if int(sizes[d]) == 0]
-    if empty:
-        shape = "x".join(str(int(sizes[d])) for d in result.spatial_dims)
-        raise InputError(where, f"holds no {empty[0][1]} ({int(sizes['sample'])} trajectories of "
-                                f"{int(sizes['time'])} frames on a {shape} grid); expected at least one of each")
+    native = {"grid": {"shape": [int(sizes[d]) for d in result.spatial_dims]}, "frames": int(sizes["time"])}
+    if not native["grid"]["shape"] or min(native["grid"]["shape"]) < 1 or native["frames"] < 1:
+        problem = limit_problems(str(result.data.attrs.get("dataset", "data")), native)[0]
+        raise InputError(where, f"the output would break the format's limits: {problem}")
+    if int(sizes["sample"]) == 0:
+        raise InputError(where, "holds no trajectory; expected at least one")
 
 
 def check_limits(result: ReadResult, entry: dict[str, Any]) -> None:

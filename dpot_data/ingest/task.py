@@ -10,10 +10,8 @@ from typing import Any
 import numpy as np
 
 from dpot_data import stats as st
-from dpot_data.errors import InputError
 from dpot_data.ingest.plan import IngestPlan, Piece
 from dpot_data.ingest.scheduler import compute_in_task
-from dpot_data.sources._blocks import READ_ERRORS
 from dpot_data.transform import pad_channels, resample_fields, resample_mask
 from dpot_data.writers.zarr_store import EncodedRows, encode_rows, write_rows
 
@@ -111,18 +109,6 @@ def _resample(task: BlockTask, f: np.ndarray, m: np.ndarray) -> tuple[np.ndarray
     return f, m
 
 
-def _unreadable(task: BlockTask, pieces: list[Piece], exc: BaseException) -> InputError:
-    """The one line for a block whose raw values cannot be read, naming the input (the only one, else the file its
-    first trajectory id names) and the trajectories."""
-    tops = list(task.identity.tops) if task.identity is not None else []
-    ids = [p.id.split("/seg")[0] for p in pieces] or ["?"]
-    where = tops[0] if len(tops) == 1 else ids[0].rsplit("#", 1)[0]
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    span = ids[0] if ids[0] == ids[-1] else f"{ids[0]} to {ids[-1]}"
-    return InputError(where, f"trajectories {span} cannot be read ({type(exc).__name__}: {text}); expected readable "
-                             "data: the input is damaged (a corrupt chunk, a file cut short)")
-
-
 def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
     """Read source trajectories rng[0]..rng[1]-1 and turn them into the stored pieces of the block."""
     i0, i1 = rng
@@ -130,12 +116,10 @@ def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
     try:
         raw = np.asarray(compute_in_task(task.fields[i0:i1]), dtype=np.float32)
         mask = np.asarray(compute_in_task(task.mask[i0:i1]), dtype=np.uint8)
-    except InputError:
-        raise
-    except READ_ERRORS as exc:  # a damaged chunk, a file cut short after it was opened: one line, no traceback
+    except Exception:
         if task.identity is not None:
-            task.identity.check(local=False)  # a file replaced meanwhile is said as such
-        raise _unreadable(task, pieces, exc) from None
+            task.identity.check(local=False)  # a read that failed on a file replaced meanwhile: said as such
+        raise
     if task.identity is not None:  # the reader reopened the inputs by name: still the files the job recorded?
         task.identity.check(local=False)
     f, m = _resample(task, *_cut(task, raw, mask, pieces, i0))

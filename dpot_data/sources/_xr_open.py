@@ -6,6 +6,7 @@ worker) opens the file itself and reads only its own trajectories.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -13,7 +14,7 @@ import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import h5py
 import numpy as np
@@ -236,24 +237,24 @@ def check_hdf5(path: Path) -> None:
     require_regular(path)
     try:
         with h5py.File(path, "r") as f:
-            def link(name: str, lnk: Any) -> None:
-                if isinstance(lnk, h5py.ExternalLink):
-                    raise InputError(path, f"{name}: an external link to {lnk.filename}:{lnk.path}; expected every "
-                                           "array stored in this file (external links are not followed)")
-
-            f.visititems_links(link)
-            count = [0]
-
-            def dataset(name: str, obj: Any) -> None:
-                if isinstance(obj, h5py.Dataset):
-                    count[0] += 1
-                    if count[0] > MAX_ARRAYS:
-                        raise InputError(path, f"holds more than {MAX_ARRAYS} datasets; at most {MAX_ARRAYS} "
-                                               "allowed (dpot_data.sources._xr_open.MAX_ARRAYS)")
-                    check_h5_dataset(path, name, obj)
-                    check_axes(path, name, obj.shape or ())
-
-            f.visititems(dataset)
+            external: list[tuple[str, Any]] = []
+            datasets: list[str] = []
+            # the callbacks only collect (an exception raised inside an HDF5 visit does not come out cleanly); a
+            # non-None return stops the visit
+            f.visititems_links(lambda name, lnk: external.append((name, lnk)) if isinstance(
+                lnk, h5py.ExternalLink) else None)
+            for name, lnk in external[:1]:
+                raise InputError(path, f"{name}: an external link to {lnk.filename}:{lnk.path}; expected every "
+                                       "array stored in this file (external links are not followed)")
+            f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) and len(
+                datasets) <= MAX_ARRAYS else None)
+            if len(datasets) > MAX_ARRAYS:
+                raise InputError(path, f"holds more than {MAX_ARRAYS} datasets; at most {MAX_ARRAYS} allowed "
+                                       "(dpot_data.sources._xr_open.MAX_ARRAYS)")
+            for name in datasets:
+                dset = f[name]
+                check_h5_dataset(path, name, dset)
+                check_axes(path, name, dset.shape or ())
     except InputError:
         raise
     except READ_ERRORS as exc:
@@ -365,6 +366,20 @@ def _consolidated(store: Path) -> bool:
         return isinstance(_zarr_json(str(root), store).get("consolidated_metadata"), dict)
     except (InputError, AttributeError):
         return False
+
+
+@contextlib.contextmanager
+def read_errors(path: str, key: str) -> Iterator[None]:
+    """Reading the values of `key` in the input `path`: a read error (a damaged chunk, a file cut short after it was
+    opened) becomes one InputError line naming the file and the variable."""
+    try:
+        yield
+    except InputError:
+        raise
+    except (*READ_ERRORS, TypeError, zipfile.BadZipFile) as exc:
+        raise InputError(path, f"{key}: cannot read its values ({type(exc).__name__}: {_first_line(exc)}); "
+                               "expected readable data: the input is damaged (a corrupt chunk, a file cut short)"
+                         ) from None
 
 
 def open_checked(opener: Opener) -> xr.Dataset:

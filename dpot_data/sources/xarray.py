@@ -35,7 +35,7 @@ from dpot_data.sources._blocks import SampleBlocks, as_path, auto_block, check_s
     to_dask, unique_names
 from dpot_data.sources._xr_choose import Choice, choose, periodic_dim, space_values, time_values
 from dpot_data.sources._xr_open import Opener, check_input, check_numpy_file, file_bytes, kind_of, open_checked, \
-    parse_axes
+    parse_axes, read_errors
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -79,9 +79,9 @@ class _Blocks(SampleBlocks):
                 ds = open_checked(opener).rename(self.choice.rename)
                 try:
                     for c, var in enumerate(self.choice.variables):
-                        arr = ds[var].isel(time=slice(a - t0, b - t0))
-                        arr = arr.isel(sample=slice(s0, s1)) if "sample" in arr.dims else arr.expand_dims("sample")
-                        with np.errstate(over="ignore", invalid="ignore"):
+                        with read_errors(opener.path, var), np.errstate(over="ignore", invalid="ignore"):
+                            arr = ds[var].isel(time=slice(a - t0, b - t0))
+                            arr = arr.isel(sample=slice(s0, s1)) if "sample" in arr.dims else arr.expand_dims("sample")
                             out[:, a - f0:b - f0, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
                 finally:
                     ds.close()
