@@ -408,3 +408,47 @@ def test_a_zarr_store_without_consolidated_metadata_opens_without_a_warning(tmp_
         result = xsrc.read([store])
         result.data["fields"].values
     assert not [w for w in caught if "consolidated" in str(w.message)], [str(w.message) for w in caught]
+
+
+# ------------------------------------------------------------------------------------------ 4. two machines, one URL
+
+def test_a_loser_removing_the_winners_upload_before_its_commit_is_said_after_the_commit(tmp_path, monkeypatch):
+    """Two machines ingest into one URL (their locks are local): the loser's start-up clean-up removes the
+    folders the winner uploaded but had not committed yet. The winner's commit then names files it did not write,
+    which the check after the commit says in one line, instead of reporting the output as written."""
+    import uuid
+
+    from dpot_data import fs
+    from dpot_data.ingest import remote
+
+    path = write_netcdf(tmp_path / "raw", members=2, frames=3, ny=8, nx=8, name="a.nc")
+    url = f"memory://race-{uuid.uuid4().hex[:8]}"
+    looks: list[str] = []
+    original = remote._current
+
+    def loser_starts_meanwhile(where: str, seen):
+        looks.append(where)
+        if len(looks) == 2:  # the winner's last look before its commit: the loser's upload starts now
+            fsys, base = fs.filesystem(where)
+            remote._remove_owned(fsys, base.rstrip("/"), original(where, None))  # what its upload() does first
+        return original(where, seen)
+
+    monkeypatch.setattr(remote, "_current", loser_starts_meanwhile)
+    with warnings.catch_warnings(), pytest.raises(InputError) as err:
+        warnings.simplefilter("ignore")
+        run_ingest("xarray", [path], url, IngestOptions(**OPTS), workdir=tmp_path / "work")
+    assert len(looks) == 2 and err.value.path == url and "another ingest into the same URL" in err.value.message
+    assert "\n" not in str(err.value)
+
+
+def test_an_undisturbed_upload_passes_the_check_after_the_commit(tmp_path):
+    import uuid
+
+    from dpot_format.validate import validate_output
+
+    path = write_netcdf(tmp_path / "raw", members=2, frames=3, ny=8, nx=8, name="a.nc")
+    url = f"memory://calm-{uuid.uuid4().hex[:8]}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outcome = run_ingest("xarray", [path], url, IngestOptions(**OPTS), workdir=tmp_path / "work")
+    assert outcome.written and validate_output(url) == []
