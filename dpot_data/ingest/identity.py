@@ -22,7 +22,6 @@ from dpot_data.errors import InputError
 from dpot_data.ingest.input_hashes import CHANGED, Stamp, stamp
 
 
-
 def _key(path: str | os.PathLike[str]) -> str:
     try:
         return str(Path(path).resolve())

@@ -5,6 +5,7 @@ the hashing, a pass over every input byte, then runs beside)."""
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -19,11 +20,14 @@ CHANGED = ("changed while this ingest read it (replaced or rewritten since the i
 
 
 def stamp(path: str | os.PathLike[str]) -> Stamp | None:
-    """(device, inode, size, mtime_ns) of `path` (links followed), None when it is gone."""
+    """(device, inode, size, mtime_ns) of `path` (links followed), None when it is gone; a folder's size and mtime
+    are left out (0): they change with any entry made in it, and the files inside are compared one by one."""
     try:
         st = os.stat(path)
     except OSError:
         return None
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_dev, st.st_ino, 0, 0)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
