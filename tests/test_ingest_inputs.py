@@ -452,3 +452,26 @@ def test_an_undisturbed_upload_passes_the_check_after_the_commit(tmp_path):
         warnings.simplefilter("ignore")
         outcome = run_ingest("xarray", [path], url, IngestOptions(**OPTS), workdir=tmp_path / "work")
     assert outcome.written and validate_output(url) == []
+
+
+@pytest.mark.parametrize("change", ["chunk rewritten", "chunk appears", "unrelated file appears"])
+def test_the_check_before_publishing_compares_every_file_of_an_input_folder(tmp_path, change):
+    from dpot_data.ingest.identity import InputIdentity
+
+    store = _zarr_store(tmp_path / "in" / "s.zarr", np.ones((3, 4, 5), np.float32))
+    (tmp_path / "in" / "a.nc").write_bytes(b"x")
+    identity = InputIdentity.of([tmp_path / "in"])
+    identity.check(full=True)
+    if change == "chunk rewritten":
+        chunk = store / "u" / "0.0.0"
+        chunk.write_bytes(chunk.read_bytes()[::-1] + b"!")
+    elif change == "chunk appears":
+        (store / "u" / "1.0.0").write_bytes(b"new")
+    else:
+        (tmp_path / "in" / "notes.txt").write_text("not an input")
+    identity.check()  # the folder itself is the same one
+    if change == "unrelated file appears":
+        identity.check(full=True)
+    else:
+        with pytest.raises(InputError, match="changed while this ingest read it"):
+            identity.check(full=True)
