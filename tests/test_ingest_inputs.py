@@ -225,17 +225,20 @@ def _ingest_in_subprocess(args: list[str]) -> subprocess.CompletedProcess:
 def test_a_fifo_among_the_inputs_is_refused_without_blocking(tmp_path, name):
     folder = tmp_path / "in"
     folder.mkdir()
+    axes: list[str] = []
     if name == "chunk":
         store = _zarr_store(folder / "s.zarr", np.zeros((2, 4, 4), np.float32))
         fifo, target = store / "u" / "0.0.0", store
         fifo.unlink()
-    else:
+    elif name == "b.nc":  # beside a NetCDF file that opens
         write_netcdf(folder, members=1, frames=3, ny=4, nx=4, name="a.nc")
         fifo, target = folder / name, folder
+    else:  # beside an .npy file that opens
+        np.save(folder / "a.npy", np.zeros((3, 4, 4), np.float32))
+        fifo, target, axes = folder / name, folder, ["--axes", "TYX"]
     os.mkfifo(fifo)
     out = tmp_path / "out"
-    done = _ingest_in_subprocess(["ingest", "xarray", str(target), "--out", str(out), "--axes", "TYX",
-                                  "--resolution", "0"])
+    done = _ingest_in_subprocess(["ingest", "xarray", str(target), "--out", str(out), *axes, "--resolution", "0"])
     _refused(out, done.returncode, done.stderr + done.stdout, str(fifo), "FIFO")
 
 
