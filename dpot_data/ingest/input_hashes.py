@@ -5,12 +5,38 @@ the hashing, a pass over every input byte, then runs beside)."""
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
+from dpot_data.errors import InputError
 from dpot_format.io import sha256_file
+
+Stamp = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns): which file, and which bytes
+CHANGED = ("changed while this ingest read it (replaced or rewritten since the ingest started: {what}); expected "
+           "the input to stay as it was until the ingest ends; nothing was published: re-run once it stays put")
+
+
+def stamp(path: str | os.PathLike[str]) -> Stamp | None:
+    """(device, inode, size, mtime_ns) of `path` (links followed), None when it is gone; a folder's size and mtime
+    are left out (0): they change with any entry made in it, and the files inside are compared one by one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_dev, st.st_ino, 0, 0)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _stamped_sha256(path: str, stop: threading.Event | None = None) -> tuple[str, int, Stamp | None, Stamp | None]:
+    """sha256 and size of a file, with its identity (dpot_data.ingest.identity.stamp) before and after hashing:
+    equal when the bytes hashed are those of the file of that identity."""
+    before = stamp(path)
+    digest, size = sha256_file(path, None, stop)
+    return digest, size, before, stamp(path)
 
 
 class InputHashes:
@@ -32,15 +58,21 @@ class InputHashes:
             except (OSError, RuntimeError):  # a link loop: the ingest refuses it with one line, not this thread
                 continue
             if key not in self._futures and Path(key).is_file():
-                self._futures[key] = self._pool.submit(sha256_file, key, None, self._stop)
+                self._futures[key] = self._pool.submit(_stamped_sha256, key, self._stop)
 
-    def entries(self, paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
-        """The manifest's `inputs`: path, sha256 and bytes of each of `paths`, waiting for their hashes."""
+    def entries(self, paths: Sequence[str | os.PathLike[str]], identity: Any = None) -> list[dict[str, Any]]:
+        """The manifest's `inputs`: path, sha256 and bytes of each of `paths`, waiting for their hashes. With
+        `identity` (dpot_data.ingest.identity.InputIdentity), each digest must be of the file recorded there, the
+        file the blocks read: one replaced or rewritten before or while it was hashed is refused (InputError)."""
         self.add(paths)
         out = []
         for p in paths:
             key = str(Path(p).resolve())
-            digest, size = self._futures[key].result() if key in self._futures else sha256_file(key)
+            digest, size, before, after = (self._futures[key].result() if key in self._futures
+                                           else _stamped_sha256(key))
+            recorded = identity.stamp_of(key) if identity is not None else before
+            if not before == after == recorded:
+                raise InputError(key, CHANGED.format(what="its bytes hashed for the manifest are not those read"))
             out.append({"path": key, "sha256": digest, "bytes": size})
         return out
 

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from dpot_data import fs
 from dpot_data.errors import InputError
+from dpot_data.ingest.identity import InputIdentity
 from dpot_data.ingest.options import PER_SOURCE as PER_SOURCE_RESOLUTION
 from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options, default_resolution
 from dpot_data.ingest.publish import existing_outcome
@@ -54,6 +55,7 @@ class IngestJob:
     catalog_split: bool = False  # the catalog's split applies when the reader has none
     existing: IngestOutcome | None = None
     upload_only: bool = False  # a URL job whose local output is complete (its upload was cut short): upload it
+    identity: InputIdentity | None = None  # the inputs as they were when the job was resolved (read, then checked)
 
 
 def manifest_digest(out: str) -> str | None:
@@ -162,8 +164,9 @@ def resolve(source: str | None, paths: Sequence[str | os.PathLike[str]], out: st
     if target.remote is not None and (target.local / "manifest.json").is_file():  # this job, its upload cut short
         return IngestJob(source or "", (), target, opts, upload_only=True)
     local, names = localize_inputs(texts, target)
-    return _with_catalog(IngestJob(source or "", tuple(Path(p) for p in local), target, opts, reader_options,
-                                   names), source, dataset, catalog, catalog_split)
+    job = _with_catalog(IngestJob(source or "", tuple(Path(p) for p in local), target, opts, reader_options,
+                                  names), source, dataset, catalog, catalog_split)
+    return replace(job, identity=InputIdentity.of(job.inputs, exclude=(target.local, target.workdir)))
 
 
 def another_jobs_output(manifest: Mapping[str, Any], inputs: Sequence[str], opts: IngestOptions) -> str | None:

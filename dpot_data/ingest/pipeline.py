@@ -18,6 +18,7 @@ from dpot_data import stats as st
 from dpot_data.errors import InputError
 from dpot_data.ingest import journal as jn
 from dpot_data.ingest import remote
+from dpot_data.ingest.identity import InputIdentity
 from dpot_data.ingest.input_hashes import InputHashes
 from dpot_data.ingest.job import IngestJob, Target, check_out_name, resolve, url_key, work_root
 from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options
@@ -59,21 +60,24 @@ def output_lock(out: str) -> Iterator[None]:
 
 
 def ingest(result: ReadResult, out: str | Path, options: IngestOptions | None = None, *,
-           hashes: InputHashes | None = None, input_names: Mapping[str, str] | None = None) -> IngestOutcome:
+           hashes: InputHashes | None = None, input_names: Mapping[str, str] | None = None,
+           identity: InputIdentity | None = None) -> IngestOutcome:
     """Write one dataset from a reader's result into the local folder OUT (Zarr and/or WebDataset, then the
     manifest); a second ingest into the same OUT while this one runs is refused; a complete OUT is left alone
-    unless `overwrite`. `hashes`: the input files' hashes if already started."""
+    unless `overwrite`. `hashes`: the input files' hashes if already started; `identity`: the inputs as recorded
+    before the reader opened them (default: as they are now)."""
     opts = options or IngestOptions()
     out = Path(out)
     with output_lock(str(out)):
         existing = existing_outcome(out, opts.overwrite)  # the one "complete: leave it alone" decision
-        return existing or write_locked(result, out, opts, hashes, input_names or {})
+        return existing or write_locked(result, out, opts, hashes, input_names or {}, identity)
 
 
 def write_locked(result: ReadResult, out: Path, opts: IngestOptions, hashes: InputHashes | None,
-                 input_names: Mapping[str, str]) -> IngestOutcome:
+                 input_names: Mapping[str, str], identity: InputIdentity | None = None) -> IngestOutcome:
     """Plan, run and publish into OUT, whose lock the caller holds. Everything the format refuses is refused by the
-    plan, before a staging folder exists."""
+    plan, before a staging folder exists. Every input must stay the file `identity` recorded (default: the inputs
+    as they are now) until the output is published: checked by each block task and before publishing."""
     try:
         p = make_plan(result, opts)
         if opts.scheduler:  # an unreachable scheduler fails here, before a staging folder exists
@@ -84,7 +88,8 @@ def write_locked(result: ReadResult, out: Path, opts: IngestOptions, hashes: Inp
         with contextlib.ExitStack() as stack:
             if hashes is None:
                 hashes = stack.enter_context(InputHashes())
-            return _write(result, out, opts, p, hashes, input_names)
+            ident = (identity or InputIdentity.of(result.inputs, exclude=(out,))).covering(result.inputs)
+            return _write(result, out, opts, p, hashes, input_names, ident)
     except OSError as exc:  # the output folder, staging, writing or publishing
         if exc.errno in NO_SPACE:
             raise no_space(out, exc) from None
@@ -94,8 +99,9 @@ def write_locked(result: ReadResult, out: Path, opts: IngestOptions, hashes: Inp
 
 
 def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan, hashes: InputHashes,
-           input_names: Mapping[str, str]) -> IngestOutcome:
-    """Run the plan into the staging folder (resuming an interrupted run of the same job) and publish it."""
+           input_names: Mapping[str, str], identity: InputIdentity) -> IngestOutcome:
+    """Run the plan into the staging folder (resuming an interrupted run of the same job) and publish it. An input
+    refused while it is read (a bad value, a file replaced meanwhile) leaves nothing behind: the staged part goes."""
     command = opts.command if opts.command is not None else mf.command_line()
     job = jn.job_fingerprint(result.inputs, p.identity, p.blocks)
     try:
@@ -105,15 +111,24 @@ def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan, ha
         raise InputError(out, str(exc)) from None
     notes = [journal.describe()] if journal.resumed else []
     hashes.add(list(result.inputs))  # hashed while the blocks run, if not already
+    refused = False
     try:
-        layout = zarr_layout(p, opts.fill, zarr_attrs(p, result, opts, command))
-        task = BlockTask.of(p, result.data, opts.fill, opts.stats, layout.codec)
-        written = run_plan(p, task, journal, layout, opts)
-        inputs = [{**i, "path": input_names.get(i["path"], i["path"])} for i in hashes.entries(list(result.inputs))]
+        try:
+            layout = zarr_layout(p, opts.fill, zarr_attrs(p, result, opts, command))
+            task = replace(BlockTask.of(p, result.data, opts.fill, opts.stats, layout.codec), identity=identity)
+            written = run_plan(p, task, journal, layout, opts)
+            hashed = hashes.entries(list(result.inputs), identity)
+            identity.check(full=True)  # the last look: every input, and every file in an input folder, unchanged
+        except InputError:
+            refused = True
+            raise
+        inputs = [{**i, "path": input_names.get(i["path"], i["path"])} for i in hashed]
         entry = _complete_entry(p, written, inputs, layout.codec)
         manifest = publish_output(out, journal.staging, entry, command, opts.overwrite)
     finally:
         journal.close()
+        if refused:
+            shutil.rmtree(journal.staging, ignore_errors=True)
     return IngestOutcome(manifest, out / mf.MANIFEST_NAME, True, notes)
 
 
@@ -210,7 +225,8 @@ def _read_and_write(job: IngestJob, hashes: InputHashes | None) -> IngestOutcome
         with contextlib.ExitStack() as local:
             if job.target.remote is not None:  # the job's own working folder: its lock, no decision to make
                 local.enter_context(output_lock(str(job.target.local)))
-            outcome = write_locked(said.result, job.target.local, said.options, hashes, job.input_names)
+            outcome = write_locked(said.result, job.target.local, said.options, hashes, job.input_names,
+                                   job.identity)
     return replace(outcome, source=job.source, entry=said.entry, warnings=list(said.warnings))
 
 

@@ -235,6 +235,7 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
     """Check the options against the data and decide everything about the output; no I/O."""
     formats = check_options(opts)
     check_result(result)
+    check_extent(result)
     name, layout = _name_and_layout(result, opts)
     channels, channel_valid = _channels(result, opts, name)
     ds = result.data
@@ -257,6 +258,20 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
     out.warnings = _warnings(result, out, rule)
     out.units = array_units(ds.attrs["source"], channels, channel_valid.tolist(), grid.dims, list(sample_params))
     return out
+
+
+def check_extent(result: ReadResult) -> None:
+    """At least one trajectory, and (the format's rule, `limit_problems`) one frame and one cell along every axis of
+    the native grid, before the grid is planned: an empty axis has nothing to store, resample or index. One line
+    naming the input otherwise."""
+    sizes = result.data["fields"].sizes
+    where = result.inputs[0] if result.inputs else result.data.attrs.get("dataset", "<input>")
+    native = {"grid": {"shape": [int(sizes[d]) for d in result.spatial_dims]}, "frames": int(sizes["time"])}
+    if not native["grid"]["shape"] or min(native["grid"]["shape"]) < 1 or native["frames"] < 1:
+        problem = limit_problems(str(result.data.attrs.get("dataset", "data")), native)[0]
+        raise InputError(where, f"the output would break the format's limits: {problem}")
+    if int(sizes["sample"]) == 0:
+        raise InputError(where, "holds no trajectory; expected at least one")
 
 
 def check_limits(result: ReadResult, entry: dict[str, Any]) -> None:

@@ -83,13 +83,54 @@ def upload(local: Path, url: str, seen: str | None) -> dict[str, Any]:
     fsys.makedirs(base, exist_ok=True)
     atomic_write(fs.join(url, RECORD_NAME), json.dumps({"names": sorted({*referenced_tops(current),
                                                                          *names.values()})}).encode("utf-8"))
+    uploaded: dict[str, dict[str, tuple[str, ...]]] = {}
     for top, name in names.items():
         fs.upload_tree(local / top, fs.join(url, name))
+        uploaded[name] = _listing(fsys, f"{base}/{name}")  # what this job put there, as the store reports it
     manifest = {**manifest, "datasets": [relocated(e, names) for e in manifest["datasets"]]}
     _current(url, seen)  # the last look before the commit
     write_manifest(url, manifest)  # validated, under a temporary name, then moved into place
+    _check_committed(fsys, base, url, local, names, uploaded)
     _remove_owned(fsys, base, manifest)
     return manifest
+
+
+def _object_id(info: dict[str, Any]) -> tuple[str, ...]:
+    """What tells one stored object from another written under the same name: its size and the store's own
+    version of it (S3 ETag, else the modification time, creation time or inode the backend reports)."""
+    keys = ("size", "ETag", "etag", "VersionId", "md5", "mtime", "LastModified", "created", "ino")
+    return tuple(str(info.get(k)) for k in keys)
+
+
+def _listing(fsys: Any, root: str) -> dict[str, tuple[str, ...]]:
+    """Every object below `root` (relative name -> `_object_id`), listed afresh; empty when there is none."""
+    fsys.invalidate_cache(root)  # a cached listing would not show what another machine removed
+    try:
+        found = fsys.find(root, detail=True)
+    except FileNotFoundError:
+        return {}
+    prefix = root.rstrip("/") + "/"
+    return {str(path)[len(prefix):]: _object_id(info) for path, info in found.items()
+            if info.get("type") != "directory" and str(path).startswith(prefix)}
+
+
+def _check_committed(fsys: Any, base: str, url: str, local: Path, names: dict[str, str],
+                     uploaded: dict[str, dict[str, tuple[str, ...]]]) -> None:
+    """After the commit: every file of the local output is at the URL under its published folder, as this job
+    uploaded it. Object stores have no compare-and-swap, so an ingest into the same URL from another machine (its
+    lock is local) can remove or replace a folder this job uploaded before the manifest naming it was committed;
+    that output is then broken, and said so in one line (InputError) instead of reported as written."""
+    for top, name in names.items():
+        root = local / top
+        mine = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} if root.is_dir() else set()
+        now = _listing(fsys, f"{base}/{name}")
+        lost = sorted(rel for rel in mine if rel not in now or now[rel] != uploaded[name].get(rel))
+        if lost:
+            raise InputError(url, f"the output committed there lost {len(lost)} of the {len(mine)} files this "
+                                  f"ingest uploaded into {name}/ (first: {lost[0]}): another ingest into the same "
+                                  "URL, from another machine, removed or replaced them; the manifest there names "
+                                  "files that are not this ingest's: re-run with --overwrite, and give each machine "
+                                  "its own output URL")
 
 
 def _current(url: str, seen: str | None) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ class BlockTask:
     first_rows: dict[int, int] = field(default_factory=dict)  # a block's first source trajectory -> first stored row
     group_dir: str | None = None  # store the encoded chunks in this staged Zarr group folder from the task
     spill_dir: str | None = None  # hand fields and mask to the writer as a file in this folder (cluster workers)
+    identity: Any = None  # the inputs as recorded when the job was resolved (InputIdentity): compared after each read
 
     @classmethod
     def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool, codec: str) -> "BlockTask":
@@ -111,9 +112,16 @@ def _resample(task: BlockTask, f: np.ndarray, m: np.ndarray) -> tuple[np.ndarray
 def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
     """Read source trajectories rng[0]..rng[1]-1 and turn them into the stored pieces of the block."""
     i0, i1 = rng
-    raw = np.asarray(compute_in_task(task.fields[i0:i1]), dtype=np.float32)
-    mask = np.asarray(compute_in_task(task.mask[i0:i1]), dtype=np.uint8)
     pieces = [p for p in task.pieces if i0 <= p.source < i1]
+    try:
+        raw = np.asarray(compute_in_task(task.fields[i0:i1]), dtype=np.float32)
+        mask = np.asarray(compute_in_task(task.mask[i0:i1]), dtype=np.uint8)
+    except Exception:
+        if task.identity is not None:
+            task.identity.check(local=False)  # a read that failed on a file replaced meanwhile: said as such
+        raise
+    if task.identity is not None:  # the reader reopened the inputs by name: still the files the job recorded?
+        task.identity.check(local=False)
     f, m = _resample(task, *_cut(task, raw, mask, pieces, i0))
     f, valid = pad_channels(f, task.channels, task.fill, axis=2)
     block_stats = None

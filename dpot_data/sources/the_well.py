@@ -48,6 +48,7 @@ import xarray as xr
 from dpot_format.layout import own_data_layout
 from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
+from dpot_data.sources._xr_open import check_hdf5
 from dpot_data.sources._blocks import (MaskBlocks, NanMasked, SampleBlocks, as_path, auto_block, check_coordinate,
                                         check_h5_dataset, check_sizes, check_times, checked, common_times,
                                         distinct_files, file_token, files_in, finite_mode, hdf5_problem, no_inf,
@@ -386,8 +387,9 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     out and listed (True), raise InputError when read ("raise"), or are kept (False). `convention` changes nothing
     here: the reference never trained on the Well; the resampling follows the convention (choose_method)."""
     files = _well_files(paths)
-    infos = [_file_info(p) for p in files]
+    infos = [_checked_info(p) for p in files]
     splits = _consistent(files, infos)
+    _distinct_labels(files, splits)
     first = infos[0]
     nd = len(first["dims"])
     blk = auto_block(first["t"] * len(first["channels"]) * math.prod(first["space"]) * 4, block)
@@ -429,6 +431,30 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     )
     return ReadResult(data=data, split=np.array(split, dtype=str) if splits[0] else None, sample_params=varying,
                       skipped=skipped, inputs=files)
+
+
+def _checked_info(path: Path) -> dict[str, object]:
+    """`_file_info` of a file that passed the inputs' one containment check (`check_hdf5`: no external link, no
+    virtual or externally stored dataset, sizes bounded), an attribute or coordinate of the wrong type refused in
+    one line naming the file."""
+    check_hdf5(path)
+    try:
+        return _file_info(path)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InputError(path, f"an attribute or coordinate is not of the type the Well's layout declares "
+                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); expected "
+                               f"{LAYOUT}, with numeric counts, flags and coordinates") from None
+
+
+def _distinct_labels(files: list[Path], splits: list[str | None]) -> None:
+    """Trajectory ids are "<split>/<file>#<k>" (or "<file>#<k>"): two files under one label are refused."""
+    seen: dict[str, Path] = {}
+    for p, s in zip(files, splits):
+        label = f"{s}/{p.name}" if s else p.name
+        other = seen.setdefault(label, p)
+        if other != p:
+            raise InputError(p, f"has the same name as {other} ({label}); trajectory ids are made from it, so give "
+                                "files of distinct names (or each split once)")
 
 
 def _default_name(well_name: str) -> str:

@@ -39,7 +39,8 @@ from dpot_data.sources._blocks import MaskBlocks, NanMasked, SampleBlocks, as_pa
     check_sizes, check_times, common_times, distinct_files, text_path, to_dask, uniform_step, unique_names
 from dpot_data.sources._xr_choose import (TIME_NAMES, Choice, choose, has_coordinate, periodic_dim, space_values,
                                           time_values)
-from dpot_data.sources._xr_open import Opener, check_numpy_file, file_bytes, kind_of, open_checked, parse_axes
+from dpot_data.sources._xr_open import Opener, check_input, check_numpy_file, file_bytes, kind_of, open_checked, \
+    parse_axes, read_errors
 from dpot_data.sources.base import ReadResult
 
 READER_VERSION = "1"
@@ -74,9 +75,9 @@ class _Blocks(SampleBlocks):
                 ds = open_checked(opener).rename(self.choice.rename)
                 try:
                     for c, var in enumerate(self.choice.variables):
-                        arr = ds[var].isel(time=slice(a - t0, b - t0))
-                        arr = arr.isel(sample=slice(s0, s1)) if "sample" in arr.dims else arr.expand_dims("sample")
-                        with np.errstate(over="ignore", invalid="ignore"):
+                        with read_errors(opener.path, var), np.errstate(over="ignore", invalid="ignore"):
+                            arr = ds[var].isel(time=slice(a - t0, b - t0))
+                            arr = arr.isel(sample=slice(s0, s1)) if "sample" in arr.dims else arr.expand_dims("sample")
                             out[:, a - f0:b - f0, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
                 finally:
                     ds.close()
@@ -117,6 +118,7 @@ def _openers(paths: Sequence[Path], axes: tuple[str, ...] | None, names: tuple[s
         kind = kind_of(p)
         if kind is None:
             raise InputError(p, "expected a NetCDF (.nc), HDF5 (.h5) or .npy/.npz file, or a Zarr store folder")
+        check_input(p, kind)
         if kind in ("npy", "npz"):
             check_numpy_file(p, kind, axes)
         out.append(Opener(str(p), kind, axes, names))
