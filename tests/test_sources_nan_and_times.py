@@ -217,7 +217,7 @@ def test_xarray_nan_in_one_frame_is_refused_not_masked_for_the_whole_trajectory(
     out = tmp_path / "out"
     line = _one_error_line(_cli(["xarray", str(bad), "--out", str(out)]), str(bad), "gap.nc#1", "missing data")
     assert "frame 2" in line
-    assert [p.name for p in out.iterdir()] == [".staging-gap"]  # nothing under a final name: no manifest, no data
+    assert not out.exists()  # a refusal leaves nothing: no manifest, no data, no staging folder
 
 
 def test_xarray_trajectory_with_every_cell_nan_is_refused(ocean, tmp_path):
@@ -228,7 +228,7 @@ def test_xarray_trajectory_with_every_cell_nan_is_refused(ocean, tmp_path):
     bad = _rewrite(ocean, tmp_path / "empty.nc", all_nan)
     out = tmp_path / "out"
     _one_error_line(_cli(["xarray", str(bad), "--out", str(out)]), "empty.nc#0", "no cell left unmasked")
-    assert [p.name for p in out.iterdir()] == [".staging-empty"]  # nothing under a final name
+    assert not out.exists()  # a refusal leaves nothing
 
 
 # ------------------------------------------------------------------------------------------------ xarray: times
