@@ -21,9 +21,12 @@ The output ends with a table of the five rows (rollout and one-step L2RE per dat
 
 Scales (`--scale`; each setting can be overridden by the options below):
   cpu    tiny, fno-tiny, unet-tiny; 24 trajectories x 13 frames per dataset at 32x32; 60 steps (pre-training 60),
-         batch 8, one process on the CPU. About 6 minutes on a loaded 2-core machine.
-  gpu    Ti, fno, unet (the paper's sizes: 7M, 0.5M, 25M); 200 trajectories x 30 frames per dataset at 128x128;
-         20000 steps (pre-training 20000), batch 20, CUDA, bf16 as `launch` does on GPUs. Hours on one GPU.
+         batch 8, one process on the CPU. About 7 minutes on a loaded 2-core machine (benchmarks/RESULTS.md).
+  gpu    Ti, fno, unet (the paper's 7M, 0.5M and 25M); 200 trajectories x 30 frames per dataset, FNO
+         Navier-Stokes solved at 64x64 and resampled to 128x128 at ingest (as the paper's data), diffusion-reaction
+         at 128x128; 10000 steps (pre-training 10000), batch 20, 4 loader workers, CUDA (bf16, as `launch` does on
+         GPUs). Not run here; from the H100 throughput in benchmarks/RESULTS.md (Ti about 440 samples/s in
+         `launch`), roughly an hour and a half on one H100, most of it UNet's 25M.
   smoke  the cpu presets, 6 trajectories x 12 frames, 10 steps of batch 2: a check that the pipeline runs.
 """
 
@@ -55,17 +58,19 @@ class Scale:
     unet: str
     trajectories: int
     frames: int
-    res: int
+    res: int  # grid of the shards and the models
+    fno_res: int  # grid FNO Navier-Stokes is solved on (ingest resamples it to `res`, as the paper's 64 -> 128)
     steps: int
     pretrain_steps: int
     batch_size: int
     device: str
+    workers: int  # loader workers per process
 
 
 SCALES = {
-    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 24, 13, 32, 60, 60, 8, "cpu"),
-    "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 20000, 20000, 20, "cuda"),
-    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 10, 10, 2, "cpu"),
+    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 24, 13, 32, 32, 60, 60, 8, "cpu", 0),
+    "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 64, 10000, 10000, 20, "cuda", 4),
+    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 32, 10, 10, 2, "cpu", 0),
 }
 ROWS = ("dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence")  # the report's runs, in this order
 
@@ -85,7 +90,7 @@ def corpus(folder: Path, s: Scale, seed: int) -> list[Path]:
     shard folders."""
     n, frames, res = str(s.trajectories), str(s.frames), str(s.res)
     run(["dpot_data", "synth", "fno", "--out", str(folder / "raw-fno"), "--n", n, "--frames", frames,
-         "--resolution", res, "--seed", str(seed)])
+         "--resolution", str(s.fno_res), "--seed", str(seed)])
     mat = sorted((folder / "raw-fno").glob("NavierStokes_*.mat"))  # the same solutions are also written as v7.3
     run(["dpot_data", "ingest", "fno", *map(str, mat), "--out", str(folder / "fno"), "--resolution", res,
          "--split", "0.8", "--no-progress"])
@@ -101,6 +106,7 @@ def launch(out: Path, model: str, manifests: list[Path], steps: int, a: argparse
     """One `dpot-train launch` run without its own evaluation; its last checkpoint."""
     args = ["dpot_train", "launch", "--model", model, "--steps", str(steps), "--batch-size", str(a.batch_size),
             "--seed", "0", "--recipe", "dpot", "--device", a.device, "--nproc-per-node", str(a.nproc_per_node),
+            "--num-workers", str(a.workers),
             "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 10)), "--no-eval", "--no-progress",
             "--out", str(out)]
     for m in manifests:
@@ -163,15 +169,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, help="Global batch of every run (default: the scale's).")
     p.add_argument("--trajectories", type=int, help="Trajectories synthesized per dataset (default: the scale's).")
     p.add_argument("--frames", type=int, help="Frames per trajectory (default: the scale's; at least t_in + 2).")
-    p.add_argument("--res", type=int, help="Grid side of synthesis and shards (default: the scale's).")
+    p.add_argument("--res", type=int, help="Grid side of the shards and models (default: the scale's).")
+    p.add_argument("--fno-res", type=int, help="Grid FNO Navier-Stokes is solved on (default: the scale's).")
+    p.add_argument("--workers", type=int, help="Loader workers per process (default: the scale's).")
     p.add_argument("--dpot", help="DPOT preset (default: the scale's).")
     p.add_argument("--fno", help="FNO preset (default: the scale's).")
     p.add_argument("--unet", help="UNet preset (default: the scale's).")
     p.add_argument("--device", help="cpu or cuda (default: the scale's).")
     p.add_argument("--nproc-per-node", type=int, default=1, help="Processes per run (GPUs, or CPU processes).")
     a = p.parse_args(argv)
-    s = replace(SCALES[a.scale], **{k: v for k, v in vars(a).items() if k in Scale.__dataclass_fields__ and v})
-    a.batch_size, a.device = s.batch_size, s.device
+    given = {k: v for k, v in vars(a).items() if k in Scale.__dataclass_fields__ and v is not None}
+    s = replace(SCALES[a.scale], **given)
+    a.batch_size, a.device, a.workers = s.batch_size, s.device, s.workers
     out = Path(a.out or tempfile.mkdtemp(prefix="dpot-paper-table-"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
