@@ -4,7 +4,7 @@ set beside the DPOT paper's Table 1 by `dpot-train report --paper`.
 
 Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py                 # CPU scale, a few minutes
       PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --gpu           # the paper's presets on CUDA
-      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # seconds per run: a check it runs
+      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # about two minutes: a check it runs
 
 Every step is a subprocess call of the CLIs a user runs (`python -m dpot_data`, `python -m dpot_train`):
 1. `dpot-data synth fno` (FNO Navier-Stokes, nu 1e-3) and `synth pdebench-dr` (PDEBench diffusion-reaction) write the
@@ -21,12 +21,12 @@ The output ends with a table of the five rows (rollout and one-step L2RE per dat
 
 Scales (`--scale`; each setting can be overridden by the options below):
   cpu    tiny, fno-tiny, unet-tiny; 24 trajectories x 13 frames per dataset at 32x32; 60 steps (pre-training 60),
-         batch 8, one process on the CPU. About 7 minutes on a loaded 2-core machine (benchmarks/RESULTS.md).
+         batch 8, one process on the CPU. 4 to 6 minutes on a loaded 2-core machine (benchmarks/RESULTS.md).
   gpu    Ti, fno, unet (the paper's 7M, 0.5M and 25M); 200 trajectories x 30 frames per dataset, FNO
          Navier-Stokes solved at 64x64 and resampled to 128x128 at ingest (as the paper's data), diffusion-reaction
          at 128x128; 10000 steps (pre-training 10000), batch 20, 4 loader workers, CUDA (bf16, as `launch` does on
-         GPUs). Not run here; from the H100 throughput in benchmarks/RESULTS.md (Ti about 440 samples/s in
-         `launch`), roughly an hour and a half on one H100, most of it UNet's 25M.
+         GPUs). Not run here: each of the three Ti runs takes about 7 minutes at the ~460 samples/s `launch` reached
+         with 4 thread workers on an H100 (benchmarks/RESULTS.md); FNO's and UNet's speed on a GPU is not measured.
   smoke  the cpu presets, 6 trajectories x 12 frames, 10 steps of batch 2: a check that the pipeline runs.
 """
 
