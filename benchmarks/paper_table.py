@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     given = {k: v for k, v in vars(a).items() if k in Scale.__dataclass_fields__ and v is not None}
     s = replace(SCALES[a.scale], **given)
     a.batch_size, a.device, a.workers = s.batch_size, s.device, s.workers
-    out = Path(a.out or tempfile.mkdtemp(prefix="dpot-paper-table-"))
+    out = Path(a.out or tempfile.mkdtemp(prefix="dpot-paper-table-")).resolve()  # the CLIs run in the checkout
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 
