@@ -178,7 +178,9 @@ def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
     the grid (cubically for 3D), so a large --res would otherwise fail in every worker."""
     if cfg.init:
         return
-    count = model_parameters(cfg.model, {**fixed, **cfg.model_overrides})
+    from dpot_train.model import families
+
+    count = families.parameter_count(families.configure(cfg.model, fixed, cfg.model_overrides))  # any family's fit
     if count > MAX_PARAMETERS:
         raise ValueError(f"--res {cfg.data.res}: expected a grid the model fits at most {MAX_PARAMETERS:.0e} "
                          f"parameters on; preset {cfg.model!r} on a {fixed['img_size']}-cell side has {count:.2e}")

@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import loader as bench_loader  # noqa: E402
+import paper_table as bench_paper  # noqa: E402
 import train_step as bench_step  # noqa: E402
 from reference_loader import ReferenceWindows, pad_data  # noqa: E402
 
@@ -129,3 +130,26 @@ def test_train_step_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixt
     assert [x["workers"] for x in out["loader"]] == [0, 1]
     assert all(x["samples_per_s"] > 0 and x["pinned"] is False for x in out["loader"])
     assert "loader_vs_fastest_step" in out["targets"]
+
+
+@pytest.mark.slow
+def test_paper_table_smoke_reports_the_five_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/paper_table.py --smoke: synth, ingest, pre-train, four training runs, evaluation and the report end
+    to end; the report holds the five runs (persistence as its own) beside the paper's FNO-nu 1e-3 column."""
+    summary = bench_paper.main(["--smoke", "--out", str(tmp_path)])
+    out = _last_json(capsys.readouterr().out)
+    assert out["benchmark"] == "paper_table" and out == json.loads(json.dumps(summary))
+    assert list(out["rows"]) == ["dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence"]
+    assert [out["rows"][r]["network"]["family"] for r in out["rows"]] == ["dpot", "fno", "unet", "dpot", "persistence"]
+    for row in out["rows"].values():
+        assert set(row["scores"]) == {"fno-ns-v1e-3", "pdebench-dr"}
+        assert all(0 < v["rollout_l2re"] < 100 and 0 < v["one_step_l2re"] < 100 for v in row["scores"].values())
+    assert out["persistence_spread"] == 0.0  # persistence is the same for every run: the same test windows
+    scratch = json.loads((tmp_path / "runs" / "dpot-scratch" / "eval.json").read_text(encoding="utf-8"))
+    for d, scores in out["rows"]["persistence"]["scores"].items():
+        assert scores["rollout_l2re"] == scratch["datasets"][d]["persistence"]["rollout_l2re"]
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    header = next(ln for ln in report.splitlines() if ln.startswith("| dataset | dpot-scratch"))
+    assert [c.split(" (")[0] for c in header.strip("| ").split(" | ")] == \
+        ["dataset", "dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence"]
+    assert "## Paper: FNO-nu 1e-3 (fno-ns-v1e-3)" in report and "| persistence / paper |" in report

@@ -42,6 +42,13 @@ def test_unknown_preset_and_unbuildable_schedule_are_one_line_errors(fno_train_s
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("preset", ["fno-tiny", "unet-tiny"])
+def test_a_fresh_baseline_run_passes_the_model_size_check(fno_train_shards: Path, tmp_path: Path, preset: str) -> None:
+    """The size check fits the preset to the data with its own family's fields (FNO and UNet have no in_channels)."""
+    r = _launch(fno_train_shards, tmp_path / "run", "--model", preset, "--dry-run")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
 class _Payload:
     """An arbitrary class: the weights-only loader must refuse it unless --trust is given."""
 

@@ -1,0 +1,227 @@
+"""The paper's comparison in one command: DPOT from scratch, FNO, UNet, DPOT fine-tuned from a pre-trained checkpoint
+and the persistence baseline, trained on the same shards with the same step budget, evaluated with the same recipe and
+set beside the DPOT paper's Table 1 by `dpot-train report --paper`.
+
+Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py                 # CPU scale, a few minutes
+      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --gpu           # the paper's presets on CUDA
+      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # about two minutes: a check it runs
+
+Every step is a subprocess call of the CLIs a user runs (`python -m dpot_data`, `python -m dpot_train`):
+1. `dpot-data synth fno` (FNO Navier-Stokes, nu 1e-3) and `synth pdebench-dr` (PDEBench diffusion-reaction) write the
+   corpus, `dpot-data ingest ... --split 0.8` turns it into shards; the same two generators with the next seed write
+   the pre-training corpus (other trajectories of the same equations).
+2. `dpot-train launch` trains, on the corpus shards with the same steps, batch, seed, schedule and recipe (dpot):
+   DPOT from scratch (`--model tiny`), FNO (`fno-tiny`), UNet (`unet-tiny`) and DPOT fine-tuned (`--init`) from the
+   weights of a DPOT run pre-trained on the pre-training corpus and written by `dpot-train model export`.
+3. `dpot-train evaluate CKPT --recipe dpot` scores each run on the test split (rollout to the trajectory end); the
+   persistence baseline, which every eval.json carries, becomes its own run (OUT/runs/persistence/eval.json: the
+   scratch run's evaluation with `persistence` as the model), and `dpot-train report ... --paper --out
+   OUT/report.md` writes the table with the paper's rows beside.
+The output ends with a table of the five rows (rollout and one-step L2RE per dataset) and one JSON line.
+
+Scales (`--scale`; each setting can be overridden by the options below):
+  cpu    tiny, fno-tiny, unet-tiny; 24 trajectories x 13 frames per dataset at 32x32; 60 steps (pre-training 60),
+         batch 8, one process on the CPU. 4 to 6 minutes on a loaded 2-core machine (benchmarks/RESULTS.md).
+  gpu    Ti, fno, unet (the paper's 7M, 0.5M and 25M); 200 trajectories x 30 frames per dataset, FNO
+         Navier-Stokes solved at 64x64 and resampled to 128x128 at ingest (as the paper's data), diffusion-reaction
+         at 128x128; 10000 steps (pre-training 10000), batch 20, 4 loader workers, CUDA (bf16, as `launch` does on
+         GPUs). Not run here: each of the three Ti runs takes about 7 minutes at the ~460 samples/s `launch` reached
+         with 4 thread workers on an H100 (benchmarks/RESULTS.md); FNO's and UNet's speed on a GPU is not measured.
+  smoke  the cpu presets, 6 trajectories x 12 frames, 10 steps of batch 2: a check that the pipeline runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What one scale trains: presets, data size and step budget."""
+
+    dpot: str
+    fno: str
+    unet: str
+    trajectories: int
+    frames: int
+    res: int  # grid of the shards and the models
+    fno_res: int  # grid FNO Navier-Stokes is solved on (ingest resamples it to `res`, as the paper's 64 -> 128)
+    steps: int
+    pretrain_steps: int
+    batch_size: int
+    device: str
+    workers: int  # loader workers per process
+
+
+SCALES = {
+    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 24, 13, 32, 32, 60, 60, 8, "cpu", 0),
+    "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 64, 10000, 10000, 20, "cuda", 4),
+    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 32, 10, 10, 2, "cpu", 0),
+}
+ROWS = ("dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence")  # the report's runs, in this order
+
+
+def run(args: list[str]) -> str:
+    """Run a dpot-data / dpot-train command with this checkout on the path; its output, or exit naming it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(args[:2])} failed (exit {r.returncode}): {' '.join(args)}\n"
+                 f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return r.stdout + r.stderr
+
+
+def corpus(folder: Path, s: Scale, seed: int) -> list[Path]:
+    """Synthesize FNO Navier-Stokes and PDEBench diffusion-reaction with `seed` and ingest each (80% train); the two
+    shard folders."""
+    n, frames, res = str(s.trajectories), str(s.frames), str(s.res)
+    run(["dpot_data", "synth", "fno", "--out", str(folder / "raw-fno"), "--n", n, "--frames", frames,
+         "--resolution", str(s.fno_res), "--seed", str(seed)])
+    mat = sorted((folder / "raw-fno").glob("NavierStokes_*.mat"))  # the same solutions are also written as v7.3
+    run(["dpot_data", "ingest", "fno", *map(str, mat), "--out", str(folder / "fno"), "--resolution", res,
+         "--split", "0.8", "--no-progress"])
+    run(["dpot_data", "synth", "pdebench-dr", "--out", str(folder / "raw-dr"), "--n", n, "--frames", frames,
+         "--res", res, "--seed", str(seed)])
+    h5 = sorted((folder / "raw-dr").glob("*.h5"))
+    run(["dpot_data", "ingest", "pdebench", *map(str, h5), "--out", str(folder / "dr"), "--resolution", res,
+         "--split", "0.8", "--no-progress"])
+    return [folder / "fno", folder / "dr"]
+
+
+def launch(out: Path, model: str, manifests: list[Path], steps: int, a: argparse.Namespace, *extra: str) -> Path:
+    """One `dpot-train launch` run without its own evaluation; its last checkpoint."""
+    args = ["dpot_train", "launch", "--model", model, "--steps", str(steps), "--batch-size", str(a.batch_size),
+            "--seed", "0", "--recipe", "dpot", "--device", a.device, "--nproc-per-node", str(a.nproc_per_node),
+            "--num-workers", str(a.workers),
+            "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 10)), "--no-eval", "--no-progress",
+            "--out", str(out)]
+    for m in manifests:
+        args += ["--manifest", str(m)]
+    run(args + list(extra))
+    return out / "checkpoints" / f"step-{steps:08d}.pt"
+
+
+def evaluate(ckpt: Path, manifests: list[Path], out: Path, device: str) -> dict[str, Any]:
+    """`dpot-train evaluate --recipe dpot` on the test split, rolled out to the trajectory end; the eval.json."""
+    args = ["dpot_train", "evaluate", str(ckpt), "--recipe", "dpot", "--device", device, "--out", str(out)]
+    for m in manifests:
+        args += ["--manifest", str(m)]
+    run(args)
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def persistence_eval(scratch: dict[str, Any], source: Path, out: Path) -> dict[str, Any]:
+    """The persistence baseline as a run of its own: `scratch`'s evaluation with its `persistence` scores as the
+    model's (the same test windows and recipe), so that the report gives it a column and a ratio to the paper."""
+    result = dict(scratch)
+    result["datasets"] = {name: {**d, "model": d["persistence"]} for name, d in scratch["datasets"].items()}
+    result["network"] = {"model": "last input frame", "family": "persistence", "parameters": 0}
+    result["checkpoint"] = None
+    result["derived_from"] = str(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    os.replace(tmp, out)
+    return result
+
+
+def table(evals: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Rows (run) x columns (dataset: rollout L2RE, one-step L2RE) as text lines, and the figures behind them."""
+    datasets = sorted(evals["dpot-scratch"]["datasets"])
+    figures: dict[str, dict[str, Any]] = {}
+    head = f"{'run':16}{'network':28}{'params':>10}" + "".join(f"{d[:24]:>26}{'':>10}" for d in datasets)
+    sub = f"{'':54}" + "".join(f"{'rollout L2RE':>26}{'one-step':>10}" for _ in datasets)
+    lines = [head, sub]
+    for label in ROWS:
+        e = evals[label]
+        net = e.get("network") or {}
+        name = f"{net.get('model', '?')} {net.get('size', '')}".strip()
+        scores = {d: {"rollout_l2re": e["datasets"][d]["model"]["rollout_l2re"],
+                      "one_step_l2re": e["datasets"][d]["model"]["one_step_l2re"]} for d in datasets}
+        figures[label] = {"network": net, "scores": scores}
+        lines.append(f"{label:16}{name[:27]:28}{net.get('parameters', 0):>10}" + "".join(
+            f"{scores[d]['rollout_l2re']:26.4f}{scores[d]['one_step_l2re']:10.4f}" for d in datasets))
+    return lines, figures
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", choices=sorted(SCALES), default="cpu", help="Presets, data and step budget.")
+    p.add_argument("--gpu", dest="scale", action="store_const", const="gpu", help="Same as --scale gpu.")
+    p.add_argument("--smoke", dest="scale", action="store_const", const="smoke", help="Same as --scale smoke.")
+    p.add_argument("--out", help="Folder for data, runs and report.md (default: a new temporary folder).")
+    p.add_argument("--steps", type=int, help="Steps of each compared run (default: the scale's).")
+    p.add_argument("--pretrain-steps", type=int, help="Steps of the pre-training run (default: the scale's).")
+    p.add_argument("--batch-size", type=int, help="Global batch of every run (default: the scale's).")
+    p.add_argument("--trajectories", type=int, help="Trajectories synthesized per dataset (default: the scale's).")
+    p.add_argument("--frames", type=int, help="Frames per trajectory (default: the scale's; at least t_in + 2).")
+    p.add_argument("--res", type=int, help="Grid side of the shards and models (default: the scale's).")
+    p.add_argument("--fno-res", type=int, help="Grid FNO Navier-Stokes is solved on (default: the scale's).")
+    p.add_argument("--workers", type=int, help="Loader workers per process (default: the scale's).")
+    p.add_argument("--dpot", help="DPOT preset (default: the scale's).")
+    p.add_argument("--fno", help="FNO preset (default: the scale's).")
+    p.add_argument("--unet", help="UNet preset (default: the scale's).")
+    p.add_argument("--device", help="cpu or cuda (default: the scale's).")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="Processes per run (GPUs, or CPU processes).")
+    a = p.parse_args(argv)
+    given = {k: v for k, v in vars(a).items() if k in Scale.__dataclass_fields__ and v is not None}
+    s = replace(SCALES[a.scale], **given)
+    a.batch_size, a.device, a.workers = s.batch_size, s.device, s.workers
+    out = Path(a.out or tempfile.mkdtemp(prefix="dpot-paper-table-")).resolve()  # the CLIs run in the checkout
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+
+    data = corpus(out / "data", s, seed=0)
+    pre_data = corpus(out / "pretrain-data", s, seed=1)
+    pre_ckpt = launch(out / "pretrain", s.dpot, pre_data, s.pretrain_steps, a)
+    weights = out / "pretrained.pth"
+    run(["dpot_train", "model", "export", str(pre_ckpt), "--out", str(weights)])
+
+    runs = {"dpot-scratch": (s.dpot, ()), "fno": (s.fno, ()), "unet": (s.unet, ()),
+            "dpot-finetuned": (s.dpot, ("--init", str(weights)))}
+    evals: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
+    for label, (model, extra) in runs.items():
+        ckpt = launch(out / "runs" / label / "train", model, data, s.steps, a, *extra)
+        paths[label] = out / "runs" / label / "eval.json"
+        evals[label] = evaluate(ckpt, data, paths[label], s.device)
+    paths["persistence"] = out / "runs" / "persistence" / "eval.json"
+    evals["persistence"] = persistence_eval(evals["dpot-scratch"], paths["dpot-scratch"], paths["persistence"])
+    # persistence does not depend on the model: every run's evaluation must carry the same figures
+    spread = max(abs(e["datasets"][d]["persistence"]["rollout_l2re"]
+                     - evals["dpot-scratch"]["datasets"][d]["persistence"]["rollout_l2re"])
+                 for label, e in evals.items() for d in e["datasets"])
+
+    report = out / "report.md"
+    run(["dpot_train", "report", *(str(paths[label]) for label in ROWS), "--paper", "--out", str(report)])
+    print(report.read_text(encoding="utf-8"))
+    lines, figures = table(evals)
+    print(f"scale {a.scale}: {s.steps} steps of batch {s.batch_size} per run (pre-training {s.pretrain_steps}), "
+          f"{s.trajectories} trajectories x {s.frames} frames per dataset at {s.res}x{s.res}, device {s.device}, "
+          f"recipe dpot; test split, rollout to the trajectory end")
+    print("\n".join(lines))
+    print(f"report: {report}")
+    summary = {"benchmark": "paper_table", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "scale": a.scale, "settings": asdict(s), "nproc_per_node": a.nproc_per_node, "recipe": "dpot",
+               "rows": figures, "persistence_spread": spread, "report": str(report), "out": str(out),
+               "wall_s": round(time.monotonic() - t0, 1), "machine": machine(out, ["torch", "numpy"])}
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
