@@ -47,6 +47,9 @@ class ThreadChoice:
         return f"threads: torch intra-op {self.intra_op} per process, loader workers {self.loader_workers}: {why}"
 
 
+applied: ThreadChoice | None = None  # this process's choice, once apply_threads ran (the run's TensorBoard text)
+
+
 def user_threads(env: Mapping[str, str]) -> int | None:
     """The thread count the user asked for in OMP_NUM_THREADS (the launcher's value when dpot_train.torchrun recorded
     it), None when unset. OpenMP's nested form "4,2" gives the outer count."""
@@ -85,4 +88,6 @@ def apply_threads(loader_workers: int, env: Mapping[str, str] | None = None) -> 
                             user_threads(env))
     if torch.get_num_threads() != choice.intra_op:
         torch.set_num_threads(choice.intra_op)
+    global applied
+    applied = choice
     return choice

@@ -71,7 +71,7 @@ def test_apply_sets_torch_threads() -> None:
 @pytest.mark.slow
 def test_launched_workers_log_their_choice(fno_train_shards: Path, tmp_path: Path) -> None:
     """A 2-process launch without OMP_NUM_THREADS: torchrun's own OMP_NUM_THREADS=1 is not taken for the user's, and
-    rank 0 (only) logs the rule's choice for 2 processes."""
+    rank 0 (only) logs the rule's choice for 2 processes, in its output and as TensorBoard text."""
     env = train_runs.env()
     env.pop(OMP_ENV)
     env.pop(USER_OMP_ENV, None)
@@ -80,3 +80,9 @@ def test_launched_workers_log_their_choice(fno_train_shards: Path, tmp_path: Pat
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     expected = choose_threads(available_cores(), 2, 0, None).line()
     assert [ln for ln in r.stdout.splitlines() if ln.startswith("threads:")] == [expected]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("threads/text_summary")]
+    assert texts == [expected]  # the same line as TensorBoard text
