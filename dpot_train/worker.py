@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         threads = apply_threads(cfg.data.num_workers)  # before any torch work: the run's intra-op thread count
-    except ThreadsError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+    except ThreadsError as exc:  # the same environment on every rank: rank 0 says it
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
         return REPORTED
     if int(os.environ.get("RANK", "0")) == 0:
         print(threads.line(), flush=True)

@@ -86,3 +86,14 @@ def test_launched_workers_log_their_choice(fno_train_shards: Path, tmp_path: Pat
     acc.Reload()
     texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("threads/text_summary")]
     assert texts == [expected]  # the same line as TensorBoard text
+
+
+@pytest.mark.slow
+def test_bad_omp_value_stops_the_launch_in_one_line(fno_train_shards: Path, tmp_path: Path) -> None:
+    env = {**train_runs.env(), OMP_ENV: "abc"}
+    args = train_runs.launch_args(fno_train_shards, tmp_path / "run", steps=2, nproc=2)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=240, env=env, cwd=train_runs.ROOT)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == ["error: OMP_NUM_THREADS='abc': expected a positive integer thread count"]
+    assert "Traceback" not in r.stderr
