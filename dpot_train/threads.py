@@ -1,16 +1,16 @@
 """Thread counts of one training or evaluation process, chosen from the cores it has, so that the processes of a node
-and their loader workers do not oversubscribe the cores (torch's default is one intra-op thread per core in every
-process, whatever else runs beside it).
+and their loader workers do not oversubscribe the cores (torch's default for a lone process is one intra-op thread
+per core, whatever else runs beside it).
 
 The rule (docs/training.md): cores = the CPUs this process may run on (os.sched_getaffinity); per process =
 max(1, cores // processes on this node); torch intra-op threads = max(1, per process - loader workers - 1). Each
 loader worker (thread or process) keeps a core busy while the step runs, and one core is left to the rest of the
 process (Python between ops, the loader's reads without workers, gloo's threads, the torchrun agent): an OpenMP team
 waits for its slowest thread at every op, so a team that needs every core stalls whenever anything else runs
-(benchmarks/RESULTS.md: 2 threads ran 7x slower than 1 on a shared 2-core machine). A user's OMP_NUM_THREADS wins. torchrun sets
-OMP_NUM_THREADS=1 itself when it starts several processes; dpot_train.torchrun records the launcher's own value (or
-its absence) in USER_OMP_ENV first, so that only a value the user gave counts as theirs. Only thread counts change:
-a run with the same counts gives the same numbers bit for bit.
+(benchmarks/RESULTS.md: 2 threads ran 6-7x slower than 1 on a shared 2-core machine). A user's OMP_NUM_THREADS
+wins. torchrun sets OMP_NUM_THREADS=1 itself when it starts several processes; dpot_train.torchrun records the
+launcher's own value (or its absence) in USER_OMP_ENV first, so that only a value the user gave counts as theirs.
+Only thread counts change: a run with the same counts gives the same numbers bit for bit.
 """
 
 from __future__ import annotations
