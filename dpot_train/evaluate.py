@@ -257,6 +257,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     from dpot_train.model import families
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
     from dpot_train.normalize import check_mode, recorded
+    from dpot_train.threads import apply_threads
 
     if normalize is not None:
         check_mode(normalize, "--normalize")
@@ -292,6 +293,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                       normalize=mode, norm_stats=stats)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
+    apply_threads(0)  # one process, no loader workers: dpot_train.threads' rule, or the user's OMP_NUM_THREADS
     index = checked_index(data, datasets, split)  # the manifests read above are not read again
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,

@@ -5,10 +5,12 @@ table and a traceback) is left out and the launch exits with that code."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import signal
 
+from dpot_train.threads import OMP_ENV, USER_OMP_ENV
 from dpot_train.worker import PEER_FAILED, REPORTED
 
 
@@ -19,6 +21,7 @@ def main(argv: list[str]) -> int:
 
     # "sending SIGTERM to the other workers" and "failed (exitcode ...)": the failure table below repeats them
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    os.environ.setdefault(USER_OMP_ENV, os.environ.get(OMP_ENV, ""))  # before torchrun sets it for several processes
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:

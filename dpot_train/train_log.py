@@ -77,6 +77,10 @@ def _open_logs(cfg: TrainConfig, run: Path, step: int) -> tuple[Any, Any]:
     # events after the resume step are redone; the resume step's own event stays
     writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step + 1)
     writer.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False) + "```", step)
+    from dpot_train import threads
+
+    if threads.applied is not None:
+        writer.add_text("threads", threads.applied.line(), step)
     bar = None
     if cfg.progress:
         from tqdm import tqdm

@@ -54,6 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     _watch_parent()
     cfg = load_config(args.config)
+    from dpot_train.threads import ThreadsError, apply_threads
+
+    try:
+        threads = apply_threads(cfg.data.num_workers)  # before any torch work: the run's intra-op thread count
+    except ThreadsError as exc:  # the same environment on every rank: rank 0 says it
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return REPORTED
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(threads.line(), flush=True)
     from dpot_train import distributed as D
     from dpot_train.run_plan import load_plan
     from dpot_train.trainer import train
