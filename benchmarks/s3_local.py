@@ -150,7 +150,10 @@ def start(faults: Faults | None = None, bucket: str = "dpot") -> LocalS3:
     configure_this_process(server)
     import fsspec
 
-    fsspec.filesystem("s3").mkdir(bucket)
+    fs = fsspec.filesystem("s3")
+    if fs.exists(bucket):  # moto's backends live per process: a server started before in this process left it
+        fs.rm(bucket, recursive=True)
+    fs.mkdir(bucket)
     return server
 
 

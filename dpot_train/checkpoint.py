@@ -202,12 +202,17 @@ def verify_record(path: Path, fh: Any = None) -> None:
 
 # --- reading --------------------------------------------------------------------------------------------------------
 
-def _read(path: Path, map_location: Any, trusted: bool, sha256: str | None = None) -> Any:
+def _read(path: Path, map_location: Any, trusted: bool, sha256: str | None = None,
+          digest_out: list[str] | None = None) -> Any:
     """torch.load with weights_only (plus SAFE_GLOBALS) unless the caller trusts the file, after checking that it is a
-    regular file and that it matches its sha256 record (when it has one) and `sha256` (when given)."""
+    regular file and that it matches its sha256 record (when it has one) and `sha256` (when given); `digest_out`
+    receives the file's sha256, taken in the same open."""
     check_regular_file(path)
     with open(path, "rb") as fh:  # one open: the record check and the load read the same file
         verify_record(path, fh)
+        if digest_out is not None:
+            fh.seek(0)
+            digest_out.append(hashlib.file_digest(fh, "sha256").hexdigest())
         if sha256 is not None:
             fh.seek(0)
             verify_sha256(path, sha256, fh)
@@ -286,12 +291,13 @@ def _is_state_dict(obj: Any) -> bool:
 
 
 def load_state_dict_file(
-    path: str | Path, *, map_location: Any = "cpu", trusted: bool = False, sha256: str | None = None
+    path: str | Path, *, map_location: Any = "cpu", trusted: bool = False, sha256: str | None = None,
+    digest_out: list[str] | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
     """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints);
-    `sha256`: the file's expected digest (checked before it is loaded)."""
+    `sha256`: the file's expected digest (checked before it is loaded); `digest_out` receives the file's sha256."""
     path = Path(path)
-    return parse_checkpoint(_read(path, map_location, trusted, sha256), path)
+    return parse_checkpoint(_read(path, map_location, trusted, sha256, digest_out), path)
 
 
 def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None,

@@ -108,15 +108,16 @@ def validate_config(cfg: TrainConfig, source: str | None = None) -> InitFacts | 
 InitLoad = tuple[InitFacts, dict[str, Any], Any]  # (facts, state dict, DPOTConfig) of the one load of --init
 
 
-def _validated(cfg: TrainConfig, source: str | None) -> InitLoad | None:
-    """validate_config, keeping the --init state dict and model config for the checks that need the data."""
+def _validated(cfg: TrainConfig, source: str | None, digest: list[str] | None = None) -> InitLoad | None:
+    """validate_config, keeping the --init state dict and model config for the checks that need the data; `digest`
+    receives the --init file's sha256, taken in its one read."""
     try:
         _validate_config(cfg)
     except ValueError as exc:
         if source is None:
             raise
         raise ValueError(f"{source}: {exc}") from None
-    return load_init(cfg.init, cfg.trust, cfg.init_sha256) if cfg.init else None
+    return load_init(cfg.init, cfg.trust, cfg.init_sha256, digest) if cfg.init else None
 
 
 def init_facts(path: str, trust: bool) -> InitFacts:
@@ -125,7 +126,7 @@ def init_facts(path: str, trust: bool) -> InitFacts:
     return load_init(path, trust)[0]
 
 
-def load_init(path: str, trust: bool, sha256: str | None = None) -> InitLoad:
+def load_init(path: str, trust: bool, sha256: str | None = None, digest: list[str] | None = None) -> InitLoad:
     """The one load of the --init checkpoint (checked against `sha256` when given): (facts, state dict, model
     config). A file that holds no DPOT model (a torch file of another network) is refused here, naming it, not in
     every worker after torchrun starts."""
@@ -135,7 +136,7 @@ def load_init(path: str, trust: bool, sha256: str | None = None) -> InitLoad:
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--init checkpoint not found: {path}")
-    loaded = load_state_dict_file(path, trusted=trust, sha256=sha256.lower() if sha256 else None)
+    loaded = load_state_dict_file(path, trusted=trust, sha256=sha256.lower() if sha256 else None, digest_out=digest)
     try:
         state, model_config = checkpoint_config(path, trust, loaded)
     except (CheckpointError, TypeError, ValueError) as exc:
@@ -352,12 +353,11 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     unless a check fails; a node other than the first of a multi-node run is part of the same run and takes none.
     `write` False (`launch --dry-run`): every check, nothing written (no RUN_DIR files, no readers' lock); a run
     already holding RUN_DIR is still refused."""
-    loaded = _validated(cfg, source)
+    digest: list[str] = []
+    loaded = _validated(cfg, source, digest)  # the one read of --init, its sha256 taken on the way
     cfg = absolute_paths(cfg)
     if cfg.init and cfg.init_sha256 is None:  # recorded in the run: every worker loads the file launch checked
-        from dpot_train.checkpoint import file_sha256
-
-        cfg = replace(cfg, init_sha256=file_sha256(cfg.init))
+        cfg = replace(cfg, init_sha256=digest[0])
     elif cfg.init_sha256 is not None:
         cfg = replace(cfg, init_sha256=cfg.init_sha256.lower())
     run = Path(cfg.out)
@@ -372,7 +372,20 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
         raise
     if not write and lock is not None:
         lock.release()
+    elif lock is not None:
+        _HELD[run.absolute()] = lock
     return result
+
+
+_HELD: dict[Path, RunLock] = {}  # RUN_DIR locks this process holds until its exec into torchrun (or release_run)
+
+
+def release_run(out: str | Path) -> None:
+    """Give back the RUN_DIR lock prepare_run took in this process (a caller that prepares a run without executing
+    torchrun, e.g. a test or a notebook); nothing when none is held."""
+    lock = _HELD.pop(Path(out).absolute(), None)
+    if lock is not None:
+        lock.release()
 
 
 def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None, write: bool = True,

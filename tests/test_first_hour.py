@@ -242,7 +242,7 @@ def test_model_export_writes_the_released_format(tmp_path: Path) -> None:
     result = _run(train_app, "model", "export", str(ours), "--out", str(tmp_path / "w.pth"))
     assert result.exit_code == 0, result.output
     saved = torch.load(tmp_path / "w.pth", weights_only=True)
-    assert list(saved) == ["model"] and load_state_dict_file(tmp_path / "w.pth")[1] is None
+    assert list(saved) == ["model", "recipe"] and load_state_dict_file(tmp_path / "w.pth")[1] is None
     again = load_pretrained(tmp_path / "w.pth")
     assert again.config == model.config
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))

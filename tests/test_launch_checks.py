@@ -13,7 +13,7 @@ import yaml
 
 from dpot_train.checkpoint import UnreadableCheckpointsError, latest_checkpoint, prune
 from dpot_train.config import load_config
-from dpot_train.launch import Topology, prepare_run
+from dpot_train.launch import Topology, prepare_run, release_run
 from dpot_train.model import build_model
 from tests import train_runs
 
@@ -81,6 +81,7 @@ def test_paths_are_absolute_and_resume_reuses_the_layout(fno_train_shards: Path,
     printed = tmp_path / "printed.yaml"
     printed.write_text(r.stdout)
     prepare_run(load_config(printed), False, Topology(nproc_per_node=2))
+    release_run(out)  # the lock a launch would hand on to torchrun: this process runs none
     assert yaml.safe_load((out / "config.yaml").read_text())["data"]["manifests"] == saved["data"]["manifests"]
     # --resume from another directory, no --nproc-per-node: the run's 2 processes, said so
     r = subprocess.run([sys.executable, "-m", "dpot_train", "launch", "--out", str(out), "--resume", "--dry-run"],

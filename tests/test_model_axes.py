@@ -186,7 +186,7 @@ def _launched_loss_inputs(out: Path, run: Path, backend: str, monkeypatch: pytes
     its plan): (targets, mask) the loss gets in step 0, and the batch's ids."""
     from dpot_train import trainer
     from dpot_train.config import TrainConfig, apply_overrides
-    from dpot_train.launch import Topology, prepare_run
+    from dpot_train.launch import Topology, prepare_run, release_run
     from dpot_train.run_plan import load_plan
 
     cfg = apply_overrides(TrainConfig(), {
@@ -194,6 +194,7 @@ def _launched_loss_inputs(out: Path, run: Path, backend: str, monkeypatch: pytes
         "data.t_out": 1, "data.backend": backend, "data.noise": 0.0, "batch_size": 2, "steps": 24,
         "device": "cpu", "progress": False})
     cfg, cfg_path = prepare_run(cfg, False, Topology())
+    release_run(run)  # this process trains in place of torchrun
     seen: dict[str, object] = {}
     real = trainer.per_sample_loss
 

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from dpot_train import checkpoint as C
 from dpot_train.checkpoint import CheckpointError, checkpoint_payload, file_sha256, load_state_dict_file, record_path
 from dpot_train.cli import app
+from dpot_train.config import load_config
+from dpot_train.launch import Topology, prepare_run, release_run
 from dpot_train.model import build_model
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "dpot_small.pth"
@@ -153,7 +155,11 @@ def test_resume_at_the_final_step_only_evaluates(fno_train_shards: Path, tmp_pat
 def test_resume_with_checkpoints_that_are_zips_but_do_not_load_is_one_line_before_torchrun(
         fno_train_shards: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert _launch(fno_train_shards, out, "--dry-run").returncode == 0
+    printed = _launch(fno_train_shards, out, "--dry-run")
+    assert printed.returncode == 0
+    (tmp_path / "printed.yaml").write_text(printed.stdout)  # the run config --dry-run prints (it writes nothing)
+    prepare_run(load_config(tmp_path / "printed.yaml"), False, Topology())  # the run folder a launch writes
+    release_run(out)
     ckpt = out / "checkpoints"
     ckpt.mkdir()
     for step in (2, 4):  # complete torch zips, but not our checkpoints

@@ -116,14 +116,14 @@ def test_an_overwrite_while_evaluate_or_preview_reads_is_refused(output: tuple[P
 
     def fake_evaluate(*args: object, **kwargs: object) -> dict[str, object]:
         overwrite_now()
-        return {"split": "test", "recipe": "dpot", "datasets": {}}
+        return {"split": "test", "recipe": "dpot", "datasets": {}, "normalization": {"normalize": "none", "stats": {}}}
 
-    def fake_preview(*args: object, **kwargs: object) -> np.ndarray:
+    def fake_preview(*args: object, **kwargs: object) -> tuple[np.ndarray, np.ndarray, None]:
         overwrite_now()
-        return np.zeros((2, 2, 1, 1), np.float32)
+        return np.zeros((2, 2, 1, 1), np.float32), np.ones((2, 2), bool), None
 
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", fake_evaluate)
-    monkeypatch.setattr(preview, "model_input", fake_preview)
+    monkeypatch.setattr(preview, "window", fake_preview)
     args = (["evaluate", "model.pth", "--manifest", str(out), "--out", str(tmp_path / "eval.json")]
             if command == "evaluate" else ["preview", "--manifest", str(out), "--out", str(tmp_path / "x.npy")])
     result = CliRunner().invoke(train_app, args)
