@@ -45,6 +45,7 @@ import numpy as np
 from dask.base import tokenize
 from h5py import h5d, h5s
 
+from dpot_format.npy import read_npy_header
 from dpot_data.errors import InputError
 from dpot_format.io import file_kind
 from dpot_data.sources.base import (INFLATION_SLACK_BYTES, MAX_FRAMES, MAX_GRID_SIDE, MAX_INFLATION,
@@ -543,20 +544,12 @@ def hdf5_problem(path: Path) -> str | None:
 
 
 def npy_info(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
-    """Shape, dtype and data offset of a .npy file from its header alone (nothing mapped or read beyond it);
-    ValueError/OSError if the header is broken."""
+    """Shape, dtype and data offset of a .npy file from its header alone (nothing mapped or read beyond it), parsed
+    by dpot_format.npy (no `ast`: threads may read headers at once); ValueError/OSError if the header is broken or
+    the dtype is not a plain number type (a pickle)."""
     with open(path, "rb") as fh:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-        else:
-            shape, _fortran, dtype = np.lib.format._read_array_header(fh, version)  # 3.0: utf-8 header
-        offset = fh.tell()
-    if dtype.hasobject:
-        raise ValueError("holds Python objects (a pickle), not numbers")
-    return tuple(int(v) for v in shape), dtype, offset
+        shape, _fortran, dtype, offset = read_npy_header(fh, str(path))
+    return shape, dtype, offset
 
 
 READ_ERRORS = (OSError, ValueError, EOFError, KeyError, RuntimeError)

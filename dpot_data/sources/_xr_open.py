@@ -20,6 +20,7 @@ import numpy as np
 import xarray as xr
 
 from dpot_data.errors import InputError
+from dpot_format.npy import read_npy_header
 from dpot_data.sources._blocks import (READ_ERRORS, check_h5_dataset, check_sizes, check_stored, npy_info,
                                        on_disk_bytes)
 from dpot_data.sources.base import MAX_FRAMES, MAX_GRID_SIDE, MAX_TRAJECTORIES
@@ -169,7 +170,7 @@ def _check_npz(path: Path, axes: tuple[str, ...]) -> None:
                                        "(dpot_data.sources._xr_open.MAX_ARRAYS)")
             for member in members:
                 with archive.open(member) as fh:
-                    shape, dtype = _npy_header(fh)
+                    shape, _fortran, dtype, _offset = read_npy_header(fh, f"{path}: {member.filename}")
                 key = member.filename[:-4]
                 if dtype.hasobject or dtype.kind not in "fiub":
                     raise InputError(path, f"{key}: expected numeric data, found dtype {dtype}")
@@ -183,18 +184,6 @@ def _check_npz(path: Path, axes: tuple[str, ...]) -> None:
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, *READ_ERRORS) as exc:
         raise InputError(path, f"cannot read as .npz (a zip archive of .npy arrays): {type(exc).__name__}: "
                                f"{_first_line(exc)}; the file is truncated or not an .npz") from None
-
-
-def _npy_header(fh: Any) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype from the header of an .npy stream (format 1.0 or 2.0, what numpy writes for numbers)."""
-    version = np.lib.format.read_magic(fh)
-    if version == (1, 0):
-        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-    elif version == (2, 0):
-        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-    else:
-        raise ValueError(f"an .npy header of format {version[0]}.{version[1]}; expected 1.0 or 2.0")
-    return tuple(int(v) for v in shape), dtype
 
 
 def _first_line(exc: BaseException) -> str:

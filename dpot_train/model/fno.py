@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .family_config import config_from_dict
 from .layers import coordinate_grid
 
 FAMILY = "fno"
@@ -96,15 +97,7 @@ class FNOConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "FNOConfig":
         """Inverse of `to_dict`; rejects unknown keys and another family."""
-        values = dict(data)
-        family = values.pop("family", FAMILY)
-        if family != FAMILY:
-            raise ValueError(f"FNOConfig.from_dict: a {family!r} config, not {FAMILY!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown FNOConfig keys {unknown}; known keys: {sorted(known)}")
-        return cls(**values)
+        return config_from_dict(cls, data, FAMILY)
 
     def replace(self, **changes: Any) -> "FNOConfig":
         """Copy with some fields changed (validated again)."""

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .family_config import config_from_dict
+
 FAMILY = "unet"
 # the reference's activation names (its ACTIVATION table; "ELU" in capitals as there)
 ACTIVATIONS = {"gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "relu": nn.ReLU,
@@ -81,15 +83,7 @@ class UNetConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "UNetConfig":
         """Inverse of `to_dict`; rejects unknown keys and another family."""
-        values = dict(data)
-        family = values.pop("family", FAMILY)
-        if family != FAMILY:
-            raise ValueError(f"UNetConfig.from_dict: a {family!r} config, not {FAMILY!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown UNetConfig keys {unknown}; known keys: {sorted(known)}")
-        return cls(**values)
+        return config_from_dict(cls, data, FAMILY)
 
     def replace(self, **changes: Any) -> "UNetConfig":
         """Copy with some fields changed (validated again)."""
