@@ -217,9 +217,9 @@ def evaluate_cmd(
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help=SHA256_HELP),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="reference (the reference DPOT evaluation) or dpot "
-                                         "(valid channels, fluid cells); default: reference when every dataset "
-                                         "follows the dpot-reference convention, else dpot, whichever file holds "
-                                         "the weights."),
+                                         "(valid channels, fluid cells); default: the recipe the weights were "
+                                         "trained with, as their file records it (a checkpoint, or a model "
+                                         "export); released weights that record none: reference."),
     normalize: Optional[str] = typer.Option(None, "--normalize", help="auto, manifest or none: normalise with the "
                                             "manifests' train statistics (default: as the weights were trained, with "
                                             "the statistics their run recorded; released weights: none)."),
