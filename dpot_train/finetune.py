@@ -94,10 +94,7 @@ def check_components(path: str, state: dict[str, torch.Tensor], config: Any, fix
     the meta device, no memory), as the reference's strict load would stop, instead of training from scratch."""
     components = parse_components(load)
     if not isinstance(config, DPOTConfig):  # a baseline (FNO, UNet) loads whole: only `--load all` applies
-        if components != list(COMPONENTS):
-            raise ValueError(f"--init {path}: --load {','.join(components)}: "
-                             f"{families.not_applicable(config, 'load')}")
-        families.configure(config, fixed, overrides or {})  # it fits this data (e.g. its modes fit the grid)
+        _baseline_config(config, fixed, components, overrides or {})
         return
     model = build_model(finetune_config(config, fixed, overrides or {}), device="meta")
     loaded, fresh = plan_components(model.state_dict(), state, components)
@@ -147,12 +144,19 @@ def finetune_model(path: str, fixed: dict[str, Any], load: str | list[str] = "al
     return model, line
 
 
+def _baseline_config(config: Any, fixed: dict[str, Any], components: list[str],
+                     overrides: dict[str, Any]) -> Any:
+    """A baseline checkpoint's config fitted to the data (e.g. its modes fit the grid); CheckpointError unless `--load`
+    asks for everything (its components are DPOT's), checked before torchrun and again in the workers."""
+    if components != list(COMPONENTS):
+        raise CheckpointError(f"--load {','.join(components)}: {families.not_applicable(config, 'load')}")
+    return families.configure(config, fixed, overrides)
+
+
 def _whole_model(path: str, state: dict[str, torch.Tensor], config: Any, fixed: dict[str, Any],
                  components: list[str], overrides: dict[str, Any]) -> tuple[torch.nn.Module, str]:
     """A baseline's --init: every weight loads (the components are DPOT's), fitted to the data grid."""
-    if components != list(COMPONENTS):
-        raise CheckpointError(f"--load {','.join(components)}: {families.not_applicable(config, 'load')}")
-    model = families.build(families.configure(config, fixed, overrides))
+    model = families.build(_baseline_config(config, fixed, components, overrides))
     load_weights(model, families.adapt_state(state, model.config), source=f"--init {path}")
     return model, f"--init {path}: loaded all ({families.model_label(model.config)})"
 def recipe_line(init: str | None, recipe: str | None) -> str | None:

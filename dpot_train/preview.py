@@ -4,7 +4,7 @@
 (the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32, or
 (X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on. It is normalised as a run
 with the same `normalize` setting normalises it (dpot_train.normalize: the manifest's train statistics; `auto`
-leaves dpot-reference datasets as stored), or with `norm_stats` given (a run's recorded statistics). `model_window`
+leaves dpot-reference datasets as stored), or with `norm_stats` given (a run's recorded statistics). `window`
 adds the fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell for cell in the same order.
 """
 
@@ -29,26 +29,6 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
     """`window`'s array: what the model is handed."""
     return window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit,
                   normalize, norm_stats)[0]
-
-
-def normalized_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
-                     start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
-                     cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
-                     norm_stats: dict | None = None) -> tuple[np.ndarray, Stats | None]:
-    """`window`'s array and the statistics applied (None: as stored)."""
-    x, _, stats = window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit,
-                         normalize, norm_stats)
-    return x, stats
-
-
-def model_window(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
-                 start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
-                 cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
-                 norm_stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`window`'s array and the loss's fluid mask, cell for cell in the same order."""
-    x, mask, _ = window(manifest, dataset, split, index, start, frames, backend, res, cache_dir, cache_limit,
-                        normalize, norm_stats)
-    return x, mask
 
 
 def window(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,

@@ -159,10 +159,10 @@ def test_preview_writes_fields_and_loss_mask_in_the_same_xyz_order(obstacle_out:
 
 def test_preview_of_the_well_3d_is_xyz(well_out: tuple[Path, Path], tmp_path: Path) -> None:
     from dpot_data.synth.gridded import obstacle_cells
-    from dpot_train.preview import model_window
+    from dpot_train.preview import window
 
     out, path = well_out
-    x, mask = model_window(out, split="train", index=0)
+    x, mask, _ = window(out, split="train", index=0)
     assert x.shape[:3] == (NX, NY, NZ) and mask.shape == (NX, NY, NZ)
     assert np.array_equal(~mask, obstacle_cells((NX, NY, NZ)))  # the Well's (x, y, z) is the model's order
     entry = json.loads((out / "manifest.json").read_text())["datasets"][0]

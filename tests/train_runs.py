@@ -30,7 +30,7 @@ def env() -> dict[str, str]:
     return e
 
 
-def run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run to completion, capturing output."""
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
 
