@@ -384,16 +384,21 @@ def render_preview(view: Any, dpi: int = 80) -> tuple[bytes, Preview] | None:
 
 
 def _write(root: str, rel: str, data: bytes) -> str:
-    """Write `data` atomically to ROOT/rel (path or URL), creating its folder."""
+    """Write `data` atomically to ROOT/rel (path or URL), creating its folder; InputError (one line) when the
+    file or its folder cannot be written."""
     target = fio.join(root, rel)
-    if fio.is_local(target):
-        import os
+    try:
+        if fio.is_local(target):
+            import os
 
-        os.makedirs(os.path.dirname(fio.local_path(target)), exist_ok=True)
-    else:
-        fsys, path = fio.filesystem(target)
-        fsys.makedirs(path.rstrip("/").rpartition("/")[0], exist_ok=True)
-    return fio.atomic_write(target, data)
+            os.makedirs(os.path.dirname(fio.local_path(target)), exist_ok=True)
+        else:
+            fsys, path = fio.filesystem(target)
+            fsys.makedirs(path.rstrip("/").rpartition("/")[0], exist_ok=True)
+        return fio.atomic_write(target, data)
+    except OSError as exc:
+        raise InputError(target, f"cannot be written ({exc.strerror or exc}); expected a writable output "
+                                 "folder") from None
 
 
 def write_card(root: str, catalog: Catalog | None = None) -> list[str]:

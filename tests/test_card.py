@@ -243,3 +243,12 @@ def test_readme_section_runs_verbatim(out: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "shards" / CARD_NAME).read_bytes() == (out / CARD_NAME).read_bytes()
     assert (tmp_path / "shards" / preview_path(DATASET)).is_file()
+
+
+def test_a_card_folder_that_cannot_be_written_is_refused_in_one_line(out: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(CARD_NAME, "card"))
+    (copy / "card").write_text("a file of the user's where the pictures go", encoding="utf-8")
+    line = _one_line_error(_cli("card", str(copy)))
+    assert "card" in line and "cannot be written" in line
+    assert (copy / "card").read_text(encoding="utf-8").startswith("a file") and not (copy / CARD_NAME).exists()
