@@ -12,6 +12,7 @@ nothing depends on when the card is written, so `ingest --card` and a later `dpo
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -122,7 +123,8 @@ def _source_section(entry: Mapping[str, Any], catalog: Catalog | None) -> list[s
         dpot = f", DPOT's `{found.dpot_name}`" if found.dpot_name else ""
         url = f"; published at {found.download['url']}" if found.download else ""
         out.append(f"- Catalog dataset: `{found.name}`{dpot}{url}")
-    params = ", ".join(f"{k} = {v}" for k, v in (entry.get("parameters") or {}).items())
+    params = ", ".join(f"{k} = {_cell(v if isinstance(v, (str, int, float)) else json.dumps(v, ensure_ascii=False))}"
+                       for k, v in (entry.get("parameters") or {}).items())
     out.append(f"- PDE parameters: {params or 'none recorded'}")
     if facts is not None and facts.license:
         out.append(f"- Licence: {facts.license} (stated in {facts.license_stated})")
