@@ -210,6 +210,8 @@ def test_card_text_is_pure_and_names_no_time_of_writing(out: Path) -> None:
     catalog = load_catalog()
     assert card_text(manifest, catalog) == card_text(json.loads(json.dumps(manifest)), catalog)
     assert "- Citation: not given" in card_text(manifest, None)
+    older = {**manifest, "command": ""}  # an output whose command line was not recorded
+    assert "- Ingest command: not recorded" in card_text(older, catalog) and "```bash" not in card_text(older, catalog)
     assert [size_category(n) for n in (0, 999, 1000, 123_456, 10**9)] == [
         "n<1K", "n<1K", "1K<n<10K", "100K<n<1M", "n>100M"]
 
