@@ -178,7 +178,8 @@ def wait_for_workers(address: str, workers: int, timeout: float) -> int:
     try:
         client = Client(address, timeout=timeout)
     except OSError as exc:
-        raise SlurmError(f"{address}: no dask scheduler answered within {timeout:g} s ({exc})") from None
+        why = " ".join(str(exc).split())[:200]
+        raise SlurmError(f"{address}: no dask scheduler answered within {timeout:g} s ({why})") from None
     try:
         client.wait_for_workers(workers, timeout=timeout)
         return len(client.scheduler_info()["workers"])

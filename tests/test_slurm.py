@@ -275,3 +275,20 @@ def test_ingest_sbatch_runs_a_real_ingest_on_a_one_node_dask_cluster(tmp_path: P
     r = subprocess.run([str(VENV_BIN / "dpot-data"), "verify", str(tmp_path / "shards")], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dask_wait_without_a_scheduler_ends_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
+    assert slurm.main(["dask-wait", address, "--workers", "2", "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {address}: no dask scheduler answered within 1 s") and err.count("\n") == 1, err
+
+
+def test_dask_wait_for_workers_that_do_not_come_ends_in_one_line() -> None:
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+        with pytest.raises(slurm.SlurmError) as err:
+            slurm.wait_for_workers(cluster.scheduler_address, 1, timeout=1)
+    assert str(err.value) == (f"{cluster.scheduler_address}: 0 of 1 dask worker(s) joined within 1 s; expected one "
+                              "per node (see the worker lines in the job's log)")
