@@ -182,6 +182,43 @@ def test_bad_environment_or_options_are_one_line_and_exit_2(tmp_path: Path, monk
     assert err.count("\n") == 1 and err.startswith(f"error: {message}"), err
 
 
+MULTI_SRUN = """#!/bin/bash
+# srun --ntasks-per-node=1 over SLURM_NNODES "nodes" on this machine: one task each, SLURM_NODEID set per task
+echo "srun $*" >> "$FAKE_LOG"
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+pids=()
+for node in $(seq 0 $((SLURM_NNODES - 1))); do
+    SLURM_NODEID=$node SLURM_PROCID=$node "$@" > "$FAKE_DIR/node-$node.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+exit $rc
+"""
+
+
+@pytest.mark.slow
+def test_a_two_node_job_trains_and_its_requeue_resumes(fno_train_shards: Path, tmp_path: Path) -> None:
+    fake = _fake_bin(tmp_path / "multi-bin", {"srun": MULTI_SRUN, "scontrol": FAKES["scontrol"]})
+    env = _env(tmp_path, FAKE_HOSTS="127.0.0.1 127.0.0.1", SLURM_JOB_NODELIST="node[1-2]",
+               DPOT_RDZV_PORT=str(_free_port()), DPOT_NPROC_PER_NODE="1", MANIFEST=str(fno_train_shards), CONFIG="",
+               MIXTURE="", OUT=str(tmp_path / "run"), OMP_NUM_THREADS="1",
+               LAUNCH_OPTIONS="--steps 4 --batch-size 4 --ckpt-every 2 --log-every 1 --no-progress --device cpu")
+    env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
+    del env["SLURM_GPUS_ON_NODE"]
+    logs = {}
+    for start in ("first", "requeued"):
+        r = subprocess.run(["bash", str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        logs[start] = [(tmp_path / f"node-{n}.log").read_text() for n in (0, 1)]
+        assert r.returncode == 0, r.stderr + "\n".join(logs[start])
+    first, requeued = logs["first"], logs["requeued"]
+    assert "--nnodes=2 --node-rank=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:" in first[1]
+    assert (tmp_path / "run" / "checkpoints" / "step-00000004.pt").is_file()
+    assert all(" --resume" not in log.splitlines()[0] for log in first)  # "node N: ... launch ..." lines
+    assert all(log.splitlines()[0].endswith(" --resume") for log in requeued)
+    assert "the run already reached its last step (4); only the final evaluation is repeated" in requeued[0]
+
+
 INGEST_FAKES = {  # the job's programs, each recording its arguments
     "dask": """#!/bin/bash
 echo "dask $*" >> "$FAKE_LOG"
