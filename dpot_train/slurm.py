@@ -78,7 +78,10 @@ def hostnames(nodelist: str, scontrol: str | None = None) -> list[str]:
     scontrol = scontrol or shutil.which("scontrol")
     if scontrol is None:
         return expand_nodelist(nodelist)
-    proc = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
+    try:
+        proc = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SlurmError(f"SLURM_JOB_NODELIST: `scontrol show hostnames {nodelist}` failed ({exc})") from None
     hosts = proc.stdout.split()
     if proc.returncode != 0 or not hosts:
         why = " ".join(proc.stderr.split())[:200] or f"exit code {proc.returncode}, no host names"

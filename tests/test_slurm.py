@@ -116,7 +116,7 @@ def test_the_time_limit_signal_requeues_the_job(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 0, err
     assert "scontrol requeue 4242" in (tmp_path / "calls.log").read_text()
-    assert f"job 4242 nears its time limit: requeued; it resumes {tmp_path / 'run'}" in err
+    assert f"job 4242 nears its time limit: requeueing it; the requeued job resumes {tmp_path / 'run'}" in err
 
 
 def test_launch_args_of_one_node_and_of_node_zero_of_two() -> None:
