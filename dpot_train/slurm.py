@@ -108,7 +108,7 @@ def gpus_on_node(env: Mapping[str, str], count_gpus: Callable[[], int] = _count_
         return _int(env, "SLURM_GPUS_ON_NODE")
     per_node = env.get("SLURM_GPUS_PER_NODE", "").strip()
     if per_node:
-        counts = [part.rsplit(":", 1)[-1].split("(", 1)[0] for part in per_node.split(",")]
+        counts = [part.rsplit(":", 1)[-1] for part in per_node.split(",")]
         if not all(c.isdigit() for c in counts):
             raise SlurmError(f"SLURM_GPUS_PER_NODE: expected a GPU count such as 4 or a100:4, got {per_node!r}")
         return sum(int(c) for c in counts)
