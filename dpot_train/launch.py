@@ -37,6 +37,7 @@ from dpot_train.data.readers import indexed_trajectories
 from dpot_train.model_setup import data_overrides, fresh_config
 from dpot_train.normalize import applied
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
+from dpot_train.schedule import one_cycle
 from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
 
 __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_command", "validate_config"]
@@ -197,8 +198,7 @@ def check_schedule(cfg: TrainConfig) -> None:
         raise ValueError(f"optim.warmup_pct must lie strictly between 0 and 1, got {cfg.optim.warmup_pct}")
     try:  # the same schedule the trainer builds, on a dummy parameter
         dummy = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
-        torch.optim.lr_scheduler.OneCycleLR(dummy, max_lr=cfg.optim.lr, total_steps=cfg.steps,
-                                            pct_start=cfg.optim.warmup_pct, cycle_momentum=False)
+        one_cycle(dummy, cfg.steps, cfg.optim)
     except (ZeroDivisionError, ValueError) as exc:
         raise ValueError(f"--steps {cfg.steps} with optim.warmup_pct {cfg.optim.warmup_pct}: the one-cycle schedule "
                          f"cannot be built ({type(exc).__name__}: {exc}); choose another --steps") from None

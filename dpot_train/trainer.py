@@ -27,6 +27,7 @@ from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import StreamSpec, WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
 from dpot_train.metrics import per_sample_loss
+from dpot_train.schedule import one_cycle
 from dpot_train.finetune import finetune_model, recipe_line
 from dpot_train.model import families
 from dpot_train.model_setup import data_overrides, fresh_model
@@ -44,9 +45,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.opt
     opt = kind(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     if o.schedule == "step":
         return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=max(o.decay_every, 1), gamma=o.decay_gamma)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=o.lr, total_steps=max(cfg.steps, 1), pct_start=o.warmup_pct, anneal_strategy="cos",
-        cycle_momentum=False, div_factor=o.div_factor, final_div_factor=o.final_div_factor)
+    sched = one_cycle(opt, cfg.steps, o)
     return opt, sched
 
 
