@@ -185,7 +185,8 @@ _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res"
            "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
            "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit",
-           "sha256": "init_sha256", "normalize": "data.normalize", "tracker_project": "tracker_project"}
+           "sha256": "init_sha256", "normalize": "data.normalize", "tracker": "tracker",
+           "tracker_project": "tracker_project"}
 _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
              "deterministic": ("deterministic", True), "trust": ("trust", True),
              "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),
@@ -198,7 +199,6 @@ def launch_overrides(given: dict[str, Any]) -> dict[str, Any]:
     out = {key: given[name] for name, key in _VALUES.items()}
     out.update({key: value if given[name] else None for name, (key, value) in _SWITCHES.items()})
     out["data.manifests"] = [str(m) for m in given["manifest"]] or None
-    out["tracker"] = list(given["tracker"]) if given["tracker"] else None
     out["epochs"] = given["epochs"] if given["epochs"] is not None else (0 if given["steps"] is not None else None)
     return out
 

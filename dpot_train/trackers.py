@@ -15,10 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
-
-if TYPE_CHECKING:
-    from dpot_train.config import TrainConfig
+from typing import Any, Callable, Protocol
 
 TRACKERS = ("wandb", "mlflow")
 INSTALL = 'pip install "dpot[track]"'
@@ -27,6 +24,15 @@ DEFAULT_PROJECT = "dpot"
 MLFLOW_BATCH = 1000  # metrics per MlflowClient.log_batch call (the REST API's limit)
 MLFLOW_PARAMS = 100  # params per log_batch call (the REST API's limit)
 MLFLOW_PARAM_CHARS = 500  # a param value longer than this is cut (the API's limit is 6000 on recent servers)
+
+
+class RunConfig(Protocol):
+    """What the trackers read of dpot_train.config.TrainConfig (not imported: config.py parses with tracker_names)."""
+
+    tracker: list[str]
+    tracker_project: str | None
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class TrackerError(ValueError):
@@ -76,7 +82,7 @@ class Tracker(Protocol):
     def finish(self, failed: bool = False) -> None: ...
 
 
-def _project(cfg: "TrainConfig", env: str) -> str:
+def _project(cfg: RunConfig, env: str) -> str:
     """--tracker-project, else the tool's own environment variable, else "dpot"."""
     return cfg.tracker_project or os.environ.get(env) or DEFAULT_PROJECT
 
@@ -87,7 +93,7 @@ class WandbTracker:
 
     name = "wandb"
 
-    def __init__(self, cfg: "TrainConfig", run: Path, stored: dict[str, Any]) -> None:
+    def __init__(self, cfg: RunConfig, run: Path, stored: dict[str, Any]) -> None:
         import wandb
 
         self.run = wandb.init(project=_project(cfg, "WANDB_PROJECT"), name=run.name, id=stored.get("id"),
@@ -113,7 +119,7 @@ class MlflowTracker:
 
     name = "mlflow"
 
-    def __init__(self, cfg: "TrainConfig", run: Path, stored: dict[str, Any]) -> None:
+    def __init__(self, cfg: RunConfig, run: Path, stored: dict[str, Any]) -> None:
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (run / "mlruns").as_uri()
         if uri.startswith("file:") or "://" not in uri:  # a file store: chosen explicitly here, so MLflow 3's opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # for it is given (set it false to refuse)
@@ -131,7 +137,7 @@ class MlflowTracker:
         self.pending: list[Any] = []
         self.state = {"run_id": self.run_id, "tracking_uri": uri}
 
-    def _log_params(self, cfg: "TrainConfig") -> None:
+    def _log_params(self, cfg: RunConfig) -> None:
         """The run config as params (nested keys dotted; the normalisation statistics left out: they are data)."""
         from mlflow.entities import Param
 
@@ -235,7 +241,7 @@ def read_state(run: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def open_trackers(cfg: "TrainConfig", run: Path, resume: bool) -> Trackers:
+def open_trackers(cfg: RunConfig, run: Path, resume: bool) -> Trackers:
     """Start (or, on --resume, continue with the ids in RUN_DIR/trackers.json) the runs of cfg.tracker; rank 0 only.
     The ids are written back atomically. One that cannot start is a warning line, and the run goes on without it."""
     from dpot_format.io import atomic_write

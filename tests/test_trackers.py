@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import struct
+import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -23,6 +24,7 @@ from dpot_train.config import TrainConfig
 from dpot_train.trackers import INSTALL, STATE_NAME, TrackerError, Trackers, open_trackers, tracker_names
 from dpot_train.train_log import eval_scalars
 from tests import train_runs
+from tests.test_readme_path import ROOT, bash_blocks
 
 STEPS = 6
 
@@ -45,11 +47,11 @@ def _launch(shards: Path, out: Path, tracker: str, nproc: int) -> None:
     assert yaml.safe_load((out / "config.yaml").read_text())["tracker"] == [tracker]
 
 
-def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]]) -> None:
+def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]], steps: int = STEPS) -> None:
     """Every scalar of every metrics.jsonl line is in `history` (name -> [(step, value)]) at its step, once, with the
     same value; nothing else is there but eval.json's scalars, at the final step."""
     lines = _metrics(run)
-    assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
+    assert [x["step"] for x in lines] == list(range(1, steps + 1))
     expected: dict[str, list[tuple[int, float]]] = {}
     for line in lines:
         for key, value in line.items():
@@ -59,7 +61,7 @@ def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]]) -> N
     evals = eval_scalars(json.loads((run / "eval.json").read_text()))
     assert "eval/fno-ns-v1e-3/model/one_step_l2re" in evals and "eval/fno-ns-v1e-3/model/rollout_l2re" in evals
     for key, value in evals.items():
-        expected[key] = [(STEPS, value)]
+        expected[key] = [(steps, value)]
     assert sorted(history) == sorted(expected)
     for key, points in expected.items():
         got = sorted(history[key])
@@ -68,27 +70,38 @@ def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]]) -> N
 
 
 @pytest.mark.slow
-def test_mlflow_run_holds_every_metrics_line_and_the_eval_scalars(fno_train_shards: Path, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = (tmp_path / "mlruns").as_uri()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it to open a file store
-    out = tmp_path / "run"
-    _launch(fno_train_shards, out, "mlflow", nproc=2)  # two processes: only rank 0 logs (a second would double)
+def test_readme_mlflow_block_mirrors_every_metrics_line_and_the_eval_scalars(
+        fno_train_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "Experiment trackers" block, run verbatim in a fresh folder (STEPS=12: log lines at steps 10 and
+    12, two processes) and read back with MLflow's client."""
+    blocks = bash_blocks((ROOT / "README.md").read_text(encoding="utf-8"), "Experiment trackers")
+    assert len(blocks) == 1 and "--tracker mlflow" in blocks[0]
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # `.venv/bin/...` as in a checkout
+    (tmp_path / "shards").symlink_to(fno_train_shards)
+    env = {**train_runs.env(), "STEPS": "12"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + blocks[0]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "warning: --tracker" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    out = tmp_path / "tracked"
+    assert yaml.safe_load((out / "config.yaml").read_text())["tracker"] == ["mlflow"]
 
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it to open a file store
+    uri = f"file://{tmp_path}/mlruns"
     state = json.loads((out / STATE_NAME).read_text())["mlflow"]
     assert state["tracking_uri"] == uri
     client = MlflowClient(tracking_uri=uri)
     found = client.get_run(state["run_id"])
-    assert found.info.status == "FINISHED" and found.info.run_name == "run"
+    assert found.info.status == "FINISHED" and found.info.run_name == "tracked"
     assert client.get_experiment(found.info.experiment_id).name == "dpot"
     assert len(client.search_runs([found.info.experiment_id])) == 1  # rank 1 opened none
-    assert found.data.params["batch_size"] == str(train_runs.BATCH)
+    assert found.data.params["steps"] == "12" and found.data.params["tracker"] == "['mlflow']"
     history = {key: [(m.step, m.value) for m in client.get_metric_history(state["run_id"], key)]
                for key in found.data.metrics}
-    _assert_mirrors(out, history)
+    _assert_mirrors(out, history, 12)
 
 
 _LOG_BLOCK, _LOG_HEADER = 32768, 7  # the .wandb file: LevelDB's log format (records in 32 KiB blocks)
@@ -217,6 +230,24 @@ def test_mlflow_resume_continues_the_stored_run(tmp_path: Path, monkeypatch: pyt
     fresh = open_trackers(_mlflow_cfg(run), run, resume=False)  # not a resume: a new tracker run
     fresh.finish()
     assert json.loads((run / STATE_NAME).read_text())["mlflow"]["run_id"] != run_id
+
+
+def test_mlflow_defaults_to_a_file_store_in_the_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    run.mkdir()
+    trackers = open_trackers(TrainConfig(out=str(run), tracker=["mlflow"]), run, resume=False)
+    trackers.log({"loss": 2.0}, 3)
+    trackers.finish()
+    state = json.loads((run / STATE_NAME).read_text())["mlflow"]
+    assert state["tracking_uri"] == (run / "mlruns").as_uri()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=state["tracking_uri"])
+    assert client.get_experiment(client.get_run(state["run_id"]).info.experiment_id).name == "dpot"
+    assert [(m.step, m.value) for m in client.get_metric_history(state["run_id"], "loss")] == [(3, 2.0)]
 
 
 def test_wandb_resume_reuses_the_stored_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
