@@ -173,9 +173,9 @@ def _validate_config(cfg: TrainConfig) -> None:
         from dpot_train.finetune import parse_components
 
         parse_components(cfg.load)
-    from dpot_train.trackers import check_installed
+    from dpot_train.trackers import check_installed, tracker_names
 
-    check_installed(list(cfg.tracker))  # a missing package: one line naming the extra, before torchrun
+    check_installed(tracker_names(cfg.tracker))  # a missing package: one line naming the extra, before torchrun
 
 
 def check_model_size(cfg: TrainConfig, fixed: dict) -> None:

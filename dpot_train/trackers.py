@@ -29,7 +29,7 @@ MLFLOW_PARAM_CHARS = 500  # a param value longer than this is cut (the API's lim
 class RunConfig(Protocol):
     """What the trackers read of dpot_train.config.TrainConfig (not imported: config.py parses with tracker_names)."""
 
-    tracker: list[str]
+    tracker: str | list[str]  # as TrainConfig declares it; a list once the config is built
     tracker_project: str | None
 
     def to_dict(self) -> dict[str, Any]: ...
@@ -249,7 +249,7 @@ def open_trackers(cfg: RunConfig, run: Path, resume: bool) -> Trackers:
     run = Path(run).resolve()
     state = read_state(run) if resume else {}
     opened: dict[str, Tracker] = {}
-    for name in cfg.tracker:
+    for name in tracker_names(cfg.tracker):
         stored = state.get(name) if isinstance(state.get(name), dict) else {}
         try:
             tracker = _KINDS[name](cfg, run, stored)
