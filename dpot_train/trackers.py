@@ -259,5 +259,9 @@ def open_trackers(cfg: RunConfig, run: Path, resume: bool) -> Trackers:
         opened[name] = tracker
         state[name] = tracker.state
     if opened:
-        atomic_write(run / STATE_NAME, (json.dumps(state, indent=1) + "\n").encode())
+        try:
+            atomic_write(run / STATE_NAME, (json.dumps(state, indent=1) + "\n").encode())
+        except OSError as exc:  # the tracking goes on; only a later --resume cannot find these runs
+            _warn(f"{run / STATE_NAME}: cannot record the tracker runs ({_one_line(exc)}); a --resume will start "
+                  "new ones")
     return Trackers(opened)

@@ -344,3 +344,16 @@ def test_a_tracker_that_cannot_start_is_one_warning(tmp_path: Path, monkeypatch:
     assert len(err) == 1 and err[0].startswith("warning: --tracker mlflow: could not start (") and \
         err[0].endswith("); training goes on without it"), err
     assert not (run / STATE_NAME).exists()
+
+
+def test_trackers_json_that_cannot_be_written_is_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    (run / STATE_NAME).mkdir(parents=True)  # a folder where the file goes: the write fails
+    trackers = open_trackers(TrainConfig(out=str(run), tracker=["mlflow"]), run, resume=False)
+    assert list(trackers.open) == ["mlflow"]  # the tracking itself goes on
+    trackers.finish()
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith(f"warning: {run / STATE_NAME}: cannot record the tracker runs ("), err
