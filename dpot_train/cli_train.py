@@ -18,6 +18,11 @@ CACHE_DIR_HELP = ("Node-local folder caching shards read from object storage (s3
 SHA256_HELP = ("sha256 of the checkpoint file (64 hex digits, as published with released weights): it is checked "
                "before the file is loaded; our checkpoints also carry a .sha256 record beside them.")
 CACHE_LIMIT_HELP = "Size bound of the shard cache, least recently used shards evicted (e.g. 200GiB; default 100GiB)."
+TRACKER_HELP = ("Mirror metrics.jsonl and eval.json's scalars to Weights & Biases or MLflow from rank 0 (repeat, or "
+                "a comma list; none: off; a --resume continues the same tracker run); needs "
+                'pip install "dpot\\[track]". Default: none.')  # \\[: rich markup would drop "[track]"
+TRACKER_PROJECT_HELP = ("W&B project / MLflow experiment of the tracker run, which is named after RUN_DIR. Default: "
+                        "$WANDB_PROJECT or $MLFLOW_EXPERIMENT_NAME when set, else dpot.")
 
 
 def _fail(exc: Exception) -> None:
@@ -142,6 +147,8 @@ def launch_cmd(
                                  "stdout) and the torchrun command, exit; writes no run files."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
+    tracker: Optional[list[str]] = typer.Option(None, "--tracker", metavar="wandb|mlflow", help=TRACKER_HELP),
+    tracker_project: Optional[str] = typer.Option(None, "--tracker-project", help=TRACKER_PROJECT_HELP),
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
     given = dict(locals())  # every option by name, before anything else is bound here
@@ -178,7 +185,8 @@ _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res"
            "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
            "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit",
-           "sha256": "init_sha256", "normalize": "data.normalize"}
+           "sha256": "init_sha256", "normalize": "data.normalize", "tracker": "tracker",
+           "tracker_project": "tracker_project"}
 _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
              "deterministic": ("deterministic", True), "trust": ("trust", True),
              "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),

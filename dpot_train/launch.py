@@ -46,7 +46,8 @@ __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "eval_every", "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
-              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256"}
+              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256", "tracker",
+              "tracker_project"}
 
 
 # Fields computed from `epochs` and the data at launch: a resume recomputes them, so they are not compared.
@@ -173,6 +174,9 @@ def _validate_config(cfg: TrainConfig) -> None:
         from dpot_train.finetune import parse_components
 
         parse_components(cfg.load)
+    from dpot_train.trackers import check_installed, tracker_names
+
+    check_installed(tracker_names(cfg.tracker))  # a missing package: one line naming the extra, before torchrun
 
 
 def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
