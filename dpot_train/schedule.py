@@ -8,8 +8,8 @@ import torch
 
 
 def warmup_fraction(pct: float, steps: int) -> float:
-    """`pct`, nudged up by one part in 10⁹ where its warm-up would end at step 0 (pct × steps = 1): torch's OneCycleLR
-    divides by the warm-up's length in steps minus one there (5 steps at 20 % raised ZeroDivisionError). The nudged
+    """`pct`, nudged up by one part in 10⁹ where its warm-up would end at step 0 (pct × steps = 1): torch's
+    OneCycleLR divides by the warm-up's length in steps minus one there (5 steps at 20 % raised ZeroDivisionError). The nudged
     schedule is the limit of nearby fractions: lr / div_factor at step 0, then the cosine annealing from step 1."""
     return pct * (1 + 1e-9) if float(pct * steps) - 1 == 0 else pct
 

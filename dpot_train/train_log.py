@@ -1,6 +1,7 @@
 """What a training run records as it goes, kept out of the train step: metrics.jsonl (mirrored to the experiment
 trackers), TensorBoard, the progress bar and the periodic step line (rank 0), the per-dataset loss of a mixture, and
-each rank's audit of the trajectories it consumed. The step hands over its device tensors; they are read back in one sync at log and checkpoint steps."""
+each rank's audit of the trajectories it consumed. The step hands over its device tensors; they are read back in one
+sync at log and checkpoint steps."""
 
 from __future__ import annotations
 
