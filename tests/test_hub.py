@@ -201,9 +201,12 @@ def test_launch_init_by_name_records_the_commit_and_sha256(offline: dict[str, Pa
     # the workers loaded the released weights: the frozen classification head is the file's, bit for bit
     got = torch.load(out / "checkpoints" / "step-00000002.pt", weights_only=True)["model"]
     assert torch.equal(got["cls_head.0.weight"], torch.load(DPOT_FILE, weights_only=True)["model"]["cls_head.0.weight"])
-    # a resume reads the pinned reference back from config.yaml, offline
-    r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--resume", "--no-eval", steps=3, nproc=1))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # a resume reads the pinned reference back from config.yaml, offline; naming it again as given is no change
+    for again in ((), ("--init", "dpot:Ti")):
+        r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--resume", "--no-eval", *again, steps=2,
+                                                  nproc=1))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "already reached its last step" in r.stderr
 
 
 def test_launch_dry_run_resolves_the_reference(offline: dict[str, Path], fno_train_shards: Path,
