@@ -250,3 +250,20 @@ def test_without_huggingface_hub_the_error_says_what_to_install(offline: dict[st
     assert "dpot:Ti: loading weights from the Hugging Face Hub needs huggingface_hub; install dpot[hub]" in line
     r = _cli("model", "info", str(DPOT_FILE), pythonpath=str(tmp_path / "site"))  # local files need none
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# --- the documented names -------------------------------------------------------------------------------------------
+
+def test_the_documented_names_are_the_ones_resolved() -> None:
+    import re
+
+    from tests.test_readme_path import README, bash_blocks
+
+    script = "\n".join(bash_blocks(README.read_text(encoding="utf-8"), "Released DPOT checkpoints"))
+    refs = re.findall(r"(?:dpot:|hf://)\S+", script)
+    for step in ("model info dpot:Ti", "evaluate dpot:Ti", "--init dpot:Ti"):
+        assert step in script, f"the README's released checkpoints lost {step!r}"
+    assert any(r.startswith("hf://") for r in refs) and all(parse_reference(r) for r in refs)
+    table = (train_runs.ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(dpot:\w+)` \| `hf://hzk17/DPOT/(\S+)` \|", table, flags=re.M))
+    assert rows == {f"dpot:{k}": v for k, v in RELEASED.items()}
