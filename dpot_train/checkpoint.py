@@ -333,8 +333,9 @@ def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor
 
 def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> torch.nn.Module:
     """The network of any checkpoint dpot reads (DPOT 2D/3D, FNO, UNet; released format or ours), in eval mode, with
-    the weights of `path` (a file, or a Hub reference: `dpot:Ti`, `hf://OWNER/REPO/FILE[@REVISION]`); its config comes from the checkpoint (ours) or the weights (released). `model(x)` gives
-    the prediction, `model(x, return_logits=True)` the reference's (prediction, class logits)."""
+    the weights of `path` (a file, or a Hub reference: `dpot:Ti`, `hf://OWNER/REPO/FILE[@REVISION]`); its config
+    comes from the checkpoint (ours) or the weights (released). `model(x)` gives the prediction,
+    `model(x, return_logits=True)` the reference's (prediction, class logits)."""
     return pretrained_from(*load_state_dict_file(path, map_location="cpu", trusted=trusted), source=str(path),
                            map_location=map_location).eval()
 
