@@ -76,7 +76,8 @@ def launch_cmd(
                                                       "baselines fno, fno-m, unet.")),
     init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours): a file, "
                                         "dpot:Ti|S|M|L|H (the released weights, from the Hugging Face Hub) or "
-                                        "hf://OWNER/REPO/FILE[@REVISION]; a Hub file is recorded pinned to its commit."),
+                                        "hf://OWNER/REPO/FILE[@REVISION]; a Hub file is recorded pinned to its "
+                                        "commit."),
     load: Optional[str] = typer.Option(None, "--load", help="Components of --init to load: all (default) or a "
                                        "comma-separated list of patch_embed, pos, blocks, time_agg, cls_head, "
                                        "scale_feats, out; the rest starts fresh (a 2D checkpoint on 3D data: "
