@@ -147,6 +147,14 @@ def test_revision_selects_the_snapshot(offline: dict[str, Path]) -> None:
         assert info["hub"]["sha256"] == file_sha256(OLD_FILE)
 
 
+def test_the_cache_under_hf_home_is_found(offline: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(offline["cache"].parent))  # huggingface_hub's default: $HF_HOME/hub
+    r = _cli("model", "info", "dpot:Ti", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["hub"]["revision"] == MAIN
+
+
 def test_load_pretrained_and_export_take_references(offline: dict[str, Path], tmp_path: Path) -> None:
     script = (
         "import sys, torch\n"
