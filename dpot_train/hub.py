@@ -132,7 +132,7 @@ def resolve(text: str) -> Resolved:
         raise HubError(f"{text}: {ref.url()} is not in the Hugging Face cache ({cache}) and the Hub could not be "
                        f"reached ({_first_line(exc.__cause__ or exc)})") from exc
     except hf_errors.RevisionNotFoundError as exc:
-        raise HubError(f"{text}: revision {ref.revision!r} not found in the Hub repo {ref.repo_id}") from exc
+        raise HubError(f"{text}: revision {ref.revision or 'main'!r} not found in the Hub repo {ref.repo_id}") from exc
     except hf_errors.EntryNotFoundError as exc:
         raise HubError(f"{text}: no file {ref.filename!r} in the Hub repo {ref.repo_id} at revision "
                        f"{ref.revision or 'main'}") from exc

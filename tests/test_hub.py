@@ -250,6 +250,45 @@ def test_errors_are_one_line(offline: dict[str, Path], fno_train_shards: Path, t
     assert "unknown released checkpoint 'XL'" in line and not (tmp_path / "ft").exists()
 
 
+def _http_error(kind: str) -> Exception:
+    """One of huggingface_hub's errors as hf_hub_download raises it after a Hub answer (`kind`: its class name)."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import errors
+
+    # what the error reads of the HTTP response (its class is the HTTP client's, which differs between releases)
+    response = SimpleNamespace(status_code=404, headers={}, request=None)
+    return getattr(errors, kind)(f"{kind} (the Hub's answer)", response=response)
+
+
+@pytest.mark.parametrize("raised,expected", [
+    ("RepositoryNotFoundError", "hf://o/r/w.pt: the Hub repo o/r was not found or needs access"),
+    ("GatedRepoError", "the Hub repo o/r was not found or needs access (a private or gated repo: set HF_TOKEN"),
+    ("RevisionNotFoundError", "hf://o/r/w.pt: revision 'main' not found in the Hub repo o/r"),
+    ("RemoteEntryNotFoundError", "hf://o/r/w.pt: no file 'w.pt' in the Hub repo o/r at revision main"),
+    ("HfHubHTTPError", "hf://o/r/w.pt: hf://o/r/w.pt could not be downloaded (HfHubHTTPError (the Hub's answer))"),
+    ("unreachable", "hf://o/r/w.pt: hf://o/r/w.pt is not in the Hugging Face cache"),
+])
+def test_hub_answers_become_one_line(raised: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    from dpot_train.hub import resolve
+
+    def refuse(*args: object, **kwargs: object) -> str:
+        if raised == "unreachable":  # what hf_hub_download raises when the HEAD request fails and nothing is cached
+            raise errors.LocalEntryNotFoundError("cannot find the requested files") from ConnectionError("refused")
+        raise _http_error(raised)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(HubError) as err:
+        resolve("hf://o/r/w.pt")
+    assert expected in str(err.value) and "\n" not in str(err.value)
+    if raised == "unreachable":
+        assert "and the Hub could not be reached (refused)" in str(err.value)
+
+
 def test_without_huggingface_hub_the_error_says_what_to_install(offline: dict[str, Path], tmp_path: Path) -> None:
     blocker = tmp_path / "site" / "huggingface_hub"  # shadows the installed package: its import fails
     blocker.mkdir(parents=True)
