@@ -96,10 +96,9 @@ def parse_reference(text: str) -> HubReference:
     form = "expected hf://OWNER/REPO/PATH/IN/REPO[@REVISION], a file in a model repo of the Hugging Face Hub"
     if len(parts) < 3 or not all(parts) or not all(_REPO_PART.match(p) for p in parts[:2]):
         raise HubError(f"{text}: {form}" + (" (no file named)" if len(parts) < 3 or not parts[-1] else ""))
-    filename = "/".join(parts[2:])
-    if any(p in (".", "..") for p in PurePosixPath(filename).parts):
+    if any(p in (".", "..") for p in parts[2:]):
         raise HubError(f"{text}: {form} (no '.' or '..' in the path)")
-    return HubReference(text, f"{parts[0]}/{parts[1]}", filename, revision)
+    return HubReference(text, f"{parts[0]}/{parts[1]}", "/".join(parts[2:]), revision)
 
 
 def _revision(text: str, revision: str, given: bool) -> str | None:

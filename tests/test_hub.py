@@ -109,6 +109,7 @@ def test_references_parse(text: str, repo: str, filename: str, revision: str | N
     ("hf://hzk17/DPOT/", "no file named"),
     ("hf://hzk17/DPOT/model_Ti.pth@", "expected a revision"),
     ("hf://hzk17/DPOT/../x.pth", "no '.' or '..'"),
+    ("hf://hzk17/DPOT/sub/./x.pth", "no '.' or '..'"),
     ("dpot:XL", "expected one of dpot:Ti, dpot:S, dpot:M, dpot:L, dpot:H"),
 ])
 def test_bad_references_are_one_line(text: str, expected: str) -> None:
