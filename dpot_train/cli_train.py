@@ -79,7 +79,10 @@ def launch_cmd(
     model: Optional[str] = typer.Option(None, "--model",
                                         help=_default("model", "Model preset: DPOT's tiny, Ti, S, M, L, H; the "
                                                       "baselines fno, fno-m, unet.")),
-    init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
+    init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours): a file, "
+                                        "dpot:Ti|S|M|L|H (the released weights, from the Hugging Face Hub) or "
+                                        "hf://OWNER/REPO/FILE[@REVISION]; a Hub file is recorded pinned to its "
+                                        "commit."),
     load: Optional[str] = typer.Option(None, "--load", help="Components of --init to load: all (default) or a "
                                        "comma-separated list of patch_embed, pos, blocks, time_agg, cls_head, "
                                        "scale_feats, out; the rest starts fresh (a 2D checkpoint on 3D data: "
@@ -213,7 +216,9 @@ def _check_request(cfg: TrainConfig, out: str | None, config: str | None, resume
 
 
 def evaluate_cmd(
-    checkpoint: str = typer.Argument(..., help="Checkpoint (ours, or the released {'model': state_dict} format)."),
+    checkpoint: str = typer.Argument(..., help="Checkpoint (ours, or the released {'model': state_dict} "
+                                    "format): a file, dpot:Ti|S|M|L|H or hf://OWNER/REPO/FILE[@REVISION] (read "
+                                    "through huggingface_hub's cache)."),
     manifest: list[str] = typer.Option(..., "--manifest", help="Folder holding manifest.json (repeat for several)."),
     out: str = typer.Option(..., "--out", help="The file to write the results to (eval.json; a folder is refused)."),
     rollout_steps: int = typer.Option(0, "--rollout-steps", help="Frames to roll out (0: to the trajectory end)."),
