@@ -142,9 +142,13 @@ def with_retries(url: str, call: Callable[[float], T], policy: RetryPolicy, rng:
 
 @dataclass(frozen=True)
 class FetchPlan:
-    """How one object is fetched: objects above `range_from` bytes in `part` byte ranges, `concurrency` at a time."""
+    """How one object is fetched: objects above `range_from` bytes in `part` byte ranges, `concurrency` at a time.
+    A range streams into the file (it is never held in memory whole, and a retry resumes after its written bytes),
+    so a part's size costs neither memory nor work lost to a retry: parts are as large as the parallelism allows,
+    since every GET costs the store a request (and a round trip before its first byte). A default 256 MiB shard is 8
+    parts, 4 streaming at a time."""
 
-    part: int = 16 << 20
+    part: int = 32 << 20
     range_from: int = 32 << 20
     concurrency: int = 4
     policy: RetryPolicy = RetryPolicy()
