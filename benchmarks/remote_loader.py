@@ -51,7 +51,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def baseline_fetch(rev: str) -> Callable[..., str]:
-    """`fetch_into` of dpot_train/data/remote_fetch.py as of git revision `rev` (the "before" of a comparison)."""
+    """The download of dpot_train/data/remote_fetch.py as of git revision `rev` (the "before" of a comparison):
+    its `fetch_into` with its own default FetchPlan (part size, range threshold, concurrency) and the cache's retry
+    policy."""
     import types
 
     src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:dpot_train/data/remote_fetch.py"],
@@ -59,7 +61,11 @@ def baseline_fetch(rev: str) -> Callable[..., str]:
     module = types.ModuleType(f"remote_fetch_at_{rev}")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
     exec(compile(src, f"{rev}:dpot_train/data/remote_fetch.py", "exec"), module.__dict__)
-    return module.fetch_into
+
+    def fetch(url: str, fd: int, size: int, plan: Any) -> str:
+        return module.fetch_into(url, fd, size, module.FetchPlan(policy=plan.policy))
+
+    return fetch
 
 
 @contextlib.contextmanager

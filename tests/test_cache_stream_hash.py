@@ -195,3 +195,15 @@ def test_an_object_of_another_size_than_the_manifest_says_is_refused(s3, obj, tm
         cache.ensure(_shard(url, data))
     assert _nothing_cached(tmp_path / "cache")
     assert len(s3.gets) >= 1 and s3.failed == 0
+
+
+def test_a_range_answered_without_content_range_is_refused() -> None:
+    """A store that ignores Range sends the object from its first byte: written at the range's offset, those bytes
+    would be wrong, so the answer is refused on one line."""
+    url = "s3://b/x.tar"
+    assert remote_fetch._object_size(url, {"ContentRange": "bytes 5-9/20", "ContentLength": 5},
+                                     {"Range": "bytes=5-9"}) == 20
+    assert remote_fetch._object_size(url, {"ContentLength": 20}, {}) == 20
+    with pytest.raises(FetchError, match=r"^s3://b/x.tar: the store answered the range request bytes=5-9 without a "
+                                         r"Content-Range; it needs a store that serves byte ranges$"):
+        remote_fetch._object_size(url, {"ContentLength": 20}, {"Range": "bytes=5-9"})

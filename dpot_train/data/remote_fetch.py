@@ -27,12 +27,13 @@ from typing import Any, Callable, TypeVar
 
 from dpot_train.data.datasets import DataError
 
+T = TypeVar("T")
+
 _RETRY_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
                  errno.ECONNREFUSED, errno.EIO}
 _RETRY_WORDS = ("503", "500", "502", "504", "429", "slowdown", "service unavailable", "serviceunavailable",
                 "internalerror", "throttl", "too many requests", "timeout", "timed out", "reset by peer",
                 "connection", "payload", "incomplete")
-T = TypeVar("T")
 _FINAL_TYPES = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 TIMEOUT_ENV = "DPOT_FETCH_TIMEOUT_S"  # seconds one request may take (connect, wait for and read the answer)
 BUDGET_ENV = "DPOT_FETCH_BUDGET_S"  # seconds one request may take with all its retries and backoff sleeps
@@ -182,7 +183,7 @@ def _stream(fs: Any, url: str, path: str, size: int, whole: bool) -> Stream:
             resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra, **ask)
             body = resp["Body"]
             try:
-                total = _object_size(resp, ask)
+                total = _object_size(url, resp, ask)
                 if total is not None and total != size:
                     raise FetchError(f"{url}: holds {total} bytes, the manifest says {size}")
                 at = start
@@ -210,10 +211,15 @@ def _stream(fs: Any, url: str, path: str, size: int, whole: bool) -> Stream:
     return call
 
 
-def _object_size(resp: dict[str, Any], ask: dict[str, str]) -> int | None:
-    """The object's size an S3 GET answer states: Content-Range's total for a range, Content-Length otherwise."""
+def _object_size(url: str, resp: dict[str, Any], ask: dict[str, str]) -> int | None:
+    """The object's size an S3 GET answer states: Content-Range's total for a range, Content-Length otherwise. A
+    range answered without Content-Range (a store that ignores Range sends the object from its first byte) is a
+    FetchError: its bytes would land at the wrong offsets."""
     if ask:
         text = str(resp.get("ContentRange") or "")
+        if not text:
+            raise FetchError(f"{url}: the store answered the range request {ask['Range']} without a Content-Range; "
+                             "it needs a store that serves byte ranges")
         total = text.rsplit("/", 1)[-1]
         return int(total) if total.isdigit() else None
     length = resp.get("ContentLength")
@@ -257,7 +263,7 @@ class StreamHasher:
     """The sha256 of a file being written by concurrent range downloads, computed while they run: each range
     reports how far it has written (a contiguous prefix of it), and one thread hashes the file's contiguous written
     prefix in object order, reading it back from the page cache into one reusable buffer of BLOCK bytes. A failed
-    request leaves its written bytes in place; its retry resumes after them (`written`), so a byte is hashed only
+    request leaves its written bytes in place; its retry resumes after them (`resume`), so a byte is hashed only
     once it is written and never rewritten afterwards."""
 
     BLOCK = 4 << 20
