@@ -328,7 +328,7 @@ class StreamHasher:
                 with self._cond:
                     while not self._closed and self._prefix() == self._hashed:
                         self._cond.wait()
-                    if self._prefix() == self._hashed:
+                    if self._closed:  # done, or the download was abandoned
                         return
                     start, end = self._hashed, self._prefix()
                 while start < end:
