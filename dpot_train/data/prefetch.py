@@ -63,7 +63,7 @@ def _work(stream: WindowStream, worker: int, workers: int, out: queue.Queue, sto
           pin: bool) -> None:
     """Thread body: build this worker's batches into `out` until `stop` is set or a batch fails."""
     try:
-        for batch in stream.worker_batches(worker, workers):
+        for batch in stream.worker_batches(worker, workers, pin):  # pinned as built: pin_batch then copies none
             if not _put(out, pin_batch(batch) if pin else batch, stop):
                 return
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer, which re-raises it

@@ -12,7 +12,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from dpot_format.tar import SampleIndex, index_shard
 from dpot_train.data.datasets import DataError, DatasetInfo, Shard
 
 ShardIndex = Mapping[str, Sequence[SampleIndex]]  # shard url -> its member index, as dpot_format's validator read it
+Window = Callable[[tuple[int, ...]], np.ndarray]  # (T, C, *S) -> a writable C-contiguous float32 array of that shape
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ class WebDatasetReader:
         """Seek to frame t0 of fields.npy and read `length` frames; read the mask whole."""
         return read_window(self._handles.get(ref.url), ref, t0, length)
 
+    def read_into(self, ref: TrajRef, t0: int, length: int, into: Window) -> tuple[np.ndarray, np.ndarray]:
+        """`read`, with the frames read straight into `into(shape)` (a slot of the caller's batch buffer)."""
+        return read_window(self._handles.get(ref.url), ref, t0, length, into)
+
 
 def shard_refs(ds: DatasetInfo, shard: Shard, samples: Sequence[SampleIndex]) -> list[TrajRef]:
     """The trajectories of one indexed shard of `ds`; DataError when it holds another count than the manifest."""
@@ -159,8 +164,11 @@ def indexed_trajectories(datasets: Sequence[DatasetInfo], split: str, index: Sha
     return {name: refs for name, refs in found.items() if refs is not None}
 
 
-def read_window(f: Any, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Frames [t0, t0 + length) of `ref`'s fields.npy and its mask, from the open shard file `f`."""
+def read_window(f: Any, ref: TrajRef, t0: int, length: int, into: Window | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Frames [t0, t0 + length) of `ref`'s fields.npy and its mask, from the open shard file `f`. `into`: gives
+    the array the frames are read into (a slot of a batch buffer: one copy from the file, none after); default a
+    new array."""
     f.seek(ref.fields_offset)
     try:
         shape, fortran, dtype, offset = read_npy_header(f, f"{ref.url}: {ref.id} fields.npy")
@@ -173,7 +181,7 @@ def read_window(f: Any, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray,
         raise DataError(f"{ref.url}: {ref.id} has {shape[0]} frames, asked for [{t0}, {t0 + length})")
     frame = int(np.prod(shape[1:]))
     f.seek(ref.fields_offset + offset + t0 * frame * 4)
-    fields = np.empty((length, *shape[1:]), dtype=np.float32)
+    fields = np.empty((length, *shape[1:]), dtype=np.float32) if into is None else into((length, *shape[1:]))
     got = f.readinto(memoryview(fields).cast("B"))  # straight into the output array, no intermediate copy
     if got != fields.nbytes:
         raise DataError(f"{ref.url}: {ref.id} fields.npy ends early: read {got} of {fields.nbytes} bytes "
