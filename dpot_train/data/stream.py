@@ -149,13 +149,17 @@ def collate(samples: list[dict[str, Any]], t_in: int) -> dict[str, Any]:
 
 
 class BatchBuffers:
-    """A batch's window and mask buffers, (B, T, C, *S) float32 and (B, *S) bool in the stored order of its first
-    sample (page-locked tensors when `pin`), and their `as_model_order` views: what `collate` gives for the samples,
-    laid out as its stacking copy lays them out (in stored order), each sample written into its own slot."""
+    """A batch's window and mask buffers, (B, T, C, *S) float32 and (B, *S) bool (page-locked tensors when `pin`),
+    laid out as `collate`'s stacking copy lays them out, and their `as_model_order` views (what `collate` gives).
 
-    def __init__(self, size: int, pin: bool = False) -> None:
+    `axes`: `as_model_order`'s permutation of the samples' stored windows (`windows.stored_reversed_axes`) when
+    they all share one, and the buffers then keep the stored order, so that a window is read into its slot as it
+    lies in the file; the identity otherwise (np.stack's layout for windows of mixed orders), each window copied.
+    """
+
+    def __init__(self, size: int, axes: tuple[int, ...] | None, pin: bool = False) -> None:
         self.size, self.pin = size, pin
-        self.axes: tuple[int, ...] = ()  # as_model_order's permutation of a stored window (T, C, *S)
+        self.axes = axes
         self.frames: torch.Tensor | None = None  # (B, T, C, *S), stored order
         self.model_frames: torch.Tensor | None = None  # its as_model_order view
         self.model_masks: torch.Tensor | None = None  # (B, *S) bool, as_model_order view of the stored-order masks
@@ -166,40 +170,46 @@ class BatchBuffers:
         # numpy's allocation, as np.stack's: torch's own (aligned) one maps fresh pages for every batch
         return torch.from_numpy(np.empty((self.size, *shape), dtype))
 
-    def _allocate(self, shape: tuple[int, ...], axes: tuple[int, ...]) -> None:
-        self.axes, self.frames = axes, self._new(shape, np.float32)
+    def _allocate(self, model_shape: tuple[int, ...]) -> None:
+        """Buffers for windows of `model_shape` (as_model_order's), laid out in the stored order of `axes`."""
+        if self.axes is None or len(self.axes) != len(model_shape):
+            self.axes = tuple(range(len(model_shape)))
+        axes, inverse = self.axes, tuple(int(a) for a in np.argsort(self.axes))
+        self.frames = self._new(tuple(model_shape[a] for a in inverse), np.float32)
         self.model_frames = self.frames.permute(0, *(1 + a for a in axes))
-        self.model_masks = self._new(shape[2:], np.bool_).permute(0, *(1 + a - 2 for a in axes[2:]))
+        masks = self._new(tuple(model_shape[a] for a in inverse[2:]), np.bool_)  # the frames' space axes
+        self.model_masks = masks.permute(0, *(a - 1 for a in axes[2:]))
 
-    def stored_window(self, i: int, shape: tuple[int, ...], model_layout: str) -> np.ndarray | None:
-        """Slot i, in stored order, for a stored window of `shape` (T, C, *S) of a dataset with `model_layout`;
-        None when the batch's first sample has another axis order (the window then goes through `model_window`)."""
+    def stored_window(self, i: int, shape: tuple[int, ...], model_layout: str, where: str) -> np.ndarray | None:
+        """Slot i, in stored order, for a stored window of `shape` (T, C, *S) of a dataset with `model_layout`
+        (the first sample allocates the buffers); None when the batch is laid out in another order (the window then
+        goes through `model_window`). `where`: the sample, for a DataError when its shape is not the batch's."""
         axes = stored_reversed_axes(2, len(shape) - 2, model_layout)
-        if self.frames is None:
-            self._allocate(shape, axes)
-        assert self.frames is not None
-        if axes != self.axes:
-            return None
-        if tuple(self.frames.shape[1:]) != tuple(shape):
-            raise DataError(f"windows of shapes {tuple(self.frames.shape[1:])} and {tuple(shape)} in one batch: "
-                            "the datasets of a run need one grid and channel count")
-        return self.frames[i].numpy()
+        model_shape = tuple(shape[a] for a in axes)
+        if self.model_frames is None:
+            self._allocate(model_shape)
+        assert self.model_frames is not None and self.frames is not None
+        _same_shape(self.model_frames, model_shape, "window", where)
+        return self.frames[i].numpy() if axes == self.axes else None
 
-    def model_window(self, i: int, shape: tuple[int, ...]) -> np.ndarray:
+    def model_window(self, i: int, shape: tuple[int, ...], where: str) -> np.ndarray:
         """Slot i in `as_model_order` order, for a window of that (as_model_order) `shape`."""
         assert self.model_frames is not None
-        if tuple(self.model_frames.shape[1:]) != tuple(shape):
-            raise DataError(f"windows of shapes {tuple(self.model_frames.shape[1:])} and {tuple(shape)} in one "
-                            "batch: the datasets of a run need one grid and channel count")
+        _same_shape(self.model_frames, shape, "window", where)
         return self.model_frames[i].numpy()
 
-    def model_mask(self, i: int, shape: tuple[int, ...]) -> np.ndarray:
+    def model_mask(self, i: int, shape: tuple[int, ...], where: str) -> np.ndarray:
         """Slot i of the masks in `as_model_order` order, for a mask of that (as_model_order) `shape`."""
         assert self.model_masks is not None
-        if tuple(self.model_masks.shape[1:]) != tuple(shape):
-            raise DataError(f"masks of shapes {tuple(self.model_masks.shape[1:])} and {tuple(shape)} in one batch: "
-                            "the datasets of a run need one grid")
+        _same_shape(self.model_masks, shape, "mask", where)
         return self.model_masks[i].numpy()
+
+
+def _same_shape(batch: torch.Tensor, shape: tuple[int, ...], what: str, where: str) -> None:
+    """DataError (one line, naming the sample) when a sample's `shape` is not that of the batch's slots."""
+    if tuple(batch.shape[1:]) != tuple(shape):
+        raise DataError(f"{where} {what} of shape {tuple(shape)}; the batch's first is {tuple(batch.shape[1:])}: "
+                        "the datasets of one run need one grid and channel count")
 
 
 def read_batch(spec: StreamSpec, reader: TrajectoryReader, picks: list[tuple[int, TrajRef, int]],
@@ -214,16 +224,18 @@ def read_batch(spec: StreamSpec, reader: TrajectoryReader, picks: list[tuple[int
     buffers (CUDA only), so that pinning the batch copies nothing.
     """
     length = spec.t_in + spec.t_out
-    buffers = BatchBuffers(len(picks), pin)
+    orders = {stored_reversed_axes(2, len(spec.datasets[k].shape), spec.datasets[k].model_layout) for k, _, _ in picks}
+    buffers = BatchBuffers(len(picks), orders.pop() if len(orders) == 1 else None, pin)
     read_into = getattr(reader, "read_into", None)
     for i, (k, ref, position) in enumerate(picks):
         ds = spec.datasets[k]
         t0 = window_start(np.random.default_rng([spec.seed, position, 0xD907]), ds.frames, length)
-        direct = False
+        direct, where = False, f"{ref.url}: {ref.id}"
 
-        def into(shape: tuple[int, ...], i: int = i, layout: str = ds.model_layout) -> np.ndarray:
+        def into(shape: tuple[int, ...], i: int = i, layout: str = ds.model_layout, where: str = where
+                 ) -> np.ndarray:
             nonlocal direct
-            slot = buffers.stored_window(i, shape, layout)
+            slot = buffers.stored_window(i, shape, layout, where)
             direct = slot is not None
             return slot if slot is not None else np.empty(shape, np.float32)
 
@@ -231,15 +243,15 @@ def read_batch(spec: StreamSpec, reader: TrajectoryReader, picks: list[tuple[int
             fields, mask = read_into(ref, t0, length, into)
         else:
             fields, mask = reader.read(ref, t0, length)
-            buffers.stored_window(i, fields.shape, ds.model_layout)  # the first sample lays the batch out
+            buffers.stored_window(i, fields.shape, ds.model_layout, where)  # the first sample lays the batch out
         fields, mask = as_model_order(fields, mask, ds.model_layout)
-        slot = fields if direct else buffers.model_window(i, fields.shape)  # direct: the slot's own view
+        slot = fields if direct else buffers.model_window(i, fields.shape, where)  # direct: the slot's own view
         stats = spec.norm.get(ds.name)
         if stats is not None:
             normalize_array(fields, stats, axis=1, out=slot)
         elif not direct:
             np.copyto(slot, fields)
-        np.copyto(buffers.model_mask(i, mask.shape), mask, casting="unsafe")  # uint8 -> bool: nonzero, as astype
+        np.copyto(buffers.model_mask(i, mask.shape, where), mask, casting="unsafe")  # uint8 -> bool: nonzero, as astype
     assert buffers.model_frames is not None and buffers.model_masks is not None
     frames, mask = model_batch_view(buffers.model_frames, buffers.model_masks)
     return {
