@@ -1,10 +1,12 @@
 """The loader's batch path (`stream.read_batch`: each window read straight into its slot of the batch buffer) gives
 bit for bit the batches of the plain path (`collate` of `make_sample`s: read, copy, stack), with the same strides,
 for several seeds and starts, without workers and with 2 thread workers, for stored-order ("xy") and swapped ("yx")
-datasets, normalised or not, mixed in one batch, and through a reader without `read_into` (Zarr)."""
+datasets, normalised or not, mixed in one batch, and through a reader without `read_into` (Zarr). Windows copied
+from a shard's memory map equal read() windows, and a shard cut after it was mapped is reported, not read past."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +132,71 @@ def test_a_window_of_another_shape_in_one_batch_is_a_one_line_error() -> None:
                                         r"\(3, 4, 8, 8\)") as err:
         buffers.stored_window(1, (3, 4, 8, 16), "xy", "s1.tar: d:1")
     assert "\n" not in str(err.value)
+
+
+def _shard_refs(shards: Path):
+    from dpot_train.data.datasets import read_manifests
+    from dpot_train.data.readers import WebDatasetReader
+
+    ds = read_manifests([str(shards)])[0]
+    return ds, WebDatasetReader().refs(ds, "train")
+
+
+def test_windows_copied_from_the_shard_map_equal_read_windows(canonical_shards: Path) -> None:
+    """The reader's mapped copy gives every window of every trajectory exactly as a read() of the file does."""
+    from dpot_train.data.readers import WebDatasetReader, read_window
+
+    ds, refs = _shard_refs(canonical_shards)
+    reader = WebDatasetReader()
+    for ref in refs:
+        for t0 in (0, ds.frames - 5):
+            fields, mask = reader.read(ref, t0, 5)
+            assert reader._handles.mapped(ref.url) is not None  # the map was there to copy from
+            with open(ref.url, "rb") as f:
+                plain, plain_mask = read_window(f, ref, t0, 5)
+            assert fields.tobytes() == plain.tobytes() and np.array_equal(mask, plain_mask)
+
+
+def test_a_shard_cut_after_it_was_mapped_is_reported_not_read_past_its_end(canonical_shards: Path,
+                                                                          tmp_path: Path) -> None:
+    """Copying from a map past the end of a file cut since would kill the process (SIGBUS): the read checks the
+    file's size and reports the short file as a read() does."""
+    import dataclasses
+    import mmap
+    import shutil
+
+    from dpot_train.data.readers import read_window
+
+    _, refs = _shard_refs(canonical_shards)
+    last = max(refs, key=lambda r: r.fields_offset)
+    copy = tmp_path / "cut.tar"
+    shutil.copyfile(last.url, copy)
+    ref = dataclasses.replace(last, url=str(copy))
+    with open(copy, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        fields, _ = read_window(f, ref, 0, 3, mapped=mapped)
+        os.truncate(copy, ref.fields_offset + 512)  # the header stays, the frames go
+        with pytest.raises(DataError, match=r"fields.npy ends early: read \d+ of \d+ bytes for frames \[0, 3\)"):
+            read_window(f, ref, 0, 3, mapped=mapped)
+        mapped.close()
+    assert fields.shape[0] == 3
+
+
+def test_evicted_and_closed_handles_unmap_their_shards(canonical_shards: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from dpot_train.data.readers import _Handles
+
+    _, refs = _shard_refs(canonical_shards)
+    urls = []
+    for i in range(3):
+        urls.append(str(tmp_path / f"s{i}.tar"))
+        shutil.copyfile(refs[0].url, urls[-1])
+    handles = _Handles(size=2)
+    maps = []
+    for url in urls:
+        handles.get(url)
+        maps.append(handles.mapped(url))
+    assert maps[0].closed and not maps[1].closed and not maps[2].closed  # s0 left the LRU with its file
+    handles.close()
+    assert all(m.closed for m in maps) and not handles.files

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,7 @@ def _stored_reversed(a: np.ndarray, space_ndim: int, model_layout: str) -> np.nd
     return np.transpose(a, stored_reversed_axes(a.ndim - space_ndim, space_ndim, model_layout))
 
 
+@functools.lru_cache(maxsize=64)
 def stored_reversed_axes(lead: int, space_ndim: int, model_layout: str) -> tuple[int, ...]:
     """The axis permutation of `as_model_order` for an array of `lead` leading axes and `space_ndim` stored space
     axes: the identity for every layout but 2D "yx" (its last two axes swapped)."""
