@@ -16,8 +16,9 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
    128x128, pad channels with 1, random window) under a DataLoader with a shuffling sampler and worker processes, as
    DPOT ships it, and (d) `webdataset-process`: our WebDataset stream with DataLoader worker processes
    (`--worker-kind process`; only with workers: without them it is (a)). `zarr-process` can be asked for too, and
-   `webdataset-plain`: (a) with its batches built by the plain path (`collate` of `make_sample`: each window read
-   into an array of its own, then stacked) instead of `read_batch` (read straight into the batch buffer).
+   `webdataset-plain`: (a) with its batches built by the plain path (`collate` of `make_sample`: each window read()
+   into an array of its own, then stacked) instead of `read_batch` (each window copied from a memory map of the
+   shard straight into its slot of the batch buffer): the loader as it was before read_batch.
    All deliver batches of `--batch` windows of 10 + 1 frames, (B, 128, 128, T, 4) float32. Each measurement starts
    after `--warmup` batches per worker (worker start-up excluded) and runs for `--seconds` of wall time.
 3. Reports samples/s, delivered window MB/s, input MB/s (bytes the process tree read through read() calls, psutil
@@ -141,7 +142,8 @@ def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int
 def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: int = 0,
                pin_memory: bool = False, kind: str = "thread", direct: bool = True) -> Any:
     """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA).
-    direct=False: batches by the plain path (collate of make_sample: read, copy, stack) instead of read_batch."""
+    direct=False: batches by the plain path (collate of make_sample: each window read() into an array of its own,
+    then stacked) instead of read_batch (each window copied from the shard's map into its slot of the batch)."""
     from dpot_train.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.loader import make_loader
@@ -150,6 +152,8 @@ def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: in
     cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, num_workers=workers,
                      worker_kind=kind, verify_checksums=False)
     spec, reader = prepare_stream(cfg, seed=seed, verify=False)
+    if not direct and hasattr(reader, "map_files"):
+        reader.map_files = False  # the plain path as it was: each window read() from the shard
     return make_loader(WindowStream(spec, reader, start=0, global_batch=batch, direct=direct), workers,
                        pin_memory=pin_memory, kind=kind)
 
@@ -270,9 +274,12 @@ def measure(name: str, make: Callable[[], Any], workers: int, batch: int, second
 
 def window_bounds(data: BenchData, batch: int, seconds: float = 1.0) -> dict[str, dict[str, float]]:
     """What one core of this machine does per window (11 x 4 x 128 x 128 float32, 2.9 MB), measured in this run:
-    `copy`, np.copyto between window buffers (memory bandwidth), and `read`, a readinto of a window at a random offset
-    of the WebDataset shard (page cache to memory, what the loader's read costs) into a slot of 4 batches' buffers;
-    windows per second and CPU ms per window. The loader cannot deliver more samples/s per core than `read`."""
+    `copy`, np.copyto between window buffers (memory bandwidth); `read`, a readinto of a window at a random offset
+    of the WebDataset shard (page cache to memory: the plain path's read) and `map`, the same window copied from a
+    memory map of the shard (read_batch's copy), into a slot of 4 batches' buffers; windows per second and CPU ms
+    per window. A loader cannot deliver more samples/s per core than its way of reading allows."""
+    import mmap
+
     import numpy as np
 
     n = (T_IN + T_OUT) * CHANNELS * RES * RES
@@ -282,12 +289,17 @@ def window_bounds(data: BenchData, batch: int, seconds: float = 1.0) -> dict[str
     size = shard.stat().st_size
     offsets = np.random.default_rng(0).integers(0, max(1, size - n * 4), 4096)
     out: dict[str, dict[str, float]] = {}
-    with open(shard, "rb") as f:
+    with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         def read(i: int) -> None:
             f.seek(int(offsets[i % len(offsets)]))
             f.readinto(memoryview(ring[i % len(ring)]).cast("B"))
 
-        for name, step in (("copy", lambda i: np.copyto(ring[i % len(ring)], src[i % len(src)])), ("read", read)):
+        def copy_mapped(i: int) -> None:
+            np.copyto(ring[i % len(ring)].view(np.uint8), np.frombuffer(mapped, np.uint8, n * 4,
+                                                                         int(offsets[i % len(offsets)])))
+
+        for name, step in (("copy", lambda i: np.copyto(ring[i % len(ring)], src[i % len(src)])), ("read", read),
+                           ("map", copy_mapped)):
             step(0)
             i, start, cpu0 = 0, time.perf_counter(), time.process_time()
             while time.perf_counter() - start < seconds:

@@ -137,14 +137,16 @@ def _unmap(m: mmap.mmap | None) -> None:
 class WebDatasetReader:
     """Reads trajectories from tar shards through a member index built from tar headers."""
 
-    def __init__(self) -> None:
+    def __init__(self, map_files: bool = True) -> None:
         self._handles = _Handles()
+        self.map_files = map_files  # copy windows from a map of each local shard (False: read() them)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"map_files": self.map_files}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._handles = _Handles()
+        self.map_files = state.get("map_files", True)
 
     def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
         """Every trajectory of `split` (sorted by index), from `index` where it holds a shard, else from the shard's
@@ -164,12 +166,12 @@ class WebDatasetReader:
     def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Seek to frame t0 of fields.npy and read `length` frames; read the mask whole."""
         f = self._handles.get(ref.url)
-        return read_window(f, ref, t0, length, mapped=self._handles.mapped(ref.url))
+        return read_window(f, ref, t0, length, mapped=self._handles.mapped(ref.url) if self.map_files else None)
 
     def read_into(self, ref: TrajRef, t0: int, length: int, into: Window) -> tuple[np.ndarray, np.ndarray]:
         """`read`, with the frames read straight into `into(shape)` (a slot of the caller's batch buffer)."""
         f = self._handles.get(ref.url)
-        return read_window(f, ref, t0, length, into, self._handles.mapped(ref.url))
+        return read_window(f, ref, t0, length, into, self._handles.mapped(ref.url) if self.map_files else None)
 
 
 def shard_refs(ds: DatasetInfo, shard: Shard, samples: Sequence[SampleIndex]) -> list[TrajRef]:
