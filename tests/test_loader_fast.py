@@ -200,3 +200,18 @@ def test_evicted_and_closed_handles_unmap_their_shards(canonical_shards: Path, t
     assert maps[0].closed and not maps[1].closed and not maps[2].closed  # s0 left the LRU with its file
     handles.close()
     assert all(m.closed for m in maps) and not handles.files
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked batches need CUDA")
+def test_pinned_thread_batches_are_built_page_locked_and_equal_the_plain_ones(canonical_shards: Path) -> None:
+    from dpot_train.data.prefetch import pin_batch
+
+    spec, reader = prepare_stream(_config([canonical_shards]), seed=2, verify=False)
+    stream = WindowStream(spec, reader, start=3, global_batch=BATCH)
+    it = iter(make_loader(stream, 2, pin_memory=True, kind="thread"))
+    pinned = [next(it) for _ in range(STEPS)]
+    del it
+    for step, (a, b) in enumerate(zip(pinned, _batches(spec, reader, 3, 0, direct=False))):
+        assert a["x"].is_pinned() and a["mask"].is_pinned()
+        assert pin_batch(a)["x"].data_ptr() == a["x"].data_ptr()  # pinning it again copies nothing
+        _same_bits(a, b, f"pinned step {step}")
