@@ -2,7 +2,8 @@
 bit for bit the batches of the plain path (`collate` of `make_sample`s: read, copy, stack), with the same strides,
 for several seeds and starts, without workers and with 2 thread workers, for stored-order ("xy") and swapped ("yx")
 datasets, normalised or not, mixed in one batch, and through a reader without `read_into` (Zarr). Windows copied
-from a shard's memory map equal read() windows, and a shard cut after it was mapped is reported, not read past."""
+from a shard's memory map equal read() windows, a shard cut after it was mapped is reported, not read past, and
+only shards on local filesystems are mapped."""
 
 from __future__ import annotations
 
@@ -215,3 +216,28 @@ def test_pinned_thread_batches_are_built_page_locked_and_equal_the_plain_ones(ca
         assert a["x"].is_pinned() and a["mask"].is_pinned()
         assert pin_batch(a)["x"].data_ptr() == a["x"].data_ptr()  # pinning it again copies nothing
         _same_bits(a, b, f"pinned step {step}")
+
+
+def test_only_shards_on_local_filesystems_are_mapped(canonical_shards: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A map's page fault that meets a network filesystem's I/O error is SIGBUS, not an OSError: shards there are
+    read(), with the same windows."""
+    from dpot_train.data import readers
+
+    mounts = ("/dev/vda / ext4 rw 0 0\nserver:/export /data nfs4 rw 0 0\n/dev/vdb /data/local xfs rw 0 0\n"
+              "/dev/vdc /mnt/my\\040disk ext4 rw 0 0\nlustre@o2ib:/fs /lus lustre rw 0 0\n")
+    assert readers.filesystem_type("/data/shards/a.tar", mounts) == "nfs4"
+    assert readers.filesystem_type("/data/local/a.tar", mounts) == "xfs"  # the longest mount point above it
+    assert readers.filesystem_type("/datax/a.tar", mounts) == "ext4"
+    assert readers.filesystem_type("/mnt/my disk/a.tar", mounts) == "ext4"
+    assert readers.filesystem_type("/lus/a.tar", mounts) == "lustre"
+    assert readers.filesystem_type("/a.tar", "") == ""
+    _, refs = _shard_refs(canonical_shards)
+    ref = refs[0]
+    mapped = readers.WebDatasetReader()
+    fields, _ = mapped.read(ref, 1, 4)
+    assert readers.on_local_fs(ref.url) and mapped._handles.mapped(ref.url) is not None  # pytest's tmp: local
+    monkeypatch.setattr(readers, "on_local_fs", lambda path: False)
+    unmapped = readers.WebDatasetReader()
+    again, _ = unmapped.read(ref, 1, 4)
+    assert unmapped._handles.mapped(ref.url) is None and again.tobytes() == fields.tobytes()

@@ -8,8 +8,10 @@ buffer over a sequential stream.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from dpot_format.errors import FormatError
-from dpot_format.io import open_read
+from dpot_format.io import is_local, local_path, open_read
 from dpot_format.npy import load_npy, read_npy_header
 from dpot_format.tar import SampleIndex, index_shard
 from dpot_train.data.datasets import DataError, DatasetInfo, Shard
@@ -62,9 +64,9 @@ class _Handles:
     in both would interleave their reads. Threads of one process would share a handle's offset the same way. So a
     thread only ever reads through handles it opened itself, in this process.
 
-    Beside each local file, a read-only memory map of it (`mapped`), made at its first window and closed with the
-    file: a window is then one copy from the page cache's pages, without a read() call's copy through the kernel
-    (2.6x less CPU per 2.9 MB window on a freshly written shard, `benchmarks/RESULTS.md`).
+    Beside each file on a local filesystem, a read-only memory map of it (`mapped`), made at its first window and
+    closed with the file: a window is then one copy from the page cache's pages, without a read() call's copy
+    through the kernel (2.6x less CPU per 2.9 MB window on a freshly written shard, `benchmarks/RESULTS.md`).
     """
 
     def __init__(self, size: int = 16) -> None:
@@ -104,14 +106,16 @@ class _Handles:
         return f
 
     def mapped(self, url: str) -> mmap.mmap | None:
-        """A read-only map of the calling thread's open file `url` (after `get`); None for a file that cannot be
-        mapped (remote, empty)."""
+        """A read-only map of the calling thread's open file `url` (after `get`); None for a file that is not
+        mapped: remote, empty, or not on a local filesystem (`on_local_fs`)."""
         st = self._state()
         if url not in st.maps:
-            try:
-                st.maps[url] = mmap.mmap(st.files[url].fileno(), 0, access=mmap.ACCESS_READ)
-            except (AttributeError, OSError, ValueError):  # no descriptor (remote), empty, or not mappable
-                st.maps[url] = None
+            st.maps[url] = None
+            if is_local(url) and on_local_fs(local_path(url)):
+                try:
+                    st.maps[url] = mmap.mmap(st.files[url].fileno(), 0, access=mmap.ACCESS_READ)
+                except (AttributeError, OSError, ValueError):  # no descriptor, empty, or not mappable
+                    pass
         return st.maps[url]
 
     def close(self) -> None:
@@ -123,6 +127,37 @@ class _Handles:
             f.close()
         st.files.clear()
         st.maps.clear()
+
+
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "tmpfs", "ramfs", "overlay"})
+
+
+def filesystem_type(path: str, mounts: str) -> str:
+    """The type of the filesystem holding the absolute path `path`, from a /proc/self/mounts text (the longest
+    mount point above it; "" when none is)."""
+    best, found = "", ""
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])  # \040 is a space
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, found = point, parts[2]
+    return found
+
+
+@functools.lru_cache(maxsize=1024)
+def on_local_fs(path: str) -> bool:
+    """Whether a file lies on a local filesystem (LOCAL_FILESYSTEMS, per /proc/self/mounts). Only those are
+    mapped: a page fault on a map that meets an I/O error (a network filesystem's timeout) kills the process with
+    SIGBUS, where read() raises an OSError that the loader reports."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            mounts = f.read()
+    except OSError:
+        return False
+    return filesystem_type(os.path.realpath(path), mounts) in LOCAL_FILESYSTEMS
 
 
 def _unmap(m: mmap.mmap | None) -> None:
