@@ -1,7 +1,7 @@
 """Thread workers for the window stream: K threads build the steps s with s % K == w, delivered in step order.
 
-The stream's own work per sample is a seek and a read straight into the batch buffer (no decode), and the reads and
-copies release the GIL; worker *processes* would add a shared-memory transfer of every batch (several times the read
+The stream's own work per sample is a copy from the shard (its memory map, or a read) straight into the batch buffer
+(no decode), and the reads and copies release the GIL; worker *processes* would add a shared-memory transfer of every batch (several times the read
 cost on a small host). Worker w of K builds exactly the steps that DataLoader worker w of K builds
 (`WindowStream.worker_batches`), and the consumer takes step s from worker s % K, so the batches, their order and
 their content are the same as with no workers or with process workers.

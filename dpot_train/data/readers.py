@@ -1,7 +1,8 @@
 """Random access to whole trajectories (or a window of frames) in WebDataset tar shards or the Zarr store.
 
 WebDataset tars are indexed once by scanning their member headers (tarfile seeks over the data), so that a
-window of frames is read with one seek into `{key}.fields.npy` without loading the trajectory or the shard.
+window of frames is read with one seek into `{key}.fields.npy` (or copied from a map of the shard, `_Handles`)
+without loading the trajectory or the shard.
 This is what lets an epoch be a global, exactly partitioned shuffle of trajectories rather than a shuffle
 buffer over a sequential stream.
 """
