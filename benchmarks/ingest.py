@@ -24,6 +24,9 @@ Passes (`--passes`, all by default), each on a cold page cache:
             starts
   durable   write 512 MiB (--durable-mib) into the output folder, 64 MiB at a time each synced and dropped from the
             page cache as the ingest's writers do: the sustained durable write rate of that disk
+  against   with `--against DIR` (another checkout of dpot, e.g. a worktree of main): the default ingest with DIR
+            first on PYTHONPATH, run right after `default` in every round, so that the two are measured side by
+            side on the same cold input under the same load; reported with the ratios of wall and CPU time
 `--repeat K` runs all passes K times, round after round (so that a noisy neighbour touches every pass alike), and
 reports each pass by its run of median wall time, with every run's wall time in the JSON (`wall_s_runs`).
 `--profile` runs the default ingest once more, in this process, under cProfile with a per-thread CPU clock in every
@@ -332,12 +335,14 @@ class Bench:
             shutil.rmtree(out, ignore_errors=True)
         return size
 
-    def child(self, name: str, command: list[str], watch: list[int] | None = None) -> Run:
-        """Run one pass's child on a cold input; SystemExit with its output when it fails."""
+    def child(self, name: str, command: list[str], watch: list[int] | None = None,
+              env: dict[str, str] | None = None) -> Run:
+        """Run one pass's child on a cold input (in `env`, default the worktree's); SystemExit with its output when
+        it fails."""
         self.commands[name] = shlex.join(command)
         print(f"[{name}] {self.commands[name]}", flush=True)
         evict(self.raw)
-        run = run_measured(command, self.work / f"{name}.log", self.env, watch)
+        run = run_measured(command, self.work / f"{name}.log", env or self.env, watch)
         if run.rc != 0:
             print(run.log, file=sys.stderr)
             raise SystemExit(f"pass {name} failed with exit code {run.rc}")
@@ -371,12 +376,30 @@ def manifest_summary(out: Path) -> dict[str, Any]:
             "shards": len(d["shards"]), "zarr": d["zarr"] is not None, "stats": d["stats"] is not None}
 
 
-def pass_ingest(bench: Bench, name: str, *extra: str, watch: list[int] | None = None) -> tuple[dict[str, Any], Run]:
+def pass_ingest(bench: Bench, name: str, *extra: str, watch: list[int] | None = None,
+                env: dict[str, str] | None = None) -> tuple[dict[str, Any], Run]:
     out = bench.output(name)
-    run = bench.child(name, ingest_command(bench, out, *INGEST_PASSES.get(name, ()), *extra), watch)
+    run = bench.child(name, ingest_command(bench, out, *INGEST_PASSES.get(name, ()), *extra), watch, env)
     summary = manifest_summary(out)
     return figures(bench.input_bytes, run.wall_s, run.cpu_s, run.peak_rss, bench.done_with(out),
                    manifest=summary), run
+
+
+def pass_against(bench: Bench, tree: Path) -> dict[str, Any]:
+    """The default ingest of another checkout (`--against DIR`): DIR first on PYTHONPATH, the same interpreter."""
+    return pass_ingest(bench, "against", env=child_env(tree))[0]
+
+
+def comparison(passes: dict[str, dict], floor: float | None) -> dict[str, Any] | None:
+    """The default ingest against the `against` pass: wall and CPU ratios (this tree / the other), and each one's
+    fraction of the I/O floor."""
+    if "default" not in passes or "against" not in passes:
+        return None
+    this, other = passes["default"], passes["against"]
+    return {"wall_ratio": round(this["wall_s"] / other["wall_s"], 3),
+            "cpu_ratio": round(this["cpu_s"] / other["cpu_s"], 3),
+            "floor_efficiency": None if floor is None else {"default": round(floor / this["wall_s"], 3),
+                                                            "against": round(floor / other["wall_s"], 3)}}
 
 
 def pass_cluster(bench: Bench) -> dict[str, Any]:
@@ -789,12 +812,12 @@ def profile_lines(prof: dict[str, Any], input_bytes: int) -> list[str]:
     return lines
 
 
-def git_commit() -> str | None:
-    """The worktree's commit, with '+dirty' when tracked files differ from it."""
+def git_commit(root: Path = ROOT) -> str | None:
+    """A worktree's commit (default this one's), with '+dirty' when tracked files differ from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -811,10 +834,12 @@ def check_disk(folder: Path, input_bytes: int, keep: bool) -> None:
         raise SystemExit(f"{folder}: {free / GB:.1f} GB free, the benchmark needs {needed / GB:.1f} GB")
 
 
-def child_env() -> dict[str, str]:
-    """This process's environment with this worktree first on PYTHONPATH."""
+def child_env(tree: Path = ROOT) -> dict[str, str]:
+    """This process's environment with a worktree (default this one) first on PYTHONPATH, this one left out
+    otherwise."""
     env = dict(os.environ)
-    parts = [str(ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT))]
+    skip = {str(ROOT), str(tree)}
+    parts = [str(tree), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in skip)]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
 
@@ -833,6 +858,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()), help="parent of the temp folder")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder with the input and every output")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--against", type=Path, help="another checkout of dpot (e.g. a worktree of main): its "
+                        "default ingest runs right after this one's in every round (pass `against`)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of all passes, interleaved; each pass is "
                         "reported by its run of median wall time (default 1)")
     args = parser.parse_args(argv)
@@ -844,6 +871,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown passes {unknown}; expected some of {', '.join(PASSES)}")
     if args.no_cluster:
         args.passes = [p for p in args.passes if p != "cluster"]
+    if args.against is not None:
+        args.against = args.against.resolve()
+        if not (args.against / "dpot_data" / "__init__.py").is_file():
+            parser.error(f"--against {args.against}: expected a checkout of dpot (no dpot_data/__init__.py there)")
+        if "default" not in args.passes:
+            parser.error("--against compares with the default pass: keep `default` in --passes")
+        args.passes.insert(args.passes.index("default") + 1, "against")
     return args
 
 
@@ -866,6 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"input {raw.name}: {n} trajectories, {bench.input_bytes / MB:.0f} MB, written in {generate_s:.1f} s",
               flush=True)
         runners = {"read": pass_read, "baseline": pass_baseline, "cluster": pass_cluster,
+                   "against": lambda b: pass_against(b, args.against),
                    **{k: (lambda b, k=k: pass_ingest(b, k)[0]) for k in ("default", "zarr", "wds", "raise")}}
         runs: dict[str, list[dict]] = defaultdict(list)
         for round_no in range(1, args.repeat + 1):
@@ -898,6 +933,13 @@ def main(argv: list[str] | None = None) -> int:
         goal_list = goals(passes, durable)
         for goal, fmt in goal_list:
             print(goal.line(fmt))
+        against = comparison(passes, floor)
+        if against is not None:
+            print(f"default against {args.against} ({git_commit(args.against)}): wall {against['wall_ratio']:.2f}x, "
+                  f"CPU {against['cpu_ratio']:.2f}x of the other's"
+                  + ("" if floor is None else f"; of the I/O floor: {against['floor_efficiency']['default']:.2f} "
+                     f"against {against['floor_efficiency']['against']:.2f}"))
+            against.update(tree=str(args.against), commit=git_commit(args.against))
         proj = projection(passes, bench.input_bytes)
         if proj is not None:
             print(projection_line(proj, result["machine"]["ram_bytes"]))
@@ -913,6 +955,7 @@ def main(argv: list[str] | None = None) -> int:
             "io_floor_s": None if floor is None else round(floor, 3),
             "goals": {goal.name: goal.to_dict() for goal, _ in goal_list},
             "projection": proj,
+            "against": against,
             "profile": prof,
             "load_average_end": [round(v, 2) for v in os.getloadavg()],
             "work": str(work) if args.keep else None,
