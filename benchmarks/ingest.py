@@ -203,12 +203,14 @@ class Run:
     log: str
 
 
-def run_measured(command: list[str], log: Path, env: dict[str, str], watch: list[int] | None = None) -> Run:
-    """Run a command as a child; CPU and ru_maxrss from wait4 (the child and its waited-for descendants), RSS
-    also polled over its process tree plus the `watch` processes and their descendants."""
+def run_measured(command: list[str], log: Path, env: dict[str, str], watch: list[int] | None = None,
+                 cwd: Path | None = None) -> Run:
+    """Run a command as a child (in `cwd`, default this one); CPU and ru_maxrss from wait4 (the child and its
+    waited-for descendants), RSS also polled over its process tree plus the `watch` processes and their
+    descendants."""
     start = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         watcher = TreeMemory([proc.pid, *(watch or [])])
         watcher.start()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -336,13 +338,13 @@ class Bench:
         return size
 
     def child(self, name: str, command: list[str], watch: list[int] | None = None,
-              env: dict[str, str] | None = None) -> Run:
-        """Run one pass's child on a cold input (in `env`, default the worktree's); SystemExit with its output when
-        it fails."""
+              env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
+        """Run one pass's child on a cold input (in `env`, default the worktree's, and `cwd`); SystemExit with its
+        output when it fails."""
         self.commands[name] = shlex.join(command)
         print(f"[{name}] {self.commands[name]}", flush=True)
         evict(self.raw)
-        run = run_measured(command, self.work / f"{name}.log", env or self.env, watch)
+        run = run_measured(command, self.work / f"{name}.log", env or self.env, watch, cwd)
         if run.rc != 0:
             print(run.log, file=sys.stderr)
             raise SystemExit(f"pass {name} failed with exit code {run.rc}")
@@ -377,17 +379,18 @@ def manifest_summary(out: Path) -> dict[str, Any]:
 
 
 def pass_ingest(bench: Bench, name: str, *extra: str, watch: list[int] | None = None,
-                env: dict[str, str] | None = None) -> tuple[dict[str, Any], Run]:
+                env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, Any], Run]:
     out = bench.output(name)
-    run = bench.child(name, ingest_command(bench, out, *INGEST_PASSES.get(name, ()), *extra), watch, env)
+    run = bench.child(name, ingest_command(bench, out, *INGEST_PASSES.get(name, ()), *extra), watch, env, cwd)
     summary = manifest_summary(out)
     return figures(bench.input_bytes, run.wall_s, run.cpu_s, run.peak_rss, bench.done_with(out),
                    manifest=summary), run
 
 
 def pass_against(bench: Bench, tree: Path) -> dict[str, Any]:
-    """The default ingest of another checkout (`--against DIR`): DIR first on PYTHONPATH, the same interpreter."""
-    return pass_ingest(bench, "against", env=child_env(tree))[0]
+    """The default ingest of another checkout (`--against DIR`): DIR first on PYTHONPATH, the same interpreter, run
+    in DIR (`python -m` puts its working folder before PYTHONPATH)."""
+    return pass_ingest(bench, "against", env=child_env(tree), cwd=tree)[0]
 
 
 def comparison(passes: dict[str, dict], floor: float | None) -> dict[str, Any] | None:
@@ -888,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     n = trajectories_for(args.size_gb, args.res)
     check_disk(args.tmp, n * trajectory_bytes(args.res), args.keep)
-    work = Path(tempfile.mkdtemp(prefix="dpot-bench-", dir=args.tmp))
+    work = Path(tempfile.mkdtemp(prefix="dpot-bench-", dir=args.tmp.resolve()))  # absolute: passes run elsewhere
     result: dict[str, Any] = {"benchmark": "ingest", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "commit": git_commit(), "machine": machine(args.tmp, PACKAGES)}
     try:
