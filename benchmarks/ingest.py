@@ -36,7 +36,8 @@ costliest functions; `--profile-out FILE` also saves the merged profile (pstats 
 
 Every pass except `durable` runs as a child process (`python -m dpot_data ...`, or this script for `read` and
 `baseline`) with this worktree on PYTHONPATH. Per pass: wall seconds, CPU seconds (user + sys of the child and its
-waited-for descendants, from wait4's rusage), peak RSS (the larger of the polled sum over the process tree and the
+waited-for descendants, from wait4's rusage; for the ingest passes also the sys part and the minor page faults in
+the JSON), peak RSS (the larger of the polled sum over the process tree and the
 child's ru_maxrss), output bytes, input MB/s and CPU ns per input byte. The cluster pass adds the CPU of the worker
 processes (psutil) and of the scheduler's threads, which run in this process (the threads that lived through the
 pass, the memory poller and this one left out); its RSS is that of the driver tree plus the worker processes.
@@ -201,6 +202,8 @@ class Run:
     cpu_s: float
     peak_rss: int
     log: str
+    sys_s: float = 0.0  # the system part of cpu_s
+    minor_faults: int = 0  # page faults served without I/O (fresh memory faulted in, and zeroed, among them)
 
 
 def run_measured(command: list[str], log: Path, env: dict[str, str], watch: list[int] | None = None,
@@ -218,7 +221,8 @@ def run_measured(command: list[str], log: Path, env: dict[str, str], watch: list
     proc.returncode = os.waitstatus_to_exitcode(status)
     watcher.stop()
     return Run(proc.returncode, wall, usage.ru_utime + usage.ru_stime,
-               max(watcher.peak, usage.ru_maxrss * 1024), log.read_text(errors="replace")[-4000:])
+               max(watcher.peak, usage.ru_maxrss * 1024), log.read_text(errors="replace")[-4000:], usage.ru_stime,
+               usage.ru_minflt)
 
 
 def process_cpu(pids: list[int]) -> float:
@@ -384,7 +388,7 @@ def pass_ingest(bench: Bench, name: str, *extra: str, watch: list[int] | None = 
     run = bench.child(name, ingest_command(bench, out, *INGEST_PASSES.get(name, ()), *extra), watch, env, cwd)
     summary = manifest_summary(out)
     return figures(bench.input_bytes, run.wall_s, run.cpu_s, run.peak_rss, bench.done_with(out),
-                   manifest=summary), run
+                   manifest=summary, sys_s=round(run.sys_s, 3), minor_faults=run.minor_faults), run
 
 
 def pass_against(bench: Bench, tree: Path) -> dict[str, Any]:
@@ -401,6 +405,8 @@ def comparison(passes: dict[str, dict], floor: float | None) -> dict[str, Any] |
     this, other = passes["default"], passes["against"]
     return {"wall_ratio": round(this["wall_s"] / other["wall_s"], 3),
             "cpu_ratio": round(this["cpu_s"] / other["cpu_s"], 3),
+            "sys_s": {"default": this.get("sys_s"), "against": other.get("sys_s")},
+            "minor_faults": {"default": this.get("minor_faults"), "against": other.get("minor_faults")},
             "floor_efficiency": None if floor is None else {"default": round(floor / this["wall_s"], 3),
                                                             "against": round(floor / other["wall_s"], 3)}}
 
@@ -939,7 +945,8 @@ def main(argv: list[str] | None = None) -> int:
         against = comparison(passes, floor)
         if against is not None:
             print(f"default against {args.against} ({git_commit(args.against)}): wall {against['wall_ratio']:.2f}x, "
-                  f"CPU {against['cpu_ratio']:.2f}x of the other's"
+                  f"CPU {against['cpu_ratio']:.2f}x of the other's (system CPU {against['sys_s']['default']:.2f} s "
+                  f"against {against['sys_s']['against']:.2f} s)"
                   + ("" if floor is None else f"; of the I/O floor: {against['floor_efficiency']['default']:.2f} "
                      f"against {against['floor_efficiency']['against']:.2f}"))
             against.update(tree=str(args.against), commit=git_commit(args.against))
