@@ -96,3 +96,59 @@ def test_ingest_command_writes_the_bytes_of_the_library_ingest(tmp_path: Path) -
     files = _files(fast)
     assert any(name.endswith(".tar") for name in files) and any("/fields/c." in name for name in files)
     assert files == _files(plain)
+
+
+def test_zarr_writer_syncs_a_block_while_it_hashes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's chunk files are synced on a helper thread while the block is hashed (the sync waits on the disk,
+    the hash on the CPU): the hash of each block starts once its sync is under way, not after it. Both are done
+    when write_block returns, and the store's bytes and digests are those of the straightforward order."""
+    import threading
+
+    import numpy as np
+
+    from dpot_data.writers import zarr_store
+    from dpot_data.writers.zarr_store import ZarrDatasetWriter, ZarrLayout
+    from dpot_format.io import ArrayHasher
+
+    n, frames, res = 4, 3, 8
+    grid = np.linspace(0, 1, res)
+    layout = ZarrLayout(group="d", frames=frames, channels=["u", "v"], channel_valid=np.array([True, True]),
+                        fill_value=1.0, coords={"y": grid, "x": grid}, time=np.arange(frames, dtype=np.float64),
+                        samples=np.array([f"f#{i}" for i in range(n)]), splits=np.array(["train"] * n))
+    rng = np.random.default_rng(0)
+    fields = rng.standard_normal((n, frames, 2, res, res)).astype(np.float32)
+    mask = np.ones((n, res, res), np.uint8)
+
+    plain = ZarrDatasetWriter(tmp_path / "plain.zarr", layout).create()
+    for i in range(0, n, 2):
+        plain.write_block(fields[i:i + 2], mask[i:i + 2])
+    expected = plain.close()
+
+    syncing, overlapped, synced_rows = threading.Event(), [], []
+    real_sync, real_update, real_settle = os.fdatasync, ArrayHasher.update, ZarrDatasetWriter._settle
+
+    def fdatasync(fd: int) -> None:
+        syncing.set()
+        real_sync(fd)
+
+    def update(self: ArrayHasher, block: np.ndarray) -> None:
+        overlapped.append(syncing.wait(timeout=20))  # the straightforward order (hash, then sync) waits in vain
+        real_update(self, block)
+
+    def settle(self: ZarrDatasetWriter, rows: range) -> None:
+        real_settle(self, rows)
+        synced_rows.extend(rows)
+
+    monkeypatch.setattr(zarr_store.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(ArrayHasher, "update", update)
+    monkeypatch.setattr(ZarrDatasetWriter, "_settle", settle)
+    writer = ZarrDatasetWriter(tmp_path / "overlap.zarr", layout).create()
+    for i in range(0, n, 2):
+        syncing.clear()
+        writer.write_block(fields[i:i + 2], mask[i:i + 2])
+        assert synced_rows == list(range(i + 2))  # synced before the call returned
+    assert overlapped == [True] * 4  # fields and mask of both blocks
+    assert writer.close() == expected
+    files = {p.relative_to(tmp_path / "plain.zarr"): p.read_bytes() for p in (tmp_path / "plain.zarr").rglob("c.*")}
+    assert files and files == {p.relative_to(tmp_path / "overlap.zarr"): p.read_bytes()
+                               for p in (tmp_path / "overlap.zarr").rglob("c.*")}
