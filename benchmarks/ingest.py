@@ -24,6 +24,9 @@ Passes (`--passes`, all by default), each on a cold page cache:
             starts
   durable   write 512 MiB (--durable-mib) into the output folder, 64 MiB at a time each synced and dropped from the
             page cache as the ingest's writers do: the sustained durable write rate of that disk
+  against   with `--against DIR` (another checkout of dpot, e.g. a worktree of main): the default ingest with DIR
+            first on PYTHONPATH, run right after `default` in every round, so that the two are measured side by
+            side on the same cold input under the same load; reported with the ratios of wall and CPU time
 `--repeat K` runs all passes K times, round after round (so that a noisy neighbour touches every pass alike), and
 reports each pass by its run of median wall time, with every run's wall time in the JSON (`wall_s_runs`).
 `--profile` runs the default ingest once more, in this process, under cProfile with a per-thread CPU clock in every
@@ -33,7 +36,8 @@ costliest functions; `--profile-out FILE` also saves the merged profile (pstats 
 
 Every pass except `durable` runs as a child process (`python -m dpot_data ...`, or this script for `read` and
 `baseline`) with this worktree on PYTHONPATH. Per pass: wall seconds, CPU seconds (user + sys of the child and its
-waited-for descendants, from wait4's rusage), peak RSS (the larger of the polled sum over the process tree and the
+waited-for descendants, from wait4's rusage; for the ingest passes also the sys part and the minor page faults in
+the JSON), peak RSS (the larger of the polled sum over the process tree and the
 child's ru_maxrss), output bytes, input MB/s and CPU ns per input byte. The cluster pass adds the CPU of the worker
 processes (psutil) and of the scheduler's threads, which run in this process (the threads that lived through the
 pass, the memory poller and this one left out); its RSS is that of the driver tree plus the worker processes.
@@ -198,14 +202,18 @@ class Run:
     cpu_s: float
     peak_rss: int
     log: str
+    sys_s: float = 0.0  # the system part of cpu_s
+    minor_faults: int = 0  # page faults served without I/O (fresh memory faulted in, and zeroed, among them)
 
 
-def run_measured(command: list[str], log: Path, env: dict[str, str], watch: list[int] | None = None) -> Run:
-    """Run a command as a child; CPU and ru_maxrss from wait4 (the child and its waited-for descendants), RSS
-    also polled over its process tree plus the `watch` processes and their descendants."""
+def run_measured(command: list[str], log: Path, env: dict[str, str], watch: list[int] | None = None,
+                 cwd: Path | None = None) -> Run:
+    """Run a command as a child (in `cwd`, default this one); CPU and ru_maxrss from wait4 (the child and its
+    waited-for descendants), RSS also polled over its process tree plus the `watch` processes and their
+    descendants."""
     start = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         watcher = TreeMemory([proc.pid, *(watch or [])])
         watcher.start()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -213,7 +221,8 @@ def run_measured(command: list[str], log: Path, env: dict[str, str], watch: list
     proc.returncode = os.waitstatus_to_exitcode(status)
     watcher.stop()
     return Run(proc.returncode, wall, usage.ru_utime + usage.ru_stime,
-               max(watcher.peak, usage.ru_maxrss * 1024), log.read_text(errors="replace")[-4000:])
+               max(watcher.peak, usage.ru_maxrss * 1024), log.read_text(errors="replace")[-4000:], usage.ru_stime,
+               usage.ru_minflt)
 
 
 def process_cpu(pids: list[int]) -> float:
@@ -332,12 +341,14 @@ class Bench:
             shutil.rmtree(out, ignore_errors=True)
         return size
 
-    def child(self, name: str, command: list[str], watch: list[int] | None = None) -> Run:
-        """Run one pass's child on a cold input; SystemExit with its output when it fails."""
+    def child(self, name: str, command: list[str], watch: list[int] | None = None,
+              env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
+        """Run one pass's child on a cold input (in `env`, default the worktree's, and `cwd`); SystemExit with its
+        output when it fails."""
         self.commands[name] = shlex.join(command)
         print(f"[{name}] {self.commands[name]}", flush=True)
         evict(self.raw)
-        run = run_measured(command, self.work / f"{name}.log", self.env, watch)
+        run = run_measured(command, self.work / f"{name}.log", env or self.env, watch, cwd)
         if run.rc != 0:
             print(run.log, file=sys.stderr)
             raise SystemExit(f"pass {name} failed with exit code {run.rc}")
@@ -371,12 +382,33 @@ def manifest_summary(out: Path) -> dict[str, Any]:
             "shards": len(d["shards"]), "zarr": d["zarr"] is not None, "stats": d["stats"] is not None}
 
 
-def pass_ingest(bench: Bench, name: str, *extra: str, watch: list[int] | None = None) -> tuple[dict[str, Any], Run]:
+def pass_ingest(bench: Bench, name: str, *extra: str, watch: list[int] | None = None,
+                env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, Any], Run]:
     out = bench.output(name)
-    run = bench.child(name, ingest_command(bench, out, *INGEST_PASSES.get(name, ()), *extra), watch)
+    run = bench.child(name, ingest_command(bench, out, *INGEST_PASSES.get(name, ()), *extra), watch, env, cwd)
     summary = manifest_summary(out)
     return figures(bench.input_bytes, run.wall_s, run.cpu_s, run.peak_rss, bench.done_with(out),
-                   manifest=summary), run
+                   manifest=summary, sys_s=round(run.sys_s, 3), minor_faults=run.minor_faults), run
+
+
+def pass_against(bench: Bench, tree: Path) -> dict[str, Any]:
+    """The default ingest of another checkout (`--against DIR`): DIR first on PYTHONPATH, the same interpreter, run
+    in DIR (`python -m` puts its working folder before PYTHONPATH)."""
+    return pass_ingest(bench, "against", env=child_env(tree), cwd=tree)[0]
+
+
+def comparison(passes: dict[str, dict], floor: float | None) -> dict[str, Any] | None:
+    """The default ingest against the `against` pass: wall and CPU ratios (this tree / the other), and each one's
+    fraction of the I/O floor."""
+    if "default" not in passes or "against" not in passes:
+        return None
+    this, other = passes["default"], passes["against"]
+    return {"wall_ratio": round(this["wall_s"] / other["wall_s"], 3),
+            "cpu_ratio": round(this["cpu_s"] / other["cpu_s"], 3),
+            "sys_s": {"default": this.get("sys_s"), "against": other.get("sys_s")},
+            "minor_faults": {"default": this.get("minor_faults"), "against": other.get("minor_faults")},
+            "floor_efficiency": None if floor is None else {"default": round(floor / this["wall_s"], 3),
+                                                            "against": round(floor / other["wall_s"], 3)}}
 
 
 def pass_cluster(bench: Bench) -> dict[str, Any]:
@@ -789,12 +821,12 @@ def profile_lines(prof: dict[str, Any], input_bytes: int) -> list[str]:
     return lines
 
 
-def git_commit() -> str | None:
-    """The worktree's commit, with '+dirty' when tracked files differ from it."""
+def git_commit(root: Path = ROOT) -> str | None:
+    """A worktree's commit (default this one's), with '+dirty' when tracked files differ from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -811,10 +843,12 @@ def check_disk(folder: Path, input_bytes: int, keep: bool) -> None:
         raise SystemExit(f"{folder}: {free / GB:.1f} GB free, the benchmark needs {needed / GB:.1f} GB")
 
 
-def child_env() -> dict[str, str]:
-    """This process's environment with this worktree first on PYTHONPATH."""
+def child_env(tree: Path = ROOT) -> dict[str, str]:
+    """This process's environment with a worktree (default this one) first on PYTHONPATH, this one left out
+    otherwise."""
     env = dict(os.environ)
-    parts = [str(ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT))]
+    skip = {str(ROOT), str(tree)}
+    parts = [str(tree), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in skip)]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
 
@@ -833,6 +867,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()), help="parent of the temp folder")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder with the input and every output")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--against", type=Path, help="another checkout of dpot (e.g. a worktree of main): its "
+                        "default ingest runs right after this one's in every round (pass `against`)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of all passes, interleaved; each pass is "
                         "reported by its run of median wall time (default 1)")
     args = parser.parse_args(argv)
@@ -844,6 +880,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown passes {unknown}; expected some of {', '.join(PASSES)}")
     if args.no_cluster:
         args.passes = [p for p in args.passes if p != "cluster"]
+    if args.against is not None:
+        args.against = args.against.resolve()
+        if not (args.against / "dpot_data" / "__init__.py").is_file():
+            parser.error(f"--against {args.against}: expected a checkout of dpot (no dpot_data/__init__.py there)")
+        if "default" not in args.passes:
+            parser.error("--against compares with the default pass: keep `default` in --passes")
+        args.passes.insert(args.passes.index("default") + 1, "against")
     return args
 
 
@@ -854,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     n = trajectories_for(args.size_gb, args.res)
     check_disk(args.tmp, n * trajectory_bytes(args.res), args.keep)
-    work = Path(tempfile.mkdtemp(prefix="dpot-bench-", dir=args.tmp))
+    work = Path(tempfile.mkdtemp(prefix="dpot-bench-", dir=args.tmp.resolve()))  # absolute: passes run elsewhere
     result: dict[str, Any] = {"benchmark": "ingest", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "commit": git_commit(), "machine": machine(args.tmp, PACKAGES)}
     try:
@@ -866,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"input {raw.name}: {n} trajectories, {bench.input_bytes / MB:.0f} MB, written in {generate_s:.1f} s",
               flush=True)
         runners = {"read": pass_read, "baseline": pass_baseline, "cluster": pass_cluster,
+                   "against": lambda b: pass_against(b, args.against),
                    **{k: (lambda b, k=k: pass_ingest(b, k)[0]) for k in ("default", "zarr", "wds", "raise")}}
         runs: dict[str, list[dict]] = defaultdict(list)
         for round_no in range(1, args.repeat + 1):
@@ -898,6 +942,14 @@ def main(argv: list[str] | None = None) -> int:
         goal_list = goals(passes, durable)
         for goal, fmt in goal_list:
             print(goal.line(fmt))
+        against = comparison(passes, floor)
+        if against is not None:
+            print(f"default against {args.against} ({git_commit(args.against)}): wall {against['wall_ratio']:.2f}x, "
+                  f"CPU {against['cpu_ratio']:.2f}x of the other's (system CPU {against['sys_s']['default']:.2f} s "
+                  f"against {against['sys_s']['against']:.2f} s)"
+                  + ("" if floor is None else f"; of the I/O floor: {against['floor_efficiency']['default']:.2f} "
+                     f"against {against['floor_efficiency']['against']:.2f}"))
+            against.update(tree=str(args.against), commit=git_commit(args.against))
         proj = projection(passes, bench.input_bytes)
         if proj is not None:
             print(projection_line(proj, result["machine"]["ram_bytes"]))
@@ -913,6 +965,7 @@ def main(argv: list[str] | None = None) -> int:
             "io_floor_s": None if floor is None else round(floor, 3),
             "goals": {goal.name: goal.to_dict() for goal, _ in goal_list},
             "projection": proj,
+            "against": against,
             "profile": prof,
             "load_average_end": [round(v, 2) for v in os.getloadavg()],
             "work": str(work) if args.keep else None,

@@ -337,8 +337,10 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
     Ingest warnings are printed as "warning:" lines as they happen; bad input is one error line and exit code 2."""
     import contextlib
 
+    from dpot_data.ingest.allocator import reuse_freed_memory
     from dpot_data.ingest.input_hashes import InputHashes
 
+    reuse_freed_memory()  # this process is the ingest's: block buffers are reused, not faulted in again per block
     # the local input files are hashed from here on, beside the imports below (half a second)
     hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
     with contextlib.closing(hashes):

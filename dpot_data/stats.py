@@ -139,14 +139,16 @@ def _valid_channel_index(channel_valid: Sequence[bool] | np.ndarray, n_channels:
     return np.flatnonzero(valid)
 
 
-def _frame_parts(x: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(count, mean, M2, min, max) per channel of a float64 (channel, k) array this call may overwrite."""
+def _frame_parts(x: np.ndarray, work: np.ndarray | None = None
+                 ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(count, mean, M2, min, max) per channel of a float64 (channel, k) array; the deviations from the mean go
+    into `work` (same shape), or into `x` itself when `work` is None (x is then overwritten)."""
     k = x.shape[1]
     mn = x.min(axis=1)
     mx = x.max(axis=1)
     mean = x.sum(axis=1) / k
-    x -= mean[:, None]
-    return float(k), mean, np.einsum("ck,ck->c", x, x), mn, mx
+    dev = np.subtract(x, mean[:, None], out=x if work is None else work)
+    return float(k), mean, np.einsum("ck,ck->c", dev, dev), mn, mx
 
 
 def _combine(parts: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]], n_c: int) -> Moments:
@@ -191,8 +193,7 @@ def trajectory_stats(fields: np.ndarray, mask: np.ndarray, channel_valid: Sequen
         np.copyto(current, frame if every_cell else np.compress(fluid, frame, axis=1))
         if t:
             diffs.append(_frame_parts(np.subtract(current, previous, out=diff)))
-        np.copyto(work, current)
-        values.append(_frame_parts(work))
+        values.append(_frame_parts(current, work))  # current stays as it is: the next frame's previous
         current, previous = previous, current
     return FieldStats(_combine(values, n_c), _combine(diffs, n_c), 1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,41 @@ def test_ingest_passes_wrote_a_manifest(run: dict) -> None:
         assert summary["splits"]["train"] == int(0.9 * n) and summary["stats"]
         assert "--format" not in result["commands"]["default"] and f"out-{name}" in result["commands"][name]
     assert (work / "out-default" / "data.zarr").is_dir() and (work / "out-default" / "shards").is_dir()
+
+
+def test_against_runs_another_checkouts_default_ingest_beside_this_one(tmp_path: Path) -> None:
+    """`--against DIR` runs the default ingest of another checkout right after this one's, on the same input, and
+    reports the two side by side; the other checkout's code is what runs in that pass."""
+    other = tmp_path / "other"
+    for package in ("dpot_data", "dpot_format"):
+        shutil.copytree(ROOT / package, other / package, ignore=shutil.ignore_patterns("__pycache__"))
+    init = other / "dpot_data" / "__init__.py"
+    init.write_text(init.read_text() + "\nimport sys as _sys\nprint('the other checkout', file=_sys.stderr)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ingest.py"), "--size-gb", "0.002", "--res",
+                           "32", "--passes", "read,default,durable", "--durable-mib", "8", "--against", str(other),
+                           "--keep", "--tmp", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result["passes"]) == {"read", "default", "against"}
+    order = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("[") and " MB/s, CPU " in line]
+    assert order == ["[read]", "[default]", "[against]"]
+    work = Path(result["work"])
+    assert "the other checkout" in (work / "against.log").read_text()
+    assert "the other checkout" not in (work / "default.log").read_text()
+    shards = [[s["sha256"] for s in json.loads((work / f"out-{name}" / "manifest.json").read_text())
+               ["datasets"][0]["shards"]] for name in ("default", "against")]
+    assert shards[0] and shards[0] == shards[1]
+    against = result["against"]
+    assert against["tree"] == str(other.resolve()) and against["wall_ratio"] > 0 and against["cpu_ratio"] > 0
+    assert set(against["floor_efficiency"]) == {"default", "against"}
+    assert any(line.startswith("default against ") for line in proc.stdout.splitlines())
+
+
+def test_against_must_name_a_checkout(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench_ingest.parse_args(["--against", str(tmp_path)])
 
 
 def test_profile_stages_follow_the_callers() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -136,6 +137,7 @@ class ZarrDatasetWriter:
         self.written = 0
         self._hash = {"fields": ArrayHasher(), "mask": ArrayHasher()}
         self.group: Any = None
+        self._syncer: ThreadPoolExecutor | None = None  # syncs a block's chunk files while the block is hashed
 
     def create(self) -> "ZarrDatasetWriter":
         """Create the group, its arrays and every per-sample and coordinate array (the data arrays stay empty)."""
@@ -213,7 +215,8 @@ class ZarrDatasetWriter:
         given already encoded (`encode_rows`) or not, or already `stored` by the task that made them
         (`write_rows`: only hashed here). Chunk files are written straight into the local store, the same bytes
         Zarr writes. When the call returns they are on disk (`_settle`), so that a resume point recorded after it
-        holds even through a power cut."""
+        holds even through a power cut. The sync (waiting on the disk) runs on a helper thread while the block is
+        hashed (CPU): both release the GIL, so a block costs the longer of the two, not their sum."""
         b = fields.shape[0]
         if self.written + b > self.n:
             raise ValueError(f"block of {b} overruns the {self.n} trajectories of {self.layout.group}")
@@ -222,9 +225,14 @@ class ZarrDatasetWriter:
         if not stored:
             encoded = encoded if encoded is not None else encode_rows(fields, mask, self.layout.codec)
             write_rows(self.store_path / self.layout.group, self.written, encoded, len(self.layout.coords))
-        self._hash["fields"].update(fields)
-        self._hash["mask"].update(mask)
-        self._settle(range(self.written, self.written + b))
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-zarr-sync")
+        settled = self._syncer.submit(self._settle, range(self.written, self.written + b))
+        try:
+            self._hash["fields"].update(fields)
+            self._hash["mask"].update(mask)
+        finally:
+            settled.result()  # on disk before the call returns, whatever the hashing did
         self.written += b
 
     def _settle(self, rows: range) -> None:
@@ -248,6 +256,9 @@ class ZarrDatasetWriter:
 
     def close(self) -> dict[str, str]:
         """Check completeness, consolidate metadata, fsync every file; returns {array name: sha256} of numeric arrays."""
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
         if self.written != self.n:
             raise ValueError(f"{self.layout.group}: wrote {self.written} of {self.n} trajectories")
         digests = {"fields": self._hash["fields"].hexdigest(), "mask": self._hash["mask"].hexdigest()}
