@@ -29,8 +29,8 @@ from dpot_format.tar import SampleIndex
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
 from dpot_train.data.cached_reader import uses_cache, with_cache
-from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of, datasets_of_docs, expand_outputs,
-                                      manifest_url, note_scanned, read_manifest_docs)
+from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
+                                      note_scanned, read_manifest_docs)
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
@@ -215,13 +215,13 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> dict
     the tar headers (one line says so); the run does not read them again."""
     lines: list[str] = []
     index: dict[str, list[SampleIndex]] = {}
-    scanned: list[DatasetInfo] = []
+    scanned: list[tuple[str, dict]] = []
     part = "zarr" if data.backend == "zarr" else "shards"
     for path in [m for given in data.manifests for m in expand_outputs(given)]:
         doc = (docs or {}).get(manifest_url(path))
         rehash = data.verify_checksums and not uses_cache([path], data.backend)  # the cache checks each download
         if part == "shards" and doc is not None:
-            scanned += datasets_of(manifest_url(path), doc)
+            scanned += [(manifest_url(path), entry) for entry in doc["datasets"]]
         for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index,
                                        trust_index=True):
             if not problem.fatal:

@@ -8,7 +8,7 @@ import os
 import posixpath
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from dpot_format.errors import FormatError
 from dpot_format.manifest import manifest_path, read_manifest as read_manifest_doc
@@ -184,12 +184,12 @@ def problem_message(ds: DatasetInfo, problem: Problem) -> str:
     return f"{where}: {problem}"
 
 
-def note_scanned(datasets: list[DatasetInfo]) -> None:
-    """One line on stderr per dataset that records no shard index (an output written before `index.json`): its
-    shards' tar headers are read once, here, instead."""
-    for ds in datasets:
-        if ds.shards and not ds.entry.get("shard_index"):
-            print(f"note: {ds.manifest}: dataset {ds.name!r} records no shard index (written before index.json); "
+def note_scanned(entries: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """One line on stderr per dataset entry (with its manifest url) that lists shards but records no shard index
+    (an output written before `index.json`): its shards' tar headers are read once instead."""
+    for manifest, entry in entries:
+        if entry["shards"] and not entry.get("shard_index"):
+            print(f"note: {manifest}: dataset {entry['name']!r} records no shard index (written before index.json); "
                   "its shards' tar headers were scanned (`dpot-data ingest --overwrite` records one)",
                   file=sys.stderr, flush=True)
 
@@ -241,7 +241,7 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
                     if len(problems) > MAX_REPORTED else "")
             raise DataError("; ".join(lines) + more)
         if part == "shards":
-            note_scanned(group)
+            note_scanned((ds.manifest, ds.entry) for ds in group)
 
 
 def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str, res: int = 0) -> None:

@@ -36,7 +36,7 @@ def checked_index(cfg: DataConfig, datasets: list[DatasetInfo], split: str, veri
         verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
     elif cfg.backend == "webdataset":  # the recorded member indexes: the cache builds its entries from them
         index = recorded_index(datasets, split)
-        note_scanned(datasets)
+        note_scanned((d.manifest, d.entry) for d in datasets)
     return index
 
 
@@ -71,7 +71,7 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, valid
         verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
     elif not validated and cfg.backend == "webdataset":
         index = {**recorded_index(datasets, cfg.split), **(index or {})}
-        note_scanned(datasets)
+        note_scanned((d.manifest, d.entry) for d in datasets)
     reader = data_reader(cfg)
     refs = [reader.refs(d, cfg.split, index) for d in datasets]
     for d, r in zip(datasets, refs):
