@@ -127,6 +127,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=10_000)
     ap.add_argument("--tree", action="append", default=[], help="another checkout to run launch from (repeatable)")
     ap.add_argument("--no-s3", action="store_true", help="local output only")
+    ap.add_argument("--repeat", type=int, default=1, help="local launches per checkout and mode (alternated)")
     args = ap.parse_args()
     trees = [ROOT] + [Path(t).resolve() for t in args.tree]
     work = Path(tempfile.mkdtemp(prefix="launch-scale-"))
@@ -137,10 +138,11 @@ def main() -> None:
         doc = fabricate(out, args.shards, True, work)
         results["fabricate_s"] = round(time.perf_counter() - t0, 1)
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        for tree in trees:
-            for extra in (["--no-verify-checksums"], []):
-                took, _ = launch(tree, str(out), work / "run", extra, env)
-                results[f"local {tree.name} {' '.join(extra) or 'sha256'}"] = round(took, 2)
+        for _ in range(args.repeat):  # the checkouts alternated, so that a change of the machine's load hits both
+            for tree in trees:
+                for extra in (["--no-verify-checksums"], []):
+                    took, _ = launch(tree, str(out), work / "run", extra, env)
+                    results.setdefault(f"local {tree.name} {' '.join(extra) or 'sha256'}", []).append(round(took, 2))
         if not args.no_s3:
             import s3_local
 
