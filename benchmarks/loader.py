@@ -15,7 +15,10 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
    reference-style torch Dataset (open the file on each access, read the whole trajectory, bilinear resize to
    128x128, pad channels with 1, random window) under a DataLoader with a shuffling sampler and worker processes, as
    DPOT ships it, and (d) `webdataset-process`: our WebDataset stream with DataLoader worker processes
-   (`--worker-kind process`; only with workers: without them it is (a)). `zarr-process` can be asked for too.
+   (`--worker-kind process`; only with workers: without them it is (a)). `zarr-process` can be asked for too, and
+   `webdataset-plain`: (a) with its batches built by the plain path (`collate` of `make_sample`: each window read()
+   into an array of its own, then stacked) instead of `read_batch` (each window copied from a memory map of the
+   shard straight into its slot of the batch buffer): the loader as it was before read_batch.
    All deliver batches of `--batch` windows of 10 + 1 frames, (B, 128, 128, T, 4) float32. Each measurement starts
    after `--warmup` batches per worker (worker start-up excluded) and runs for `--seconds` of wall time.
 3. Reports samples/s, delivered window MB/s, input MB/s (bytes the process tree read through read() calls, psutil
@@ -23,6 +26,8 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
    load on a shared machine) and peak resident memory of the process tree (main process plus workers, polled; pages
    shared between processes count once per process). Neither loader adds noise: both leave it to the training step
    (ours injects it on the training device, `dpot_train.data.windows.inject_noise`; see benchmarks/train_step.py).
+   Before the loaders, what one core does per window here (`window_bounds`: a memory copy and a read from the shard
+   of 2.9 MB), the floor of a loader's CPU time per sample; after them, whether `webdataset` reached RATE_GOAL.
 The last line of output is one JSON object with every figure. The temp folder is removed unless --keep.
 """
 
@@ -54,9 +59,10 @@ from common import cpu_name  # noqa: E402
 from reference_loader import ReferenceWindows, write_reference_files  # noqa: E402
 
 MB = 1e6
-LOADERS = ("webdataset", "zarr", "reference", "webdataset-process", "zarr-process")
+LOADERS = ("webdataset", "zarr", "reference", "webdataset-process", "zarr-process", "webdataset-plain")
 DEFAULT_LOADERS = ("webdataset", "zarr", "reference", "webdataset-process")
 T_IN, T_OUT, RES, CHANNELS = 10, 1, 128, 4
+RATE_GOAL = 1700  # samples/s a compiled Ti training step consumes on one H100 (batch 8, 128^2, 10 + 1 frames)
 
 
 @dataclass
@@ -134,8 +140,10 @@ def make_data(root: Path, trajectories: int, frames: int, native: int, seed: int
 
 
 def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: int = 0,
-               pin_memory: bool = False, kind: str = "thread") -> Any:
-    """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA)."""
+               pin_memory: bool = False, kind: str = "thread", direct: bool = True) -> Any:
+    """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA).
+    direct=False: batches by the plain path (collate of make_sample: each window read() into an array of its own,
+    then stacked) instead of read_batch (each window copied from the shard's map into its slot of the batch)."""
     from dpot_train.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.loader import make_loader
@@ -144,8 +152,10 @@ def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: in
     cfg = DataConfig(manifests=[str(data.manifest)], backend=backend, t_in=T_IN, t_out=T_OUT, num_workers=workers,
                      worker_kind=kind, verify_checksums=False)
     spec, reader = prepare_stream(cfg, seed=seed, verify=False)
-    return make_loader(WindowStream(spec, reader, start=0, global_batch=batch), workers, pin_memory=pin_memory,
-                       kind=kind)
+    if not direct and hasattr(reader, "map_files"):
+        reader.map_files = False  # the plain path as it was: each window read() from the shard
+    return make_loader(WindowStream(spec, reader, start=0, global_batch=batch, direct=direct), workers,
+                       pin_memory=pin_memory, kind=kind)
 
 
 def reference_loader(data: BenchData, workers: int, batch: int, seed: int = 0) -> DataLoader:
@@ -168,8 +178,9 @@ def build_loader(name: str, data: BenchData, workers: int, batch: int) -> Any:
     """One of LOADERS."""
     if name == "reference":
         return reference_loader(data, workers, batch)
-    backend = name.removesuffix("-process")
-    return our_loader(data, backend, workers, batch, kind="process" if name.endswith("-process") else "thread")
+    backend = name.removesuffix("-process").removesuffix("-plain")
+    return our_loader(data, backend, workers, batch, kind="process" if name.endswith("-process") else "thread",
+                      direct=not name.endswith("-plain"))
 
 
 def batch_x(batch: Any) -> torch.Tensor:
@@ -261,6 +272,45 @@ def measure(name: str, make: Callable[[], Any], workers: int, batch: int, second
                        round(read / MB / elapsed, 1), round(cpu / n * 1e3, 2), round(watch.peak / 2**20, 1))
 
 
+def window_bounds(data: BenchData, batch: int, seconds: float = 1.0) -> dict[str, dict[str, float]]:
+    """What one core of this machine does per window (11 x 4 x 128 x 128 float32, 2.9 MB), measured in this run:
+    `copy`, np.copyto between window buffers (memory bandwidth); `read`, a readinto of a window at a random offset
+    of the WebDataset shard (page cache to memory: the plain path's read) and `map`, the same window copied from a
+    memory map of the shard (read_batch's copy), into a slot of 4 batches' buffers; windows per second and CPU ms
+    per window. A loader cannot deliver more samples/s per core than its way of reading allows."""
+    import mmap
+
+    import numpy as np
+
+    n = (T_IN + T_OUT) * CHANNELS * RES * RES
+    ring = np.zeros((4 * batch, n), np.float32)  # destinations: touched once, larger than the CPU caches
+    src = np.ones((8, n), np.float32)
+    shard = max((data.manifest.parent / "shards").rglob("*.tar"), key=lambda p: p.stat().st_size)
+    size = shard.stat().st_size
+    offsets = np.random.default_rng(0).integers(0, max(1, size - n * 4), 4096)
+    out: dict[str, dict[str, float]] = {}
+    with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        def read(i: int) -> None:
+            f.seek(int(offsets[i % len(offsets)]))
+            f.readinto(memoryview(ring[i % len(ring)]).cast("B"))
+
+        def copy_mapped(i: int) -> None:
+            np.copyto(ring[i % len(ring)].view(np.uint8), np.frombuffer(mapped, np.uint8, n * 4,
+                                                                         int(offsets[i % len(offsets)])))
+
+        for name, step in (("copy", lambda i: np.copyto(ring[i % len(ring)], src[i % len(src)])), ("read", read),
+                           ("map", copy_mapped)):
+            step(0)
+            i, start, cpu0 = 0, time.perf_counter(), time.process_time()
+            while time.perf_counter() - start < seconds:
+                i += 1
+                step(i)
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+            out[name] = {"windows_per_s": round(i / wall, 1), "cpu_ms_per_window": round(cpu / i * 1e3, 3),
+                         "gb_per_cpu_s": round(i * n * 4 / 1e9 / cpu, 2)}
+    return out
+
+
 def profile_single(name: str, data: BenchData, batch: int, batches: int, top: int = 14) -> str:
     """cProfile of `batches` batches of one loader without workers: the functions with the most own time."""
     it = iter(build_loader(name, data, 0, batch))
@@ -347,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.seconds:g} s per measurement", flush=True)
         print(f"{'loader':<18} {'workers':>7} {'kind':>7} {'samples/s':>10} {'window MB/s':>12} {'read MB/s':>10} "
               f"{'CPU ms/sample':>14} {'peak RSS MiB':>13}", flush=True)
+        bounds = window_bounds(data, args.batch)
+        print("# one core, per window: " + "; ".join(
+            f"{k} {v['windows_per_s']:.0f}/s wall, {v['cpu_ms_per_window']:.3f} ms CPU ({v['gb_per_cpu_s']:.1f} GB "
+            "per CPU s)" for k, v in bounds.items()), flush=True)
         for workers in args.worker_counts:
             for name in args.loader_names:
                 if workers == 0 and name.endswith("-process"):
@@ -381,10 +435,13 @@ def main(argv: list[str] | None = None) -> int:
                      "threads": args.threads, "shard_mb": args.shard_mb,
                      "zarr_codec": args.zarr_codec or "lz4 (product default)"},
         "data": {"prep_s": round(data.prep_s, 2), "bytes": sizes},
+        "bounds": bounds,
         "results": [asdict(r) for r in results],
         "ratios": rat,
         "target": {"webdataset_vs_reference_min": 3.0,
                    "met": bool(wds) and all(v >= 3.0 for v in wds.values())},
+        "rate": {"webdataset_samples_per_s_min": RATE_GOAL,  # what a compiled Ti step takes in on one H100
+                 "met": {str(r.workers): r.samples_per_s >= RATE_GOAL for r in results if r.loader == "webdataset"}},
     }
     print(json.dumps(summary), flush=True)
     return 0

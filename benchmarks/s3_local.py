@@ -1,6 +1,6 @@
 """An S3-compatible server inside this process, on 127.0.0.1 only (moto's ThreadedMotoServer), that counts the GET
-requests it serves and can inject faults: a fraction of GETs answered 503, a fraction stalled, or every GET of some
-objects failed. Used by the remote-loader benchmark and the object-storage tests; nothing here leaves the machine.
+requests it serves and can inject faults: a fraction of GETs answered 503, a fraction stalled, every GET of some
+objects failed, answers cut mid-body (the connection dropped) or sent with one byte changed. Used by the remote-loader benchmark and the object-storage tests; nothing here leaves the machine.
 
 Clients reach it through the standard chain: AWS_* credentials in the environment (dummy values) and fsspec's
 FSSPEC_S3_ENDPOINT_URL, so that subprocesses (torchrun workers) find it too.
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from moto.server import DomainDispatcherApplication, MotoRequestHandler, ThreadedMotoServer, create_backend_app
 from werkzeug.serving import make_server
@@ -34,6 +35,11 @@ class Faults:
     always: set[str] = field(default_factory=set)
     stall_on: set[str] = field(default_factory=set)  # paths whose range GETs from byte `stall_from` on always stall
     stall_from: int = 0
+    cut_on: set[str] = field(default_factory=set)  # paths whose answers end (connection dropped) at object byte cut_at
+    cut_at: int = 0
+    cut_times: int = -1  # how many answers are cut (then they are whole again); -1: all
+    flip_on: set[str] = field(default_factory=set)  # paths whose byte at object offset flip_at is sent inverted
+    flip_at: int = 0
     seed: int = 0
 
     def stalls(self, path: str, range_header: str | None) -> bool:
@@ -70,7 +76,38 @@ class _Middleware:
                         b"<Message>injected fault</Message></Error>"]
             if stall < faults.stall or faults.stalls(path, environ.get("HTTP_RANGE")):
                 time.sleep(faults.stall_s)
+            with s.lock:
+                s.ranges[path].append(environ.get("HTTP_RANGE"))
+            if any(p in path for p in faults.cut_on | faults.flip_on):
+                return self._damaged(environ, start_response, path, faults)
         return self.app(environ, start_response)
+
+    def _cut_now(self, faults: Faults) -> bool:
+        """Whether this answer, which holds the byte at cut_at, is cut (counts down cut_times)."""
+        with self.server.lock:
+            if faults.cut_times == 0:
+                return False
+            if faults.cut_times > 0:
+                faults.cut_times -= 1
+            return True
+
+    def _damaged(self, environ: dict[str, Any], start_response: Callable[..., Any], path: str,
+                 faults: Faults) -> Iterator[bytes]:
+        """moto's answer with the byte at `flip_at` inverted, or cut at `cut_at` (the connection is shut down there,
+        after the headers promised the whole length)."""
+        header = environ.get("HTTP_RANGE")
+        at = int(header.split("=", 1)[1].split("-", 1)[0]) if header else 0  # object offset of the body's first byte
+        cut = faults.cut_at if any(p in path for p in faults.cut_on) else None
+        flip = faults.flip_at if any(p in path for p in faults.flip_on) else None
+        for piece in self.app(environ, start_response):
+            if flip is not None and at <= flip < at + len(piece):
+                piece = piece[:flip - at] + bytes([piece[flip - at] ^ 0xFF]) + piece[flip - at + 1:]
+            if cut is not None and at <= cut < at + len(piece) and self._cut_now(faults):
+                yield piece[:cut - at]
+                environ["werkzeug.socket"].shutdown(socket.SHUT_RDWR)
+                raise ConnectionAbortedError("injected: connection dropped mid-answer")
+            at += len(piece)
+            yield piece
 
 
 class LocalS3(ThreadedMotoServer):
@@ -82,6 +119,7 @@ class LocalS3(ThreadedMotoServer):
         self.gets: Counter[str] = Counter()
         self.range_gets: Counter[str] = Counter()
         self.heads: Counter[str] = Counter()  # HEAD requests (s3fs `info`) by object path
+        self.ranges: dict[str, list[str | None]] = defaultdict(list)  # Range header of each object GET, by path
         self.failed = 0
         self.faults = faults or Faults()
         self.rng = random.Random(self.faults.seed)
@@ -107,6 +145,7 @@ class LocalS3(ThreadedMotoServer):
             self.gets.clear()
             self.range_gets.clear()
             self.heads.clear()
+            self.ranges.clear()
             self.failed = 0
 
     def shard_gets(self) -> dict[str, int]:

@@ -89,12 +89,34 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class SourceFacts:
+    """What a dataset card says about a source (the `sources` block of manifests/catalog.yaml): the publisher's
+    title and page, the equation of each dataset (fnmatch pattern -> text), the data's licence (a Hugging Face id,
+    None where none is stated), where that is stated, and the publisher's BibTeX."""
+
+    title: str
+    homepage: str
+    equations: Mapping[str, str]
+    license: str | None
+    license_stated: str
+    citation: str
+
+    def equation(self, *names: str) -> str | None:
+        """The equation of the first pattern that matches one of `names` (catalog or manifest name)."""
+        for pattern, text in self.equations.items():
+            if any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                return text
+        return None
+
+
+@dataclass(frozen=True)
 class Catalog:
-    """All entries, addressable by catalog name or manifest name, plus the named mixtures."""
+    """All entries, addressable by catalog name or manifest name, plus the named mixtures and facts per source."""
 
     path: Path
     entries: Mapping[str, Entry]
     mixtures: Mapping[str, Path]
+    sources: Mapping[str, SourceFacts] = field(default_factory=dict)
 
     def get(self, name: str) -> Entry:
         """Entry by catalog name (`pdebench-cfd-m1-eta0.1`) or manifest name (`pdebench-cfd-m1-eta0p1`)."""
@@ -243,6 +265,32 @@ def _reference(where: str, raw: object) -> dict[str, Any] | None:
     return dict(raw)
 
 
+_SOURCE_KEYS = {"title", "homepage", "equations", "license", "license_stated", "citation"}
+
+
+def _source_facts(where: str, name: object, raw: object) -> SourceFacts:
+    """Parse and check one entry of the `sources` block; CatalogError names the source and the key."""
+    where = f"{where}: sources.{name}"
+    if name not in SOURCES:
+        raise CatalogError(f"{where}: not a source, expected one of {SOURCES}")
+    if not isinstance(raw, dict) or set(raw) != _SOURCE_KEYS:
+        keys = sorted(raw) if isinstance(raw, dict) else raw
+        raise CatalogError(f"{where}: expected the keys {sorted(_SOURCE_KEYS)}, got {keys!r}")
+    for key in ("title", "homepage", "license_stated", "citation"):
+        if not isinstance(raw[key], str) or not raw[key].strip():
+            raise CatalogError(f"{where}: {key} must be non-empty text")
+    if raw["license"] is not None and not (isinstance(raw["license"], str) and re.fullmatch(r"[a-z0-9][a-z0-9.-]*",
+                                                                                        raw["license"])):
+        raise CatalogError(f"{where}: license must be a Hugging Face licence id (e.g. cc-by-4.0) or null, "
+                           f"got {raw['license']!r}")
+    equations = raw["equations"]
+    if not isinstance(equations, dict) or not equations or not all(
+            isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in equations.items()):
+        raise CatalogError(f"{where}: equations must map dataset name patterns to non-empty text")
+    return SourceFacts(title=raw["title"], homepage=raw["homepage"], equations=dict(equations),
+                       license=raw["license"], license_stated=raw["license_stated"], citation=raw["citation"].strip())
+
+
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """Read and validate the catalog (default: manifests/catalog.yaml, or $DPOT_CATALOG); CatalogError if malformed."""
     path = Path(path or os.environ.get(CATALOG_ENV) or DEFAULT_CATALOG)
@@ -259,7 +307,11 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
             raise CatalogError(f"{path}: datasets[{i}]: duplicate name {entry.name!r}")
         entries[entry.name] = entry
     mixtures = {str(k): (path.parent / str(v)) for k, v in (raw.get("mixtures") or {}).items()}
-    return Catalog(path, entries, mixtures)
+    sources = raw.get("sources") or {}
+    if not isinstance(sources, dict):
+        raise CatalogError(f"{path}: sources must be a mapping of source name to facts")
+    facts = {str(k): _source_facts(str(path), k, v) for k, v in sources.items()}
+    return Catalog(path, entries, mixtures, facts)
 
 
 def load_mixture(name_or_path: str | Path, catalog: Catalog | None = None) -> dict[str, float]:

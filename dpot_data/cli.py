@@ -292,6 +292,8 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
                                       "(no scan, values checked as they are read: faster; the ingest stops naming "
                                       "the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        card: bool = typer.Option(False, "--card", help="Once the manifest is published, write the dataset card "
+                                  "(README.md and card/<dataset>.png beside it), as `dpot-data card OUT` does."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be read (files, source, dataset, "
                                      "trajectories, frames, native grid) and written (stored shape, channels, split "
                                      "counts, formats, approximate bytes) without writing anything."),
@@ -301,7 +303,7 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
                        mask_resample=mask_resample, formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
                        split=split, convention=convention, seed=seed, name=name, shard_size=shard_size,
                        segment=segment, block=block, overwrite=overwrite, progress=progress, stats=stats,
-                       workers=workers, scheduler=scheduler, nonfinite=nonfinite)
+                       workers=workers, scheduler=scheduler, nonfinite=nonfinite, card=card)
         if resolution is not None:  # else IngestOptions' default: per source
             options["resolution"] = resolution or None
         reader_options = {k: v for k, v in reader.items() if v is not None}
@@ -637,6 +639,29 @@ def inspect_command(
         typer.echo(f"wrote {plot}", err=True)
     if not report["ok"]:
         raise typer.Exit(code=1)
+
+
+@app.command("card")
+def card_command(
+    folder: str = typer.Argument(..., help="An ingest output folder or fsspec URL (holding manifest.json), or an "
+                                 "`ingest corpus` folder (one card per dataset folder in it)."),
+) -> None:
+    """Write a dataset card beside each manifest: README.md in the Hugging Face dataset-card form (YAML front matter:
+licence, pretty_name, tags, task_categories, size_categories, configs with the shards of each split) and a body
+saying what the data is (equation, source, licence and BibTeX citation from the catalog; "not given" for data the
+catalog does not know), its grid and axis order, frames, dt, channels with units, geometry mask, splits (trajectories,
+shards, bytes), the manifest's statistics, the sha256 of every shard, the ingest command and dpot version, and a
+preview picture (card/<dataset>.png: the first frame of the first test, else train, trajectory). Each file is
+written atomically; an output without a manifest, or one that fails the format's check, is refused (exit 2)."""
+    from dpot_data.card import write_card
+    from dpot_data.errors import InputError
+
+    for root in _output_roots(folder):
+        try:
+            written = write_card(root)
+        except InputError as exc:
+            raise _fail(exc) from None
+        typer.echo(f"wrote {written[-1]}", err=True)
 
 
 @app.command("verify")

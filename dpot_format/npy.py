@@ -23,6 +23,10 @@ _MAX_DEPTH = 32  # nesting a header literal may have (a structured dtype's list 
 _TOKEN = re.compile(r"""\s*(?:(?P<str>'[^'\\\n]*'|"[^"\\\n]*")|(?P<int>-?\d+)(?![\w.])|(?P<name>True|False|None)\b"""
                     r"""|(?P<punct>[{}()\[\],:]))""")
 _NAMES = {"True": True, "False": False, "None": None}
+# checked (shape, fortran, dtype) by exact header bytes and encoding: a loader reads the same few headers thousands of
+# times a second, and parsing one costs ~60 us (a hit returns what the same bytes parsed to; failures are not kept)
+_CHECKED: dict[tuple[bytes, str], tuple[tuple[int, ...], bool, np.dtype]] = {}
+_CHECKED_MAX = 4096
 
 
 class NpyHeader(NamedTuple):
@@ -142,8 +146,12 @@ def read_npy_header(f: IO[bytes], where: str = ".npy", max_header_bytes: int = L
         raise FormatError(where, f".npy version {version[0]}.{version[1]}, expected 1.0, 2.0 or 3.0")
     if hlen > max_header_bytes:
         raise FormatError(where, f".npy header of {hlen} bytes, more than the limit of {max_header_bytes}")
+    raw = _exact(f, hlen, where)
+    known = _CHECKED.get((raw, encoding))
+    if known is not None:
+        return NpyHeader(*known, start + hlen)
     try:
-        text = _exact(f, hlen, where).decode(encoding)
+        text = raw.decode(encoding)
         header = parse_header_literal(text)
     except (UnicodeDecodeError, ValueError):
         raise FormatError(where, "has a .npy header that is not a literal dict") from None
@@ -163,6 +171,9 @@ def read_npy_header(f: IO[bytes], where: str = ".npy", max_header_bytes: int = L
     if not isinstance(shape, tuple) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                for s in shape):
         raise FormatError(where, f"has shape {shape!r}, expected a tuple of non-negative integers")
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED[(raw, encoding)] = (tuple(shape), fortran, dtype)
     return NpyHeader(tuple(shape), fortran, dtype, start + hlen)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from dpot_format.io import atomic_path, atomic_write, fsync_dir
+from dpot_train.hub import local_file
 from dpot_train.model import CheckpointError, families, load_weights, strip_module_prefix, unwrap_model
 from dpot_train.model.families import HINT_FIELDS
 
@@ -279,9 +280,10 @@ def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
 
 
 def read_checkpoint(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False,
-                    sha256: str | None = None) -> Any:
-    """The whole content of a checkpoint file, read safely and checked against its record and `sha256` (`_read`)."""
-    return _read(Path(path), map_location, trusted, sha256)
+                    sha256: str | None = None, digest_out: list[str] | None = None) -> Any:
+    """The whole content of a checkpoint file, read safely and checked against its record and `sha256` (`_read`);
+    `path` may be a Hub reference (dpot:Ti, hf://...: dpot_train.hub); `digest_out` receives the file's sha256."""
+    return _read(local_file(path), map_location, trusted, sha256, digest_out)
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -295,8 +297,9 @@ def load_state_dict_file(
     digest_out: list[str] | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
     """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints);
-    `sha256`: the file's expected digest (checked before it is loaded); `digest_out` receives the file's sha256."""
-    path = Path(path)
+    `sha256`: the file's expected digest (checked before it is loaded); `digest_out` receives the file's sha256.
+    `path` may be a Hub reference (dpot:Ti, hf://...), read from huggingface_hub's cache (dpot_train.hub)."""
+    path = local_file(path)
     return parse_checkpoint(_read(path, map_location, trusted, sha256, digest_out), path)
 
 
@@ -330,8 +333,9 @@ def parse_checkpoint(obj: Any, path: str | Path) -> tuple[dict[str, torch.Tensor
 
 def load_pretrained(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False) -> torch.nn.Module:
     """The network of any checkpoint dpot reads (DPOT 2D/3D, FNO, UNet; released format or ours), in eval mode, with
-    the weights of `path`; its config comes from the checkpoint (ours) or the weights (released). `model(x)` gives
-    the prediction, `model(x, return_logits=True)` the reference's (prediction, class logits)."""
+    the weights of `path` (a file, or a Hub reference: `dpot:Ti`, `hf://OWNER/REPO/FILE[@REVISION]`); its config
+    comes from the checkpoint (ours) or the weights (released). `model(x)` gives the prediction,
+    `model(x, return_logits=True)` the reference's (prediction, class logits)."""
     return pretrained_from(*load_state_dict_file(path, map_location="cpu", trusted=trusted), source=str(path),
                            map_location=map_location).eval()
 

@@ -100,8 +100,9 @@ def report_cmd(
 
 @model_app.command("info")
 def model_info_cmd(
-    target: str = typer.Argument(..., help="Preset name (tiny, Ti, S, M, L, H, fno, fno-m, unet, ...) or "
-                                 "checkpoint path."),
+    target: str = typer.Argument(..., help="Preset name (tiny, Ti, S, M, L, H, fno, fno-m, unet, ...), "
+                                 "checkpoint path, or Hub reference (dpot:Ti|S|M|L|H, "
+                                 "hf://OWNER/REPO/FILE[@REVISION])."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a summary."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the checkpoint (unsafe)."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help=SHA256_HELP),
@@ -122,7 +123,8 @@ def model_info_cmd(
 
 @model_app.command("export")
 def model_export_cmd(
-    checkpoint: str = typer.Argument(..., help="A checkpoint of a run (RUN_DIR/checkpoints/step-*.pt)."),
+    checkpoint: str = typer.Argument(..., help="A checkpoint of a run (RUN_DIR/checkpoints/step-*.pt), or "
+                                    "one on the Hugging Face Hub (hf://OWNER/REPO/FILE[@REVISION])."),
     out: Path = typer.Option(..., "--out", help="Where to write the weights (.pth)."),
 ) -> None:
     """Write a run checkpoint's weights in the released DPOT format, a bare {'model': state_dict}: what the

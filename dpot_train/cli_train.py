@@ -18,6 +18,11 @@ CACHE_DIR_HELP = ("Node-local folder caching shards read from object storage (s3
 SHA256_HELP = ("sha256 of the checkpoint file (64 hex digits, as published with released weights): it is checked "
                "before the file is loaded; our checkpoints also carry a .sha256 record beside them.")
 CACHE_LIMIT_HELP = "Size bound of the shard cache, least recently used shards evicted (e.g. 200GiB; default 100GiB)."
+TRACKER_HELP = ("Mirror metrics.jsonl and eval.json's scalars to Weights & Biases or MLflow from rank 0 (repeat, or "
+                "a comma list; none: off; a --resume continues the same tracker run); needs "
+                'pip install "dpot\\[track]". Default: none.')  # \\[: rich markup would drop "[track]"
+TRACKER_PROJECT_HELP = ("W&B project / MLflow experiment of the tracker run, which is named after RUN_DIR. Default: "
+                        "$WANDB_PROJECT or $MLFLOW_EXPERIMENT_NAME when set, else dpot.")
 
 
 def _fail(exc: Exception) -> None:
@@ -74,7 +79,10 @@ def launch_cmd(
     model: Optional[str] = typer.Option(None, "--model",
                                         help=_default("model", "Model preset: DPOT's tiny, Ti, S, M, L, H; the "
                                                       "baselines fno, fno-m, unet.")),
-    init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours)."),
+    init: Optional[str] = typer.Option(None, "--init", help="Checkpoint to fine-tune from (released or ours): a file, "
+                                        "dpot:Ti|S|M|L|H (the released weights, from the Hugging Face Hub) or "
+                                        "hf://OWNER/REPO/FILE[@REVISION]; a Hub file is recorded pinned to its "
+                                        "commit."),
     load: Optional[str] = typer.Option(None, "--load", help="Components of --init to load: all (default) or a "
                                        "comma-separated list of patch_embed, pos, blocks, time_agg, cls_head, "
                                        "scale_feats, out; the rest starts fresh (a 2D checkpoint on 3D data: "
@@ -142,6 +150,8 @@ def launch_cmd(
                                  "stdout) and the torchrun command, exit; writes no run files."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
+    tracker: Optional[list[str]] = typer.Option(None, "--tracker", metavar="wandb|mlflow", help=TRACKER_HELP),
+    tracker_project: Optional[str] = typer.Option(None, "--tracker-project", help=TRACKER_PROJECT_HELP),
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
     given = dict(locals())  # every option by name, before anything else is bound here
@@ -178,7 +188,8 @@ _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res"
            "clip_grad": "optim.clip_grad", "noise": "data.noise", "mixture": "data.mixture",
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
            "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit",
-           "sha256": "init_sha256", "normalize": "data.normalize"}
+           "sha256": "init_sha256", "normalize": "data.normalize", "tracker": "tracker",
+           "tracker_project": "tracker_project"}
 _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
              "deterministic": ("deterministic", True), "trust": ("trust", True),
              "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),
@@ -205,7 +216,9 @@ def _check_request(cfg: TrainConfig, out: str | None, config: str | None, resume
 
 
 def evaluate_cmd(
-    checkpoint: str = typer.Argument(..., help="Checkpoint (ours, or the released {'model': state_dict} format)."),
+    checkpoint: str = typer.Argument(..., help="Checkpoint (ours, or the released {'model': state_dict} "
+                                    "format): a file, dpot:Ti|S|M|L|H or hf://OWNER/REPO/FILE[@REVISION] (read "
+                                    "through huggingface_hub's cache)."),
     manifest: list[str] = typer.Option(..., "--manifest", help="Folder holding manifest.json (repeat for several)."),
     out: str = typer.Option(..., "--out", help="The file to write the results to (eval.json; a folder is refused)."),
     rollout_steps: int = typer.Option(0, "--rollout-steps", help="Frames to roll out (0: to the trajectory end)."),

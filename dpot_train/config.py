@@ -119,12 +119,19 @@ class TrainConfig:
     eval_max_trajectories: int = 0  # 0: all test trajectories of each dataset
     audit: bool = False  # write the trajectory ids each rank consumed (audit.jsonl)
     progress: bool = True
+    # experiment trackers rank 0 mirrors metrics.jsonl and eval.json to (dpot_train/trackers.py): a list of wandb,
+    # mlflow (YAML or --tracker may give "wandb,mlflow"; "none" or empty: off); kept as a list
+    tracker: str | list[str] = field(default_factory=list)
+    tracker_project: str | None = None  # W&B project / MLflow experiment; None: $WANDB_PROJECT, ..., else "dpot"
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.load, (list, tuple)):
             self.load = ",".join(str(c) for c in self.load)
+        from dpot_train.trackers import tracker_names
+
+        self.tracker = tracker_names(self.tracker)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (lists, not tuples) that YAML and torch.load(weights_only=True) both accept."""

@@ -243,7 +243,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                         cache_dir: str | None = None, cache_limit: str | None = None,
                         sha256: str | None = None, normalize: str | None = None,
                         sink: PredictionSink | None = None) -> dict[str, Any]:
-    """Load a checkpoint (ours or the released format) and evaluate it on the manifests' `split`.
+    """Load a checkpoint (ours or the released format; a file or a Hub reference, dpot:Ti or hf://..., whose commit
+    and sha256 go to the result's `hub`) and evaluate it on the manifests' `split`.
 
     `recipe` None: the one the weights were trained with (checkpoint.weights_recipe: a checkpoint and its export
     score alike; released weights: "reference", the paper's metric). `normalize` None: as the
@@ -254,6 +255,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest."""
     from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_res, weights_recipe
     from dpot_train.data.datasets import read_manifests
+    from dpot_train.hub import is_reference, resolve
     from dpot_train.model import families
     from dpot_train.model_setup import convention_problems, data_overrides, init_model
     from dpot_train.normalize import check_mode, recorded
@@ -263,7 +265,10 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         check_mode(normalize, "--normalize")
     datasets = read_manifests(manifests)
     require_split(datasets, split, "evaluate another --split")
-    content = read_checkpoint(checkpoint, trusted=trusted, sha256=sha256)  # the one load of the file
+    hub = resolve(checkpoint) if is_reference(checkpoint) else None  # dpot:Ti, hf://...: huggingface_hub's cache
+    digest: list[str] = []
+    content = read_checkpoint(hub.path if hub else checkpoint, trusted=trusted, sha256=sha256,
+                              digest_out=digest)  # the one load of the file
     loaded = parse_checkpoint(content, checkpoint)
     released = loaded[1] is None
     if released and not allow_convention_mismatch:
@@ -298,6 +303,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,
                             trajectories=indexed_trajectories(datasets, split, index), sink=sink)
-    result["checkpoint"] = str(checkpoint)
+    result["checkpoint"] = hub.pinned if hub else str(checkpoint)
+    if hub is not None:  # which file of the Hub was scored: the commit and the file's sha256
+        result["hub"] = hub.record(digest[0])
     result["network"] = families.summary(model.config)  # model family, size and parameter count
     return result

@@ -34,9 +34,11 @@ from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, 
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
+from dpot_train.hub import is_reference
 from dpot_train.model_setup import data_overrides, fresh_config
 from dpot_train.normalize import applied
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
+from dpot_train.schedule import one_cycle
 from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
 
 __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_command", "validate_config"]
@@ -45,7 +47,8 @@ __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "eval_every", "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
-              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256"}
+              "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256", "tracker",
+              "tracker_project"}
 
 
 # Fields computed from `epochs` and the data at launch: a resume recomputes them, so they are not compared.
@@ -65,8 +68,9 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 def _absolute(path: str) -> str:
-    """A local path made absolute (a resume or --config from another directory finds it); URLs are kept."""
-    return path if "://" in path else str(Path(path).expanduser().resolve())
+    """A local path made absolute (a resume or --config from another directory finds it); URLs and Hub references
+    (dpot:Ti) are kept."""
+    return path if "://" in path or is_reference(path) else str(Path(path).expanduser().resolve())
 
 
 def absolute_paths(cfg: TrainConfig) -> TrainConfig:
@@ -129,19 +133,27 @@ def init_facts(path: str, trust: bool) -> InitFacts:
 def load_init(path: str, trust: bool, sha256: str | None = None, digest: list[str] | None = None) -> InitLoad:
     """The one load of the --init checkpoint (checked against `sha256` when given): (facts, state dict, model
     config). A file that holds no DPOT model (a torch file of another network) is refused here, naming it, not in
-    every worker after torchrun starts."""
+    every worker after torchrun starts. A Hub reference (dpot:Ti, hf://...) is resolved through huggingface_hub's
+    cache; the facts then name it pinned to its commit (hf://OWNER/REPO/FILE@COMMIT), the file the workers load."""
     from dpot_train.checkpoint import load_state_dict_file
+    from dpot_train.hub import resolve
     from dpot_train.model import CheckpointError
     from dpot_train.model_setup import checkpoint_config
 
+    hub = resolve(path) if is_reference(path) else None
+    if hub is not None:
+        path = str(hub.path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"--init checkpoint not found: {path}")
+    digest = digest if digest is not None else []
     loaded = load_state_dict_file(path, trusted=trust, sha256=sha256.lower() if sha256 else None, digest_out=digest)
     try:
         state, model_config = checkpoint_config(path, trust, loaded)
     except (CheckpointError, TypeError, ValueError) as exc:
         text = str(exc)
         raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+    if hub is not None:
+        return InitFacts(hub.pinned, loaded[1] is None, loaded[1], hub.record(digest[-1])), state, model_config
     return InitFacts(_absolute(path), loaded[1] is None, loaded[1]), state, model_config
 
 
@@ -172,6 +184,9 @@ def _validate_config(cfg: TrainConfig) -> None:
         from dpot_train.finetune import parse_components
 
         parse_components(cfg.load)
+    from dpot_train.trackers import check_installed, tracker_names
+
+    check_installed(tracker_names(cfg.tracker))  # a missing package: one line naming the extra, before torchrun
 
 
 def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
@@ -197,8 +212,7 @@ def check_schedule(cfg: TrainConfig) -> None:
         raise ValueError(f"optim.warmup_pct must lie strictly between 0 and 1, got {cfg.optim.warmup_pct}")
     try:  # the same schedule the trainer builds, on a dummy parameter
         dummy = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
-        torch.optim.lr_scheduler.OneCycleLR(dummy, max_lr=cfg.optim.lr, total_steps=cfg.steps,
-                                            pct_start=cfg.optim.warmup_pct, cycle_momentum=False)
+        one_cycle(dummy, cfg.steps, cfg.optim)
     except (ZeroDivisionError, ValueError) as exc:
         raise ValueError(f"--steps {cfg.steps} with optim.warmup_pct {cfg.optim.warmup_pct}: the one-cycle schedule "
                          f"cannot be built ({type(exc).__name__}: {exc}); choose another --steps") from None
@@ -361,6 +375,8 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     already holding RUN_DIR is still refused."""
     digest: list[str] = []
     loaded = _validated(cfg, source, digest)  # the one read of --init, its sha256 taken on the way
+    if loaded is not None and loaded[0].hub is not None:  # a Hub reference: recorded pinned to the commit read
+        cfg = replace(cfg, init=loaded[0].path)
     cfg = absolute_paths(cfg)
     if cfg.init and cfg.init_sha256 is None:  # recorded in the run: every worker loads the file launch checked
         cfg = replace(cfg, init_sha256=digest[0])

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from dpot_train.checkpoint import checkpoint_model_config, load_state_dict_file
+from dpot_train.hub import is_reference, resolve
 from dpot_train.model import families
 
 # DPOT's modules in the order its summary lists them; other families list theirs in registration order
@@ -42,9 +43,15 @@ def describe_config(config: Any, *, source: str, kind: str) -> dict[str, Any]:
 
 def model_info(target: str | Path | Any, *, trusted: bool = False, sha256: str | None = None) -> dict[str, Any]:
     """Info for a preset name (any family), a model config or a checkpoint path (config from the file or inferred
-    from the weights); `sha256`: the checkpoint file's expected digest, checked before it is loaded."""
+    from the weights) or Hub reference (dpot:Ti, hf://...: its commit and sha256 under `hub`); `sha256`: the
+    checkpoint file's expected digest, checked before it is loaded."""
     if not isinstance(target, (str, Path)):
         return describe_config(families.resolve(target), source="config", kind="config")
+    if is_reference(target):
+        resolved = resolve(str(target))
+        digest: list[str] = []
+        info = _checkpoint_info(resolved.path, str(target), trusted, sha256, digest)
+        return {**info, "hub": resolved.record(digest[0])}
     text = str(target)
     if text.lower() in {k.lower() for k in families.preset_names()} and not Path(text).is_file():
         return describe_config(families.preset_config(text), source=text, kind="preset")
@@ -52,9 +59,15 @@ def model_info(target: str | Path | Any, *, trusted: bool = False, sha256: str |
     if not path.exists():
         raise FileNotFoundError(f"{text!r} is neither a preset ({', '.join(families.preset_names())}) nor an existing "
                                 "checkpoint file")
-    state, config_dict, hints = load_state_dict_file(path, trusted=trusted, sha256=sha256)
+    return _checkpoint_info(path, str(path), trusted, sha256)
+
+
+def _checkpoint_info(path: Path, source: str, trusted: bool, sha256: str | None,
+                     digest: list[str] | None = None) -> dict[str, Any]:
+    """`model_info` of the checkpoint file `path`, named `source` (the path, or the Hub reference it came from)."""
+    state, config_dict, hints = load_state_dict_file(path, trusted=trusted, sha256=sha256, digest_out=digest)
     config = checkpoint_model_config(config_dict, state, hints, str(path))
-    info = describe_config(config, source=str(path), kind="checkpoint")
+    info = describe_config(config, source=source, kind="checkpoint")
     info["checkpoint"] = {
         "tensors": len(state),
         "values": sum(t.numel() for t in state.values()),
@@ -81,6 +94,9 @@ def format_info(info: dict[str, Any]) -> str:
         ck = info["checkpoint"]
         lines.append(f"checkpoint: {ck['tensors']} tensors, {ck['values']:,} values, dtypes {ck['dtypes']}, "
                      f"config from {ck['config_from']}")
+    if "hub" in info:
+        hub = info["hub"]
+        lines.append(f"hub: {hub['pinned']} (commit {hub['revision']}), sha256 {hub['sha256']}")
     lines.append("config:")
     lines += [f"  {k:<14} {v}" for k, v in info["config"].items()]
     return "\n".join(lines)

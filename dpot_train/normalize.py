@@ -123,12 +123,13 @@ def _shaped(stats: Stats, ndim: int, axis: int) -> tuple[np.ndarray, np.ndarray]
             np.asarray(stats["std"], dtype=np.float32).reshape(shape))
 
 
-def normalize_array(x: np.ndarray, stats: Stats | None, axis: int) -> np.ndarray:
-    """`(x - mean) / std` per channel along `axis`, float32, as a new array; `x` itself when `stats` is None."""
+def normalize_array(x: np.ndarray, stats: Stats | None, axis: int, out: np.ndarray | None = None) -> np.ndarray:
+    """`(x - mean) / std` per channel along `axis`, float32, as a new array; `x` itself when `stats` is None.
+    `out`: a float32 array of x's shape to write into instead (x itself: in place), the same values bit for bit."""
     if stats is None:
         return x
     mean, std = _shaped(stats, x.ndim, axis)
-    out = np.subtract(x, mean, dtype=np.float32)
+    out = np.subtract(x, mean, out=out, dtype=np.float32)
     out /= std
     return out
 

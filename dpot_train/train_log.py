@@ -1,6 +1,7 @@
-"""What a training run records as it goes, kept out of the train step: metrics.jsonl, TensorBoard, the progress bar
-and the periodic step line (rank 0), the per-dataset loss of a mixture, and each rank's audit of the trajectories it
-consumed. The step hands over its device tensors; they are read back in one sync at log and checkpoint steps."""
+"""What a training run records as it goes, kept out of the train step: metrics.jsonl (mirrored to the experiment
+trackers), TensorBoard, the progress bar and the periodic step line (rank 0), the per-dataset loss of a mixture, and
+each rank's audit of the trajectories it consumed. The step hands over its device tensors; they are read back in one
+sync at log and checkpoint steps."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ import yaml
 
 from dpot_train import distributed as D
 from dpot_train.config import TrainConfig, save_config
+from dpot_train.trackers import Trackers
 
 
 class TrainLog:
     """Every record of one process of a run, opened at `step` (later records of an earlier attempt are cut)."""
 
-    def __init__(self, cfg: TrainConfig, info: D.DistInfo, run: Path, step: int, spec: Any) -> None:
+    def __init__(self, cfg: TrainConfig, info: D.DistInfo, run: Path, step: int, spec: Any,
+                 tracker: Trackers | None = None) -> None:
         self.cfg, self.info = cfg, info
         self.metrics_path = run / "metrics.jsonl"
         self.writer, self.bar = _open_logs(cfg, run, step) if info.is_main else (None, None)
         self.audit = _open_audit(run, info.rank, step) if cfg.audit else None
-        self.steps = (_StepLog(cfg, spec.epoch_length, self.metrics_path, self.writer, self.bar)
+        self.steps = (_StepLog(cfg, spec.epoch_length, self.metrics_path, self.writer, self.bar, tracker)
                       if info.is_main else None)
         names = [d.name for d in spec.datasets]
         self.by_dataset = _DatasetLoss(names, info.device) if len(names) > 1 else None
@@ -117,6 +120,8 @@ def _flush(pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]], lo
     if log is not None:
         for (step, position, lr, _, _), (loss, grad) in zip(pending, values):
             log.record(step, position, lr, loss, grad)
+        if log.tracker is not None:  # these steps' lines are in metrics.jsonl: send the trackers' copy
+            log.tracker.flush()
     pending.clear()
     return values[-1][0]
 
@@ -145,10 +150,13 @@ class _DatasetLoss:
 
 
 class _StepLog:
-    """Rank 0's per-step records: metrics.jsonl, TensorBoard, the progress bar and the periodic step line."""
+    """Rank 0's per-step records: metrics.jsonl (and the trackers' copy of each line), TensorBoard, the progress bar
+    and the periodic step line."""
 
-    def __init__(self, cfg: TrainConfig, epoch_length: int, path: Path, writer: Any, bar: Any) -> None:
+    def __init__(self, cfg: TrainConfig, epoch_length: int, path: Path, writer: Any, bar: Any,
+                 tracker: Trackers | None = None) -> None:
         self.cfg, self.epoch_length, self.path, self.writer, self.bar = cfg, epoch_length, path, writer, bar
+        self.tracker = tracker
         self.t_last, self.n_last = time.perf_counter(), 0
         self.t_start = self.t_last
 
@@ -169,6 +177,8 @@ class _StepLog:
             self.writer.add_scalar("train/samples_per_s", rec["samples_per_s"], step)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
+        if self.tracker is not None:  # after the line is written: a tracker never costs metrics.jsonl a line
+            self.tracker.log({k: v for k, v in rec.items() if k != "step"}, step)
         self.writer.add_scalar("train/loss", loss, step)
         self.writer.add_scalar("train/lr", lr, step)
         self.writer.add_scalar("train/grad_norm", grad_norm, step)
@@ -183,9 +193,9 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def eval_to_tensorboard(log_dir: Path, result: dict[str, Any], step: int) -> None:
-    """Every number of the evaluation, per dataset, as eval/<dataset>/<name> scalars at the final step."""
-    from torch.utils.tensorboard import SummaryWriter
+def eval_scalars(result: dict[str, Any]) -> dict[str, float]:
+    """Every number of an evaluation (eval.json), per dataset, as eval/<dataset>/<name> (nested names joined by /;
+    lists, such as the per-step curves, left out): what TensorBoard and the trackers receive."""
 
     def leaves(prefix: str, node: Any) -> list[tuple[str, float]]:
         if isinstance(node, dict):
@@ -194,6 +204,13 @@ def eval_to_tensorboard(log_dir: Path, result: dict[str, Any], step: int) -> Non
             return [(prefix, float(node))]
         return []
 
+    return dict(leaves("eval", result.get("datasets", {})))
+
+
+def eval_to_tensorboard(log_dir: Path, result: dict[str, Any], step: int) -> None:
+    """Every number of the evaluation, per dataset, as eval/<dataset>/<name> scalars at the final step."""
+    from torch.utils.tensorboard import SummaryWriter
+
     with SummaryWriter(log_dir=str(log_dir)) as writer:
-        for name, value in leaves("eval", result.get("datasets", {})):
+        for name, value in eval_scalars(result).items():
             writer.add_scalar(name, value, step)

@@ -27,11 +27,13 @@ from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import StreamSpec, WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
 from dpot_train.metrics import per_sample_loss
+from dpot_train.schedule import one_cycle
 from dpot_train.finetune import finetune_model, recipe_line
 from dpot_train.model import families
 from dpot_train.model_setup import data_overrides, fresh_model
 from dpot_train.normalize import applied, recorded
 from dpot_train.run_plan import RunPlan
+from dpot_train.trackers import Trackers
 from dpot_train.train_log import TrainLog, eval_to_tensorboard
 
 
@@ -44,9 +46,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.opt
     opt = kind(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     if o.schedule == "step":
         return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=max(o.decay_every, 1), gamma=o.decay_gamma)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=o.lr, total_steps=max(cfg.steps, 1), pct_start=o.warmup_pct, anneal_strategy="cos",
-        cycle_momentum=False, div_factor=o.div_factor, final_div_factor=o.final_div_factor)
+    sched = one_cycle(opt, cfg.steps, o)
     return opt, sched
 
 
@@ -103,9 +103,10 @@ def _autocast(device: torch.device, enabled: bool) -> Any:
 
 
 def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None = None,
-          plan: RunPlan | None = None) -> dict[str, Any]:
+          plan: RunPlan | None = None, tracker: Trackers | None = None) -> dict[str, Any]:
     """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir). `plan`: what
-    `dpot-train launch` decided (datasets, stream spec and shard index): nothing is read or checked again."""
+    `dpot-train launch` decided (datasets, stream spec and shard index): nothing is read or checked again.
+    `tracker` (rank 0, dpot_train.trackers.Trackers): receives a copy of every metrics.jsonl line."""
     set_determinism(cfg.deterministic)
     info = D.init_distributed(cfg.device)
     run = Path(cfg.out)
@@ -156,7 +157,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
             torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
     summary = _loop(cfg, info, ddp_model, model, opt, sched, batches, spec, step, position, run,
-                    _validator(cfg, info, model, plan.datasets() if plan is not None else spec.datasets, ckpt_dir))
+                    _validator(cfg, info, model, plan.datasets() if plan is not None else spec.datasets, ckpt_dir),
+                    tracker)
     del batches  # stops the loader workers (threads or processes) before the evaluation
     del ddp_model
     # every rank done with its collectives, the process group ends on all ranks together (a rank leaving while a
@@ -292,10 +294,10 @@ class FiniteGuard:
 
 def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model: torch.nn.Module,
           opt: torch.optim.Optimizer, sched: Any, it: Any, spec: Any, step: int, position: int,
-          run: Path, validate: Any = None) -> dict[str, Any]:
+          run: Path, validate: Any = None, tracker: Trackers | None = None) -> dict[str, Any]:
     """The step loop from (step, position) to cfg.steps; every rank records, rank 0 saves; `validate(step)` (see
     _validator) after each step's checkpoint."""
-    log = TrainLog(cfg, info, run, step, spec)
+    log = TrainLog(cfg, info, run, step, spec, tracker)
     guard = FiniteGuard([d.name for d in spec.datasets])
     trainable = [p for p in model.parameters() if p.requires_grad]
     ddp_model.train()

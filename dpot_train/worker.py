@@ -15,8 +15,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dpot_train.config import load_config
+from dpot_train.config import TrainConfig, load_config
+
+if TYPE_CHECKING:
+    from dpot_train.trackers import Trackers
 
 REPORTED = 2  # exit code of a worker that printed its one-line error (or left it to rank 0)
 PEER_FAILED = 3  # exit code of a worker stopped by another process's failure; that process says why
@@ -68,10 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     from dpot_train.run_plan import load_plan
     from dpot_train.trainer import train
 
+    tracker = _open_trackers(cfg, args.resume)
+    ended = False  # the tracker runs are marked failed unless training and its evaluation end well
     try:
         plan = load_plan(Path(args.config).parent, cfg.to_dict())  # written by launch beside config.yaml
         summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None,
-                        plan=plan)
+                        plan=plan, tracker=tracker)
+        if tracker is not None and "eval" in summary:  # eval.json's numbers at the final step, as TensorBoard has
+            from dpot_train.train_log import eval_scalars
+
+            tracker.log(eval_scalars(summary["eval"]), int(summary["step"]))
+        ended = True
     except Exception as exc:  # noqa: BLE001 - a reported error or a download that kept failing: one line
         if isinstance(exc, D.CollectiveError):  # every rank stopped on it together: rank 0 says it once, and the
             D.barrier()  # group ends on all ranks together (a peer's transport torn down mid-talk aborts a rank)
@@ -86,9 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         return REPORTED
     finally:
         D.shutdown()
+        if tracker is not None:
+            tracker.finish(failed=not ended)
     if int(os.environ.get("RANK", "0")) == 0:
         print(closing_lines(cfg.out, int(summary["step"]), "eval" in summary), flush=True)
     return 0
+
+
+def _open_trackers(cfg: TrainConfig, resume: bool) -> "Trackers | None":
+    """Rank 0's experiment trackers (dpot_train.trackers.Trackers) when the run names any, else None."""
+    if not cfg.tracker or int(os.environ.get("RANK", "0")) != 0:
+        return None
+    from dpot_train.trackers import open_trackers
+
+    return open_trackers(cfg, Path(cfg.out), resume)
 
 
 def closing_lines(run: str, step: int, evaluated: bool) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-SECTIONS = ("Ingest, step by step", "Train and evaluate", "Evaluate and compare")
+SECTIONS = ("Ingest, step by step", "Dataset cards", "Train and evaluate", "Evaluate and compare")
 
 
 def bash_blocks(text: str, heading: str) -> list[str]:

@@ -14,7 +14,7 @@ FORMATS = ("zarr", "wds")
 CONVENTIONS = ("dpot-reference", "canonical")
 MODEL_LAYOUTS = ("xy", "yx")
 NONFINITE = ("skip", "raise")  # IngestOptions.nonfinite -> the readers' check_finite: True (scan) or "raise"
-NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command"})
+NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command", "card"})
 PER_SOURCE = "per-source"
 @dataclass
 class IngestOptions:
@@ -46,6 +46,7 @@ class IngestOptions:
     workers: int | None = None
     scheduler: str | None = None
     command: str | None = None  # recorded in the manifest; default: this process's command line
+    card: bool = False  # write the dataset card (dpot_data.card) beside the manifest once it is published
 
     def identity(self) -> dict[str, Any]:
         """The fields that shape the output (not how or where it runs): part of the resume fingerprint."""

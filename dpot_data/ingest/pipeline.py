@@ -179,7 +179,13 @@ def run_ingest(source: str | None, paths: Sequence[str | Path], out: str | Path,
         try:
             job = resolve(source, paths, out, opts, dataset=dataset, catalog=catalog, catalog_split=catalog_split,
                           workdir=workdir, reader_options=reader_options)
-            return execute(job, hashes)
+            outcome = execute(job, hashes)
+            if opts.card:  # the manifest is published (and uploaded): the card describes it, under the same lock
+                from dpot_data.card import write_card
+                from dpot_data.catalog import Catalog
+
+                write_card(str(out), catalog if isinstance(catalog, Catalog) else None)
+            return outcome
         except OSError as exc:  # a full disk while copying inputs in or uploading
             if exc.errno in NO_SPACE:
                 raise no_space(out, exc) from None

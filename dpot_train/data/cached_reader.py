@@ -22,7 +22,7 @@ from dpot_format.io import is_local
 from dpot_format.shard_index import shard_samples
 from dpot_train.data.cache import DEFAULT_LIMIT, CacheSettings, ShardCache, check_limit, parse_size
 from dpot_train.data.datasets import DataError, DatasetInfo, Shard
-from dpot_train.data.readers import (ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, make_reader,
+from dpot_train.data.readers import (ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, Window, make_reader,
                                      read_window)
 
 CACHE_ENV = "DPOT_CACHE_DIR"  # the cache folder when --cache-dir is not given (shared by every run of the node)
@@ -145,6 +145,13 @@ class CachedWebDatasetReader:
             return self._plain.read(ref, t0, length)
         with self.cache.open(self._shards[ref.url]) as local, open(local, "rb") as f:
             return read_window(f, ref, t0, length)
+
+    def read_into(self, ref: TrajRef, t0: int, length: int, into: Window) -> tuple[np.ndarray, np.ndarray]:
+        """`read`, with the frames read straight into `into(shape)` (a slot of the caller's batch buffer)."""
+        if ref.url not in self._shards:
+            return self._plain.read_into(ref, t0, length, into)
+        with self.cache.open(self._shards[ref.url]) as local, open(local, "rb") as f:
+            return read_window(f, ref, t0, length, into)
 
     def prefetch(self, urls: list[str]) -> None:
         """Start downloading (in the background) the first shards of `urls` (stream order) that are not cached."""

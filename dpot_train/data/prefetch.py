@@ -1,7 +1,7 @@
 """Thread workers for the window stream: K threads build the steps s with s % K == w, delivered in step order.
 
-The stream's own work per sample is a seek and a read straight into the batch buffer (no decode), and the reads and
-copies release the GIL; worker *processes* would add a shared-memory transfer of every batch (several times the read
+The stream's own work per sample is a copy from the shard (its memory map, or a read) straight into the batch buffer
+(no decode), and the reads and copies release the GIL; worker *processes* would add a shared-memory transfer of every batch (several times the read
 cost on a small host). Worker w of K builds exactly the steps that DataLoader worker w of K builds
 (`WindowStream.worker_batches`), and the consumer takes step s from worker s % K, so the batches, their order and
 their content are the same as with no workers or with process workers.
@@ -63,7 +63,7 @@ def _work(stream: WindowStream, worker: int, workers: int, out: queue.Queue, sto
           pin: bool) -> None:
     """Thread body: build this worker's batches into `out` until `stop` is set or a batch fails."""
     try:
-        for batch in stream.worker_batches(worker, workers):
+        for batch in stream.worker_batches(worker, workers, pin):  # pinned as built: pin_batch then copies none
             if not _put(out, pin_batch(batch) if pin else batch, stop):
                 return
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the consumer, which re-raises it

@@ -30,7 +30,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dpot_train.data.datasets import DataError, DatasetInfo
 from dpot_train.data.readers import TrajectoryReader, TrajRef
-from dpot_train.data.windows import as_model_order, mask_view, model_batch_view, model_view, split_window, window_start
+from dpot_train.data.windows import (as_model_order, mask_view, model_batch_view, model_view, split_window,
+                                     stored_reversed_axes, window_start)
 from dpot_train.normalize import Stats, normalize_array
 
 
@@ -147,24 +148,143 @@ def collate(samples: list[dict[str, Any]], t_in: int) -> dict[str, Any]:
     }
 
 
+class BatchBuffers:
+    """A batch's window and mask buffers, (B, T, C, *S) float32 and (B, *S) bool (page-locked tensors when `pin`),
+    laid out as `collate`'s stacking copy lays them out, and their `as_model_order` views (what `collate` gives).
+
+    `axes`: `as_model_order`'s permutation of the samples' stored windows (`windows.stored_reversed_axes`) when
+    they all share one, and the buffers then keep the stored order, so that a window is read into its slot as it
+    lies in the file; the identity otherwise (np.stack's layout for windows of mixed orders), each window copied.
+    """
+
+    def __init__(self, size: int, axes: tuple[int, ...] | None, pin: bool = False) -> None:
+        self.size, self.pin = size, pin
+        self.axes = axes
+        self.frames: torch.Tensor | None = None  # (B, T, C, *S), stored order
+        self.model_frames: torch.Tensor | None = None  # its as_model_order view
+        self.model_masks: torch.Tensor | None = None  # (B, *S) bool, as_model_order view of the stored-order masks
+
+    def _new(self, shape: tuple[int, ...], dtype: type) -> torch.Tensor:
+        if self.pin:
+            return torch.empty((self.size, *shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
+        # numpy's allocation, as np.stack's: torch's own (aligned) one maps fresh pages for every batch
+        return torch.from_numpy(np.empty((self.size, *shape), dtype))
+
+    def _allocate(self, model_shape: tuple[int, ...]) -> None:
+        """Buffers for windows of `model_shape` (as_model_order's), laid out in the stored order of `axes`."""
+        if self.axes is None or len(self.axes) != len(model_shape):
+            self.axes = tuple(range(len(model_shape)))
+        axes, inverse = self.axes, tuple(int(a) for a in np.argsort(self.axes))
+        self.frames = self._new(tuple(model_shape[a] for a in inverse), np.float32)
+        self.model_frames = self.frames.permute(0, *(1 + a for a in axes))
+        masks = self._new(tuple(model_shape[a] for a in inverse[2:]), np.bool_)  # the frames' space axes
+        self.model_masks = masks.permute(0, *(a - 1 for a in axes[2:]))
+
+    def stored_window(self, i: int, shape: tuple[int, ...], model_layout: str, where: str) -> np.ndarray | None:
+        """Slot i, in stored order, for a stored window of `shape` (T, C, *S) of a dataset with `model_layout`
+        (the first sample allocates the buffers); None when the batch is laid out in another order (the window then
+        goes through `model_window`). `where`: the sample, for a DataError when its shape is not the batch's."""
+        axes = stored_reversed_axes(2, len(shape) - 2, model_layout)
+        model_shape = tuple(shape[a] for a in axes)
+        if self.model_frames is None:
+            self._allocate(model_shape)
+        assert self.model_frames is not None and self.frames is not None
+        _same_shape(self.model_frames, model_shape, "window", where)
+        return self.frames[i].numpy() if axes == self.axes else None
+
+    def model_window(self, i: int, shape: tuple[int, ...], where: str) -> np.ndarray:
+        """Slot i in `as_model_order` order, for a window of that (as_model_order) `shape`."""
+        assert self.model_frames is not None
+        _same_shape(self.model_frames, shape, "window", where)
+        return self.model_frames[i].numpy()
+
+    def model_mask(self, i: int, shape: tuple[int, ...], where: str) -> np.ndarray:
+        """Slot i of the masks in `as_model_order` order, for a mask of that (as_model_order) `shape`."""
+        assert self.model_masks is not None
+        _same_shape(self.model_masks, shape, "mask", where)
+        return self.model_masks[i].numpy()
+
+
+def _same_shape(batch: torch.Tensor, shape: tuple[int, ...], what: str, where: str) -> None:
+    """DataError (one line, naming the sample) when a sample's `shape` is not that of the batch's slots."""
+    if tuple(batch.shape[1:]) != tuple(shape):
+        raise DataError(f"{where} {what} of shape {tuple(shape)}; the batch's first is {tuple(batch.shape[1:])}: "
+                        "the datasets of one run need one grid and channel count")
+
+
+def read_batch(spec: StreamSpec, reader: TrajectoryReader, picks: list[tuple[int, TrajRef, int]],
+               pin: bool = False) -> dict[str, Any]:
+    """The batch of the samples at `picks` ((dataset index, trajectory ref, position) each): bit for bit
+    `collate([make_sample(...) for each pick])`, built without per-sample arrays or a stacking copy.
+
+    With a `read_into` reader each window goes from the shard file straight into its slot of the batch buffer
+    (kept in stored order, as collate's stacking copy keeps it) and is normalised there in place. Otherwise (a
+    reader without `read_into`, or a sample whose axis order differs from the batch's first) it is read as
+    `make_sample` reads it and written into its slot in the same pass as its normalisation. `pin`: page-locked
+    buffers (CUDA only), so that pinning the batch copies nothing.
+    """
+    length = spec.t_in + spec.t_out
+    orders = {stored_reversed_axes(2, len(spec.datasets[k].shape), spec.datasets[k].model_layout) for k, _, _ in picks}
+    buffers = BatchBuffers(len(picks), orders.pop() if len(orders) == 1 else None, pin)
+    read_into = getattr(reader, "read_into", None)
+    for i, (k, ref, position) in enumerate(picks):
+        ds = spec.datasets[k]
+        t0 = window_start(np.random.default_rng([spec.seed, position, 0xD907]), ds.frames, length)
+        direct, where = False, f"{ref.url}: {ref.id}"
+
+        def into(shape: tuple[int, ...], i: int = i, layout: str = ds.model_layout, where: str = where
+                 ) -> np.ndarray:
+            nonlocal direct
+            slot = buffers.stored_window(i, shape, layout, where)
+            direct = slot is not None
+            return slot if slot is not None else np.empty(shape, np.float32)
+
+        if read_into is not None:
+            fields, mask = read_into(ref, t0, length, into)
+        else:
+            fields, mask = reader.read(ref, t0, length)
+            buffers.stored_window(i, fields.shape, ds.model_layout, where)  # the first sample lays the batch out
+        fields, mask = as_model_order(fields, mask, ds.model_layout)
+        slot = fields if direct else buffers.model_window(i, fields.shape, where)  # direct: the slot's own view
+        stats = spec.norm.get(ds.name)
+        if stats is not None:
+            normalize_array(fields, stats, axis=1, out=slot)
+        elif not direct:
+            np.copyto(slot, fields)
+        np.copyto(buffers.model_mask(i, mask.shape, where), mask, casting="unsafe")  # uint8 -> bool: nonzero, as astype
+    assert buffers.model_frames is not None and buffers.model_masks is not None
+    frames, mask = model_batch_view(buffers.model_frames, buffers.model_masks)
+    return {
+        "x": frames[..., :spec.t_in, :],
+        "y": frames[..., spec.t_in:, :],
+        "mask": mask,
+        "channel_valid": torch.from_numpy(np.array([spec.datasets[k].channel_valid for k, _, _ in picks], bool)),
+        "dataset": torch.tensor([k for k, _, _ in picks], dtype=torch.int64),
+        "position": torch.tensor([p for _, _, p in picks], dtype=torch.int64),
+        "id": [ref.id for _, ref, _ in picks],
+    }
+
+
 class WindowStream(IterableDataset):
     """Infinite stream of this rank's batches from global position `start`; yields one collated batch per step."""
 
     def __init__(self, spec: StreamSpec, reader: TrajectoryReader, start: int, global_batch: int,
-                 world: int = 1, rank: int = 0) -> None:
+                 world: int = 1, rank: int = 0, direct: bool = True) -> None:
         super().__init__()
         if global_batch % world:
             raise ValueError(f"global batch {global_batch} is not divisible by the {world} processes")
         self.spec, self.reader = spec, reader
         self.start, self.global_batch, self.world, self.rank = start, global_batch, world, rank
+        self.direct = direct  # read_batch (False: collate of make_sample, the plain path, kept for comparison)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
         return self.worker_batches(wid, nworkers)
 
-    def worker_batches(self, worker: int, workers: int) -> Iterator[dict[str, Any]]:
-        """The batches of steps worker, worker + workers, ... (worker `worker` of `workers`, process or thread)."""
+    def worker_batches(self, worker: int, workers: int, pin: bool = False) -> Iterator[dict[str, Any]]:
+        """The batches of steps worker, worker + workers, ... (worker `worker` of `workers`, process or thread);
+        `pin`: built in page-locked memory (CUDA only)."""
         plans = EpochPlans(self.spec)  # per worker: the plan cache is not shared between threads
         prefetch = getattr(self.reader, "prefetch", None)  # readers of remote shards fetch ahead of the stream
         ahead = EpochPlans(self.spec)
@@ -172,7 +292,7 @@ class WindowStream(IterableDataset):
         while True:
             if prefetch is not None:
                 prefetch(self.upcoming_urls(step, ahead))
-            yield self.batch(step, plans)
+            yield self.batch(step, plans, pin)
             step += workers
 
     def upcoming_urls(self, step: int, plans: EpochPlans, steps: int = 2) -> list[str]:
@@ -183,11 +303,11 @@ class WindowStream(IterableDataset):
             urls += [plans.lookup(p)[1].url for p in rank_slice(first, self.global_batch, self.world, self.rank)]
         return list(dict.fromkeys(urls))
 
-    def batch(self, step: int, plans: EpochPlans) -> dict[str, Any]:
-        """This rank's collated batch of step `step` (counted from `start`)."""
+    def batch(self, step: int, plans: EpochPlans, pin: bool = False) -> dict[str, Any]:
+        """This rank's collated batch of step `step` (counted from `start`); `pin`: in page-locked memory."""
         first = self.start + step * self.global_batch
-        samples = []
-        for p in rank_slice(first, self.global_batch, self.world, self.rank):
-            k, ref, _ = plans.lookup(p)
-            samples.append(make_sample(self.spec, self.reader, k, ref, p))
-        return collate(samples, self.spec.t_in)
+        picks = [(k, ref, p) for p in rank_slice(first, self.global_batch, self.world, self.rank)
+                 for k, ref, _ in [plans.lookup(p)]]
+        if self.direct:
+            return read_batch(self.spec, self.reader, picks, pin)
+        return collate([make_sample(self.spec, self.reader, k, ref, p) for k, ref, p in picks], self.spec.t_in)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -28,9 +30,15 @@ def _stored_reversed(a: np.ndarray, space_ndim: int, model_layout: str) -> np.nd
     """`a` (leading axes, then the stored space axes) as a view whose space axes are the model's in reverse order:
     reversing them (`model_view`, `collate`) then gives the model's order. For the stored layouts this is the
     stored array itself, except 2D "yx" (its last two axes swapped)."""
-    lead = a.ndim - space_ndim
+    return np.transpose(a, stored_reversed_axes(a.ndim - space_ndim, space_ndim, model_layout))
+
+
+@functools.lru_cache(maxsize=64)
+def stored_reversed_axes(lead: int, space_ndim: int, model_layout: str) -> tuple[int, ...]:
+    """The axis permutation of `as_model_order` for an array of `lead` leading axes and `space_ndim` stored space
+    axes: the identity for every layout but 2D "yx" (its last two axes swapped)."""
     order = space_order(space_ndim, model_layout)[::-1]
-    return np.transpose(a, tuple(range(lead)) + tuple(lead + k for k in order))
+    return tuple(range(lead)) + tuple(lead + k for k in order)
 
 
 def to_model_layout(fields: np.ndarray, model_layout: str = "xy") -> np.ndarray:

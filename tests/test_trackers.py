@@ -1,0 +1,359 @@
+"""`launch --tracker mlflow|wandb`: rank 0 mirrors metrics.jsonl (same names, steps and values) and eval.json's
+scalars. One short CPU launch per tracker, read back with the tool's own client (MLflow's file store) or from the
+offline W&B run's transaction log (its records parsed with wandb.proto); plus the missing-package error, the option
+parsing, a --resume continuing the same tracker run, and a tracker failure that leaves metrics.jsonl whole."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from dpot_train.cli import app as train_app
+from dpot_train.config import TrainConfig
+from dpot_train.trackers import INSTALL, STATE_NAME, TrackerError, Trackers, open_trackers, tracker_names
+from dpot_train.train_log import eval_scalars
+from tests import train_runs
+from tests.test_readme_path import ROOT, bash_blocks
+
+STEPS = 6
+
+
+def _metrics(run: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def _launch(shards: Path, out: Path, tracker: str, nproc: int) -> None:
+    """A short CPU run (tiny model, STEPS steps, a log line every 2) with --tracker."""
+    args = train_runs.launch_args(shards, out, "--tracker", tracker, steps=STEPS, nproc=nproc)
+    args[args.index("--log-every") + 1] = "2"
+    r = train_runs.run(args, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "warning: --tracker" not in r.stderr, r.stderr[-3000:]
+    assert yaml.safe_load((out / "config.yaml").read_text())["tracker"] == [tracker]
+
+
+def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]], steps: int = STEPS) -> None:
+    """Every scalar of every metrics.jsonl line is in `history` (name -> [(step, value)]) at its step, once, with the
+    same value; nothing else is there but eval.json's scalars, at the final step."""
+    lines = _metrics(run)
+    assert [x["step"] for x in lines] == list(range(1, steps + 1))
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for line in lines:
+        for key, value in line.items():
+            if key != "step":
+                expected.setdefault(key, []).append((line["step"], value))
+    assert {"loss", "lr", "grad_norm", "epoch", "samples_per_s"} <= set(expected)
+    evals = eval_scalars(json.loads((run / "eval.json").read_text()))
+    assert "eval/fno-ns-v1e-3/model/one_step_l2re" in evals and "eval/fno-ns-v1e-3/model/rollout_l2re" in evals
+    for key, value in evals.items():
+        expected[key] = [(steps, value)]
+    assert sorted(history) == sorted(expected)
+    for key, points in expected.items():
+        got = sorted(history[key])
+        assert [s for s, _ in got] == [s for s, _ in points], key
+        assert all(_close(a, b) for (_, a), (_, b) in zip(got, points)), (key, got, points)
+
+
+@pytest.mark.slow
+def test_readme_mlflow_block_mirrors_every_metrics_line_and_the_eval_scalars(
+        fno_train_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "Experiment trackers" block, run verbatim in a fresh folder (STEPS=12: log lines at steps 10 and
+    12, two processes) and read back with MLflow's client."""
+    blocks = bash_blocks((ROOT / "README.md").read_text(encoding="utf-8"), "Experiment trackers")
+    assert len(blocks) == 1 and "--tracker mlflow" in blocks[0]
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # `.venv/bin/...` as in a checkout
+    (tmp_path / "shards").symlink_to(fno_train_shards)
+    env = {**train_runs.env(), "STEPS": "12"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + blocks[0]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "warning: --tracker" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    out = tmp_path / "tracked"
+    assert yaml.safe_load((out / "config.yaml").read_text())["tracker"] == ["mlflow"]
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it to open a file store
+    uri = f"file://{tmp_path}/mlruns"
+    state = json.loads((out / STATE_NAME).read_text())["mlflow"]
+    assert state["tracking_uri"] == uri
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_run(state["run_id"])
+    assert found.info.status == "FINISHED" and found.info.run_name == "tracked"
+    assert client.get_experiment(found.info.experiment_id).name == "dpot"
+    assert len(client.search_runs([found.info.experiment_id])) == 1  # rank 1 opened none
+    assert found.data.params["steps"] == "12" and found.data.params["tracker"] == "['mlflow']"
+    history = {key: [(m.step, m.value) for m in client.get_metric_history(state["run_id"], key)]
+               for key in found.data.metrics}
+    _assert_mirrors(out, history, 12)
+
+
+_LOG_BLOCK, _LOG_HEADER = 32768, 7  # the .wandb file: LevelDB's log format (records in 32 KiB blocks)
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The protobuf Records of a .wandb transaction log, each record's CRC checked: a file header (":W&B", 0xBEE1,
+    version 0), then chunks with a 7-byte header (CRC32 of type + data, length, type) that never straddle a 32 KiB
+    block (a shorter block tail is zero padding); a record too long for one chunk is FIRST, MIDDLE..., LAST."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:_LOG_HEADER] == struct.pack("<4sHB", b":W&B", 0xBEE1, 0), data[:_LOG_HEADER]
+    records, parts, pos = [], b"", _LOG_HEADER
+    while pos + _LOG_HEADER <= len(data):
+        tail = _LOG_BLOCK - pos % _LOG_BLOCK
+        if tail < _LOG_HEADER:
+            pos += tail
+            continue
+        crc, length, kind = struct.unpack_from("<IHB", data, pos)
+        body = data[pos + _LOG_HEADER:pos + _LOG_HEADER + length]
+        pos += _LOG_HEADER + length
+        if kind == 0 and length == 0:  # the rest of a block that was never written
+            continue
+        assert zlib.crc32(body, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == crc, f"bad CRC at {pos}"
+        parts += body
+        if kind in (_FULL, _LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            records.append(record)
+            parts = b""
+    return records
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_every_metrics_line_and_the_eval_scalars(fno_train_shards: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_X_DISABLE_STATS": "true",
+                       "WANDB_X_DISABLE_MACHINE_INFO": "true", "WANDB_PROJECT": "from-env"}.items():
+        monkeypatch.setenv(key, value)  # offline: no network; no git, code, system or machine probes
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    out = tmp_path / "run"
+    _launch(fno_train_shards, out, "wandb", nproc=1)
+
+    state = json.loads((out / STATE_NAME).read_text())["wandb"]
+    assert state["project"] == "from-env"  # no --tracker-project: $WANDB_PROJECT
+    logs = list((tmp_path / "wandb").glob(f"offline-run-*-{state['id']}/run-{state['id']}.wandb"))
+    assert len(logs) == 1, sorted(p.name for p in (tmp_path / "wandb").iterdir())
+    assert not (out / "wandb").exists()  # $WANDB_DIR wins over the run folder
+    records = wandb_records(logs[0])
+    run_record = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert run_record.display_name == "run" and run_record.run_id == state["id"]
+    assert next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit") == 0
+    history: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for key, value in row.items():
+                if not key.startswith("_"):  # wandb's own _step, _runtime, _timestamp
+                    history.setdefault(key, []).append((int(row["_step"]), float(value)))
+    _assert_mirrors(out, history)
+
+
+def test_a_missing_tracker_package_stops_launch_with_one_line(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails, as where it is not installed
+    out = tmp_path / "run"
+    result = CliRunner().invoke(train_app, ["launch", "--manifest", str(tmp_path / "shards"), "--out", str(out),
+                                            "--tracker", "mlflow,wandb", "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert lines == [f"error: --tracker wandb: the wandb package is not installed; {INSTALL}"], result.output
+    assert not out.exists()  # stopped before RUN_DIR was touched
+
+
+def test_tracker_names_options_and_config() -> None:
+    assert tracker_names("wandb,mlflow") == ["wandb", "mlflow"]
+    assert tracker_names(["MLflow", "wandb", "mlflow"]) == ["mlflow", "wandb"]
+    assert tracker_names("none") == tracker_names(None) == tracker_names([]) == []
+    with pytest.raises(TrackerError, match=r"^tracker: expected wandb, mlflow or none, got 'tensorboard'$"):
+        tracker_names("mlflow,tensorboard")
+    cfg = TrainConfig.from_dict({"tracker": "mlflow", "tracker_project": "p"})
+    assert cfg.tracker == ["mlflow"] and cfg.to_dict()["tracker"] == ["mlflow"]
+    assert TrainConfig().tracker == [] and TrainConfig.from_dict(cfg.to_dict()).tracker == ["mlflow"]
+    with pytest.raises(ValueError, match=r"^tracker: expected a string or a list of strings, got 3$"):
+        TrainConfig.from_dict({"tracker": 3})
+    from dpot_train.cli_train import launch_cmd, launch_overrides
+
+    given = {name: p.default.default if hasattr(p.default, "default") else p.default
+             for name, p in inspect.signature(launch_cmd).parameters.items()}
+    assert launch_overrides(given)["tracker"] is None  # not given: a resume keeps the run's trackers
+    given.update(tracker=["wandb", "mlflow"], tracker_project="proj")
+    over = launch_overrides(given)
+    assert over["tracker"] == ["wandb", "mlflow"] and over["tracker_project"] == "proj"
+
+
+def _mlflow_cfg(run: Path) -> TrainConfig:
+    return TrainConfig(out=str(run), tracker=["mlflow"], tracker_project="resume-check")
+
+
+def test_mlflow_resume_continues_the_stored_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    run.mkdir()
+    first = open_trackers(_mlflow_cfg(run), run, resume=False)
+    first.log({"loss": 0.5}, 1)
+    first.flush()
+    first.finish(failed=True)  # killed: the resume marks it running, then finished
+    run_id = json.loads((run / STATE_NAME).read_text())["mlflow"]["run_id"]
+
+    again = open_trackers(_mlflow_cfg(run), run, resume=True)
+    again.log({"loss": 0.25}, 2)
+    again.finish()
+    assert json.loads((run / STATE_NAME).read_text())["mlflow"]["run_id"] == run_id
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5), (2, 0.25)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_experiment_by_name("resume-check") is not None
+
+    fresh = open_trackers(_mlflow_cfg(run), run, resume=False)  # not a resume: a new tracker run
+    fresh.finish()
+    assert json.loads((run / STATE_NAME).read_text())["mlflow"]["run_id"] != run_id
+
+
+def test_mlflow_defaults_to_a_file_store_in_the_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    run.mkdir()
+    trackers = open_trackers(TrainConfig(out=str(run), tracker=["mlflow"]), run, resume=False)
+    trackers.log({"loss": 2.0}, 3)
+    trackers.finish()
+    state = json.loads((run / STATE_NAME).read_text())["mlflow"]
+    assert state["tracking_uri"] == (run / "mlruns").as_uri()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=state["tracking_uri"])
+    assert client.get_experiment(client.get_run(state["run_id"]).info.experiment_id).name == "dpot"
+    assert [(m.step, m.value) for m in client.get_metric_history(state["run_id"], "loss")] == [(3, 2.0)]
+
+
+def test_wandb_resume_reuses_the_stored_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
+                       "WANDB_DISABLE_CODE": "true", "WANDB_X_DISABLE_STATS": "true",
+                       "WANDB_X_DISABLE_MACHINE_INFO": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = TrainConfig(out=str(run), tracker=["wandb"])
+    for resume in (False, True):
+        t = open_trackers(cfg, run, resume=resume)
+        assert list(t.open) == ["wandb"]
+        t.log({"loss": 1.0}, 1 + resume)
+        t.finish()
+    run_id = json.loads((run / STATE_NAME).read_text())["wandb"]["id"]
+    logs = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"))  # the run folder: no $WANDB_DIR
+    assert len(logs) == 2 and all(p.name == f"run-{run_id}.wandb" for p in logs), logs
+
+
+class _Broken:
+    """A tracker whose server went away: every call raises."""
+
+    state: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.calls += 1
+        raise ConnectionError("server unreachable\nretries exhausted")
+
+    def flush(self) -> None:
+        raise ConnectionError("server unreachable")
+
+    def finish(self, failed: bool = False) -> None:
+        raise ConnectionError("server unreachable")
+
+
+class _Kept:
+    state: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.flushes = 0
+        self.finished = False
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.steps.append(step)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+    def finish(self, failed: bool = False) -> None:
+        self.finished = True
+
+
+class _Writer:
+    def add_scalar(self, *args: Any) -> None:
+        pass
+
+
+def test_a_failing_tracker_is_one_warning_and_metrics_jsonl_stays_whole(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from dpot_train.train_log import _flush, _StepLog
+
+    broken, kept = _Broken(), _Kept()
+    trackers = Trackers({"mlflow": broken, "wandb": kept})
+    cfg = TrainConfig(steps=4, log_every=2, batch_size=2)
+    log = _StepLog(cfg, 8, tmp_path / "metrics.jsonl", _Writer(), None, trackers)
+    for steps in ([1, 2], [3, 4]):  # two log steps, each reading back its pending steps
+        _flush([(s, 2 * s, 1e-3, torch.tensor(1.0 / s), torch.tensor(0.5)) for s in steps], log)
+    trackers.finish()
+    assert [x["step"] for x in _metrics(tmp_path)] == [1, 2, 3, 4]
+    assert broken.calls == 1 and kept.steps == [1, 2, 3, 4] and kept.flushes == 2 and kept.finished
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
+    assert warnings == ["warning: --tracker mlflow: logging step 1 failed (ConnectionError: server unreachable "
+                        "retries exhausted); it receives nothing more from this run, metrics.jsonl is unaffected"]
+
+
+def test_a_tracker_that_cannot_start_is_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "no-such-scheme://nowhere")
+    run = tmp_path / "run"
+    run.mkdir()
+    trackers = open_trackers(TrainConfig(out=str(run), tracker=["mlflow"]), run, resume=False)
+    assert trackers.open == {}
+    trackers.log({"loss": 1.0}, 1)
+    trackers.finish()
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("warning: --tracker mlflow: could not start (") and \
+        err[0].endswith("); training goes on without it"), err
+    assert not (run / STATE_NAME).exists()
+
+
+def test_trackers_json_that_cannot_be_written_is_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    (run / STATE_NAME).mkdir(parents=True)  # a folder where the file goes: the write fails
+    trackers = open_trackers(TrainConfig(out=str(run), tracker=["mlflow"]), run, resume=False)
+    assert list(trackers.open) == ["mlflow"]  # the tracking itself goes on
+    trackers.finish()
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith(f"warning: {run / STATE_NAME}: cannot record the tracker runs ("), err
