@@ -21,8 +21,8 @@ import numpy as np
 
 from dpot_format.io import atomic_write, drop_cached, fsync_dir
 from dpot_format.names import sample_key, shard_file
-from dpot_format.shard_index import INDEX_NAME, index_bytes, index_document
-from dpot_format.tar import Member, SampleIndex, index_shard
+from dpot_format.shard_index import INDEX_NAME, index_bytes, index_document, shard_samples
+from dpot_format.tar import Member, SampleIndex
 
 DEFAULT_SHARD_BYTES = 256 << 20
 _BLOCK = tarfile.BLOCKSIZE
@@ -211,7 +211,7 @@ def write_shard_index(root: str | Path, dataset: str, shards: Sequence[ShardInfo
     for s in shards:
         if posixpath.dirname(s.path) != folder:
             raise ValueError(f"{s.path}: the shards of one dataset share one folder ({folder})")
-        members = s.members if s.members is not None else index_shard(Path(root) / s.path, where=s.path)
+        members = shard_samples(Path(root) / s.path, s.members, where=s.path)
         rows.append((posixpath.basename(s.path), s.sha256, members))
     data = index_bytes(index_document(dataset, rows))
     rel = f"{folder}/{INDEX_NAME}" if folder else INDEX_NAME
