@@ -92,6 +92,7 @@ class Item:
     recorded: tuple[SampleIndex, ...] | None = None  # the shard's samples in the dataset's index file, when recorded
     index_path: str = ""  # that index file (relative to the output)
     trust_index: bool = False  # take the members from `recorded` instead of reading the shard's headers
+    stat_remote: bool = True  # with trust_index: a shard in object storage is still asked for its size (a HEAD)
 
 
 @dataclass
@@ -194,11 +195,12 @@ def _check_samples(item: Item, fh: Any, samples: list[SampleIndex]) -> ItemResul
 
 
 def _recorded_shard(item: Item) -> ItemResult:
-    """A shard whose member index is recorded and trusted: no header is read. A local shard is still a regular
-    file of the listed size (lstat), and of the listed sha256 when rehashing; a remote one is not contacted unless
-    rehashing (the shard cache checks its size and sha256 as it downloads it)."""
+    """A shard whose member index is recorded and trusted: no header is read. The shard is still a regular file
+    of the listed size (lstat, or a HEAD in object storage), and of the listed sha256 when rehashing; with
+    `stat_remote` False a shard in object storage is not contacted at all unless rehashing (launch: the shard cache
+    checks its size and sha256 as it downloads it)."""
     problems: list[Problem] = []
-    if is_local(item.location) or item.rehash:
+    if is_local(item.location) or item.rehash or item.stat_remote:
         problems, size = _stat_problem(item)
         if size is None:
             return ItemResult(problems)
@@ -419,7 +421,8 @@ def _recorded(plan: _Plan, root: str, entry: dict[str, Any], limits: Limits) -> 
 
 
 def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, datasets: Collection[str] | None,
-          splits: Collection[str] | None, parts: Collection[str], trust_index: bool = False) -> _Plan:
+          splits: Collection[str] | None, parts: Collection[str], trust_index: bool = False,
+          stat_remote: bool = True) -> _Plan:
     """The items to check and the problems visible from the manifest and metadata alone (no shard is opened)."""
     plan = _Plan()
     scanned: set[str] = set()
@@ -447,7 +450,7 @@ def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, dat
                                        len(entry["channels"]), grid, limits=limits,
                                        recorded=tuple(samples) if samples is not None else None,
                                        index_path=(entry.get("shard_index") or {}).get("path", ""),
-                                       trust_index=trust_index))
+                                       trust_index=trust_index, stat_remote=stat_remote))
         z = entry["zarr"]
         if "zarr" in parts and z:
             base = f"{z['path']}/{z['group']}"
@@ -573,7 +576,7 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
                     parts: Collection[str] = PARTS, scan: bool = True,
                     manifest: dict[str, Any] | None = None,
                     indexes: dict[str, list[SampleIndex]] | None = None,
-                    trust_index: bool = False) -> list[Problem]:
+                    trust_index: bool = False, stat_remote: bool = True) -> list[Problem]:
     """Every problem of the output folder (or URL, or its manifest.json) `root` against docs/format.md, never
     stopping at the first.
 
@@ -591,7 +594,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     sha256, agreement with the manifest) and, shard by shard, compared with the tar headers. `trust_index` (what
     launch, evaluate, preview and plain inspect use): where the index is recorded, it stands in for the shards'
     headers, and no tar header, .npy header or meta.json is read (see `_recorded_shard`); `indexes` then receives
-    the recorded index.
+    the recorded index. `stat_remote=False` (launch through the shard cache) also leaves shards in object storage
+    uncontacted: no request per shard.
     """
     root = os.fspath(root)
     path = manifest_path(root)
@@ -609,7 +613,7 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     if link is not None:  # its content may come from anywhere: the listed digests would then vouch for nothing
         return [Problem(MANIFEST_NAME, "manifest", actual=f"is a symbolic link (to {link!r}), expected the manifest "
                                                           "file itself inside the output folder")]
-    plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts), trust_index)
+    plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts), trust_index, stat_remote)
     problems = list(plan.problems)
     results: dict[str, ItemResult] = {}
     outcomes = runner.imap(run_item, plan.items) if runner is not None else map(run_item, plan.items)

@@ -233,11 +233,12 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> dict
     part = "zarr" if data.backend == "zarr" else "shards"
     for path in [m for given in data.manifests for m in expand_outputs(given)]:
         doc = (docs or {}).get(manifest_url(path))
-        rehash = data.verify_checksums and not uses_cache([path], data.backend)  # the cache checks each download
+        cached = uses_cache([path], data.backend)  # the cache checks each download's size and sha256
+        rehash = data.verify_checksums and not cached
         if part == "shards" and doc is not None:
             scanned += [(manifest_url(path), entry) for entry in doc["datasets"]]
         for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index,
-                                       trust_index=True):
+                                       trust_index=True, stat_remote=not cached):
             if not problem.fatal:
                 continue
             if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one

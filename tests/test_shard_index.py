@@ -282,3 +282,25 @@ def test_a_launch_on_a_warm_cache_asks_the_store_for_no_shard(s3, fno_train_shar
     assert (run / "checkpoints" / "step-00000002.pt").is_file()
     assert s3.shard_requests() == {}
     assert sum(n for p, n in s3.gets.items() if p.endswith("/index.json")) >= 1  # the index is what it read
+
+
+def test_plain_inspect_of_an_s3_output_reads_no_shard_but_checks_each_one_is_there(s3, output: Path) -> None:
+    """`dpot-data inspect s3://...` takes members from index.json: no GET of any shard, one HEAD each (its size);
+    a shard gone from the store is reported, naming it."""
+    import fsspec
+    import s3_local
+
+    from dpot_data.inspection import inspect_dir
+
+    url = "s3://dpot/inspected"
+    s3_local.upload(str(output), url)
+    shards = [s["path"] for s in _manifest(output)["datasets"][0]["shards"]]
+    s3.reset_counts()
+    report = inspect_dir(url)
+    assert report["ok"] and report["problems"] == [], report["problems"]
+    assert s3.shard_gets() == {}
+    assert sorted(p for p in s3.heads if p.endswith(".tar")) == sorted(f"/dpot/inspected/{p}" for p in shards)
+    fsspec.filesystem("s3").rm(f"{url}/{shards[-1]}")
+    fsspec.filesystem("s3").invalidate_cache()
+    report = inspect_dir(url)
+    assert report["problems"] == [f"{shards[-1]}: missing (listed in the manifest)"], report["problems"]
