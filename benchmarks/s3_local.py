@@ -51,7 +51,7 @@ class Faults:
 
 
 class _Middleware:
-    """WSGI wrapper of moto's app: counts object GETs (by path; range or whole) and applies the faults."""
+    """WSGI wrapper of moto's app: counts object GETs (by path; range or whole) and HEADs, and applies the faults."""
 
     def __init__(self, app: Callable[..., Any], server: "LocalS3") -> None:
         self.app, self.server = app, server
@@ -59,6 +59,9 @@ class _Middleware:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         s = self.server
         path, query = environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", "")
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            with s.lock:
+                s.heads[path] += 1
         if environ.get("REQUEST_METHOD") == "GET" and path.count("/") >= 2 and not query:
             with s.lock:
                 s.gets[path] += 1
@@ -115,6 +118,7 @@ class LocalS3(ThreadedMotoServer):
         self.lock = threading.Lock()
         self.gets: Counter[str] = Counter()
         self.range_gets: Counter[str] = Counter()
+        self.heads: Counter[str] = Counter()  # HEAD requests (s3fs `info`) by object path
         self.ranges: dict[str, list[str | None]] = defaultdict(list)  # Range header of each object GET, by path
         self.failed = 0
         self.faults = faults or Faults()
@@ -140,6 +144,7 @@ class LocalS3(ThreadedMotoServer):
         with self.lock:
             self.gets.clear()
             self.range_gets.clear()
+            self.heads.clear()
             self.ranges.clear()
             self.failed = 0
 
@@ -147,6 +152,12 @@ class LocalS3(ThreadedMotoServer):
         """GETs of .tar objects since the last reset, by object path."""
         with self.lock:
             return {p: n for p, n in self.gets.items() if p.endswith(".tar")}
+
+    def shard_requests(self) -> dict[str, int]:
+        """GETs and HEADs of .tar objects since the last reset, by object path."""
+        with self.lock:
+            both = self.gets + self.heads
+            return {p: n for p, n in both.items() if p.endswith(".tar")}
 
     def client_env(self) -> dict[str, str]:
         """Environment variables that point s3fs at this server (dummy credentials, fsspec endpoint)."""

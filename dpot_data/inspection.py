@@ -104,7 +104,7 @@ def inspect_dir(path: str | os.PathLike[str], verify: bool = False) -> dict[str,
         manifest = read_manifest(root)
     except FormatError as exc:
         raise InputError(exc.where or join(root, MANIFEST_NAME), exc.expected) from None
-    problems = validate_output(root, rehash=verify)
+    problems = validate_output(root, rehash=verify, trust_index=not verify)  # --verify: the index against the tars
     datasets = [dataset_report(root, entry, problems, verify) for entry in manifest["datasets"]]
     other = [p for p in problems if p.fatal and not p.dataset]
     return {

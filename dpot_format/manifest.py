@@ -103,6 +103,15 @@ def _dataset_errors(i: int, entry: dict[str, Any], limits: Limits) -> list[str]:
         if len(ids) != counts.get(split, 0):
             out.append(f"{at}/splits/ids/{split}: {len(ids)} ids, expected {counts.get(split, 0)} (the split's count)")
     out += _shard_errors(at, entry, limits)
+    ref = entry.get("shard_index")
+    if ref is not None:
+        problem = path_error(ref["path"])
+        if problem is not None:
+            out.append(f"{at}/shard_index/path: {ref['path']!r} {problem}")
+        elif not entry["shards"]:
+            out.append(f"{at}/shard_index: an index of no shards, expected none without shards")
+        elif ref["path"] in {s["path"] for s in entry["shards"]}:
+            out.append(f"{at}/shard_index/path: {ref['path']!r} is a shard's path, expected the index file's own")
     z = entry["zarr"]
     if z is not None:
         for key in ("path", "group"):

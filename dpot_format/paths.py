@@ -62,8 +62,6 @@ def resolve_member(root: str, rel: str, where: str | None = None) -> str:
         if stat.S_ISLNK(st.st_mode):
             raise FormatError(label, f"{'/'.join(walked)} is a symbolic link (to {os.readlink(current)!r}); "
                                      "expected a file or folder inside the output folder")
-    real_root = os.path.realpath(base)
-    real = os.path.realpath(os.path.join(base, *rel.split("/")))
-    if os.path.commonpath([real_root, real]) != real_root:
-        raise FormatError(label, f"path {rel!r} resolves to {real}, outside the output folder {real_root}")
+    # No existing component below the root is a link and `rel` has no `..` or `.` part, so the path resolves to
+    # realpath(root)/rel: inside the root by construction, without a realpath per member (10^4 shards: seconds)
     return join(root, rel)

@@ -20,7 +20,8 @@ from dpot_format.manifest import load_json, manifest_path, validation_errors
 from dpot_format.names import MANIFEST_NAME, SHARDS_FOLDER, SPLITS, is_temporary
 from dpot_format.npy import NpyHeader, read_npy_header
 from dpot_format.paths import resolve_member
-from dpot_format.tar import SampleIndex, index_shard
+from dpot_format.shard_index import differences, load_index, shard_samples
+from dpot_format.tar import SampleIndex
 
 WARNING_KINDS = frozenset({"unlisted", "temporary"})
 PARTS = ("shards", "zarr")
@@ -36,7 +37,7 @@ class Problem:
     files and temporary leftovers are warnings)."""
 
     what: str
-    kind: str  # manifest schema path missing type bytes sha256 member samples keys npy meta zarr unreadable unlisted temporary
+    kind: str  # manifest schema path missing type bytes sha256 member samples keys npy meta zarr index unreadable unlisted temporary
     expected: str = ""
     actual: str = ""
     fatal: bool | None = None  # None: decided by kind (a bool after construction)
@@ -88,6 +89,10 @@ class Item:
     group: str = ""
     array: str = ""
     limits: Limits = LIMITS
+    recorded: tuple[SampleIndex, ...] | None = None  # the shard's samples in the dataset's index file, when recorded
+    index_path: str = ""  # that index file (relative to the output)
+    trust_index: bool = False  # take the members from `recorded` instead of reading the shard's headers
+    stat_remote: bool = True  # with trust_index: a shard in object storage is still asked for its size (a HEAD)
 
 
 @dataclass
@@ -189,9 +194,38 @@ def _check_samples(item: Item, fh: Any, samples: list[SampleIndex]) -> ItemResul
     return ItemResult(out, keys, ids)
 
 
+def _recorded_shard(item: Item) -> ItemResult:
+    """A shard whose member index is recorded and trusted: no header is read. The shard is still a regular file
+    of the listed size (lstat, or a HEAD in object storage), and of the listed sha256 when rehashing; with
+    `stat_remote` False a shard in object storage is not contacted at all unless rehashing (launch: the shard cache
+    checks its size and sha256 as it downloads it)."""
+    problems: list[Problem] = []
+    if is_local(item.location) or item.rehash or item.stat_remote:
+        problems, size = _stat_problem(item)
+        if size is None:
+            return ItemResult(problems)
+        if size != item.bytes:
+            problems.append(Problem(item.what, "bytes", str(item.bytes), str(size), dataset=item.dataset))
+    if item.rehash and not problems:
+        try:
+            digest, _ = sha256_file(item.location, expected_bytes=item.bytes)
+        except (FormatError, OSError) as exc:
+            return ItemResult([Problem(item.what, "unreadable", "a readable file", str(exc), dataset=item.dataset)])
+        if digest != item.sha256:
+            problems.append(Problem(item.what, "sha256", item.sha256, digest, dataset=item.dataset))
+    if problems:
+        return ItemResult(problems)
+    samples = list(item.recorded or ())
+    return ItemResult([], [s.index for s in samples], samples=samples)
+
+
 def check_shard(item: Item) -> ItemResult:
     """One shard: a regular file (not a link) of the listed size and sha256 (when rehashing), whose members follow
-    the rules, with the listed sample count, .npy headers matching the manifest, and meta.json matching the shard."""
+    the rules, with the listed sample count, .npy headers matching the manifest, and meta.json matching the shard;
+    and, when the dataset records its member index, that index equal to the shard's tar headers. With
+    `trust_index` and a recorded index, no header is read (`_recorded_shard`)."""
+    if item.trust_index and item.recorded is not None:
+        return _recorded_shard(item)
     problems, size = _stat_problem(item)
     if size is None:
         return ItemResult(problems)
@@ -210,11 +244,15 @@ def check_shard(item: Item) -> ItemResult:
     try:
         with open_read(item.location) as fh:
             try:
-                samples = index_shard(fh, item.what, item.limits)
+                samples = shard_samples(fh, None, item.what, item.limits)  # the tar headers themselves
             except FormatError as exc:
                 return ItemResult([Problem(item.what, "member", actual=exc.expected, dataset=item.dataset)])
             result = _check_samples(item, fh, samples)
             result.samples = samples
+            differs = differences(item.recorded, samples) if item.recorded is not None else None
+            if differs is not None:
+                result.problems.insert(0, Problem(item.index_path, "index", actual=f"{item.what}:{differs}",
+                                                  dataset=item.dataset))
     except (FormatError, OSError) as exc:
         return ItemResult([Problem(item.what, "unreadable", "a readable file", str(exc), dataset=item.dataset)])
     if len(samples) != item.samples:
@@ -368,18 +406,36 @@ def _zarr_metadata(plan: _Plan, entry: dict[str, Any], store: str) -> set[str]:
     return bad
 
 
+def _recorded(plan: _Plan, root: str, entry: dict[str, Any], limits: Limits) -> dict[str, list[SampleIndex]]:
+    """The dataset's recorded member index (shard path -> samples), read and checked against the manifest once;
+    empty when it records none, or when its index file is refused (one problem naming the file: the shards are then
+    checked from their own headers)."""
+    if not entry.get("shard_index"):
+        return {}
+    try:
+        return load_index(root, entry, limits)
+    except FormatError as exc:
+        plan.problems.append(Problem(exc.where or entry["shard_index"]["path"], "index", actual=exc.expected,
+                                     dataset=entry["name"]))
+        return {}
+
+
 def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, datasets: Collection[str] | None,
-          splits: Collection[str] | None, parts: Collection[str]) -> _Plan:
+          splits: Collection[str] | None, parts: Collection[str], trust_index: bool = False,
+          stat_remote: bool = True) -> _Plan:
     """The items to check and the problems visible from the manifest and metadata alone (no shard is opened)."""
     plan = _Plan()
     scanned: set[str] = set()
     for entry in manifest["datasets"]:
         name = entry["name"]
         plan.listed.update(s["path"] for s in entry["shards"])
+        if entry.get("shard_index"):
+            plan.listed.add(entry["shard_index"]["path"])
         if datasets is not None and name not in datasets:
             continue
         grid = tuple(int(s) for s in entry["grid"]["shape"])
         if "shards" in parts:
+            recorded = _recorded(plan, root, entry, limits)
             for shard in entry["shards"]:
                 if splits is not None and shard["split"] not in splits:
                     continue
@@ -388,9 +444,13 @@ def _plan(root: str, manifest: dict[str, Any], rehash: bool, limits: Limits, dat
                 except FormatError as exc:
                     plan.problems.append(Problem(shard["path"], "path", actual=exc.expected, dataset=name))
                     continue
+                samples = recorded.get(shard["path"])
                 plan.items.append(Item(shard["path"], "shard", location, name, shard["sha256"], rehash,
                                        int(shard["bytes"]), int(shard["samples"]), shard["split"], int(entry["frames"]),
-                                       len(entry["channels"]), grid, limits=limits))
+                                       len(entry["channels"]), grid, limits=limits,
+                                       recorded=tuple(samples) if samples is not None else None,
+                                       index_path=(entry.get("shard_index") or {}).get("path", ""),
+                                       trust_index=trust_index, stat_remote=stat_remote))
         z = entry["zarr"]
         if "zarr" in parts and z:
             base = f"{z['path']}/{z['group']}"
@@ -515,7 +575,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
                     datasets: Collection[str] | None = None, splits: Collection[str] | None = None,
                     parts: Collection[str] = PARTS, scan: bool = True,
                     manifest: dict[str, Any] | None = None,
-                    indexes: dict[str, list[SampleIndex]] | None = None) -> list[Problem]:
+                    indexes: dict[str, list[SampleIndex]] | None = None,
+                    trust_index: bool = False, stat_remote: bool = True) -> list[Problem]:
     """Every problem of the output folder (or URL, or its manifest.json) `root` against docs/format.md, never
     stopping at the first.
 
@@ -528,6 +589,13 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     what is checked; `scan=False` skips the leftover scan. `manifest`: the document, already read and validated by
     `dpot_format.manifest.read_manifest` (it is not read again). `indexes`, when given, receives the member index
     of every shard whose headers were read (shard path or URL -> samples), so a reader need not read them again.
+
+    A dataset that records its member index (`shard_index`, docs/format.md) has the index file checked (size,
+    sha256, agreement with the manifest) and, shard by shard, compared with the tar headers. `trust_index` (what
+    launch, evaluate, preview and plain inspect use): where the index is recorded, it stands in for the shards'
+    headers, and no tar header, .npy header or meta.json is read (see `_recorded_shard`); `indexes` then receives
+    the recorded index. `stat_remote=False` (launch through the shard cache) also leaves shards in object storage
+    uncontacted: no request per shard.
     """
     root = os.fspath(root)
     path = manifest_path(root)
@@ -545,7 +613,7 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     if link is not None:  # its content may come from anywhere: the listed digests would then vouch for nothing
         return [Problem(MANIFEST_NAME, "manifest", actual=f"is a symbolic link (to {link!r}), expected the manifest "
                                                           "file itself inside the output folder")]
-    plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts))
+    plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts), trust_index, stat_remote)
     problems = list(plan.problems)
     results: dict[str, ItemResult] = {}
     outcomes = runner.imap(run_item, plan.items) if runner is not None else map(run_item, plan.items)

@@ -30,7 +30,7 @@ from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
 from dpot_train.data.cached_reader import uses_cache, with_cache
 from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
-                                      read_manifest_docs)
+                                      note_scanned, read_manifest_docs)
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
@@ -225,14 +225,20 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> dict
     """Run dpot_format's validator on every output the config names (the parts the backend reads, every split);
     DataError with one line per fatal problem (prefixed by its output folder) when any is found. `docs`: the
     manifests already read (manifest url -> document), not read again. Returns the member index of every shard
-    (url -> samples) as the validator read it from the tar headers: the run does not read them again."""
+    (url -> samples): the datasets' recorded index (no tar header is read), else as the validator scanned it from
+    the tar headers (one line says so); the run does not read them again."""
     lines: list[str] = []
     index: dict[str, list[SampleIndex]] = {}
+    scanned: list[tuple[str, dict]] = []
     part = "zarr" if data.backend == "zarr" else "shards"
     for path in [m for given in data.manifests for m in expand_outputs(given)]:
         doc = (docs or {}).get(manifest_url(path))
-        rehash = data.verify_checksums and not uses_cache([path], data.backend)  # the cache checks each download
-        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index):
+        cached = uses_cache([path], data.backend)  # the cache checks each download's size and sha256
+        rehash = data.verify_checksums and not cached
+        if part == "shards" and doc is not None:
+            scanned += [(manifest_url(path), entry) for entry in doc["datasets"]]
+        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index,
+                                       trust_index=True, stat_remote=not cached):
             if not problem.fatal:
                 continue
             if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
@@ -243,6 +249,7 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> dict
         more = len(lines) - MAX_PROBLEM_LINES
         shown = lines[:MAX_PROBLEM_LINES] + ([f"... and {more} more problem(s)"] if more > 0 else [])
         raise DataError("\n".join(shown))
+    note_scanned(scanned)
     return index
 
 

@@ -138,6 +138,7 @@ def test_complete_output_is_left_alone_and_overwrite_is_deterministic(reference,
     for entry in second["datasets"]:
         entry["zarr"]["path"] = "data.zarr"
         entry["shards"] = [{**s, "path": s["path"].replace("shards.1/", "shards/", 1)} for s in entry["shards"]]
+        entry["shard_index"]["path"] = entry["shard_index"]["path"].replace("shards.1/", "shards/", 1)  # moved too
     assert second == first
     assert sorted(p.name for p in out.iterdir()) == ["data.1.zarr", "manifest.json", "shards.1"]
     assert validate_output(str(out)) == []

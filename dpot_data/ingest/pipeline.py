@@ -138,7 +138,8 @@ def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]
     stats = st.to_manifest(acc, p.channels, p.channel_valid.tolist()) if acc is not None and acc.trajectories else None
     zarr = None if written.arrays is None else {"path": ZARR_PATH, "group": p.name, "arrays": written.arrays,
                                                 "codec": codec}
-    return {**p.entry, "shards": written.shards, "zarr": zarr, "inputs": inputs, "stats": stats}
+    extra = {"shard_index": written.shard_index} if written.shard_index is not None else {}
+    return {**p.entry, "shards": written.shards, "zarr": zarr, "inputs": inputs, "stats": stats, **extra}
 
 
 def read_source(source: str, paths: Sequence[str | Path], options: IngestOptions | None = None,

@@ -179,6 +179,8 @@ def relocated(entry: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
         return names.get(top, top) + sep + rest
 
     entry = {**entry, "shards": [{**s, "path": move(s["path"])} for s in entry["shards"]]}
+    if entry.get("shard_index"):  # beside the shards: it moves with their folder
+        entry["shard_index"] = {**entry["shard_index"], "path": move(entry["shard_index"]["path"])}
     if entry.get("zarr"):
         entry["zarr"] = {**entry["zarr"], "path": move(entry["zarr"]["path"])}
     return entry

@@ -17,7 +17,7 @@ from dpot_data.ingest.task import BlockResult, BlockTask, process_block, unspill
 from dpot_data.ingest.scheduler import Runner, SchedulerOptions, scheduler_context
 from dpot_format.names import SPLITS
 from dpot_data.stats import FieldStats
-from dpot_data.writers.wds_shards import SplitShardWriter
+from dpot_data.writers.wds_shards import SplitShardWriter, write_shard_index
 from dpot_data.writers.zarr_store import StagedDataLost, ZarrDatasetWriter, ZarrLayout
 from dpot_format.names import SHARDS_FOLDER, ZARR_PATH
 
@@ -27,11 +27,13 @@ SPILL_FOLDER = ".spill.tmp"  # in staging: blocks that cluster workers hand over
 
 @dataclass
 class Written:
-    """What the run leaves in staging: shard list, Zarr array digests (None without a store), train statistics."""
+    """What the run leaves in staging: shard list, Zarr array digests (None without a store), train statistics, and
+    the shards' member index file (the manifest's `shard_index`; None without shards)."""
 
     shards: list[dict[str, Any]]
     arrays: dict[str, str] | None
     stats: FieldStats | None
+    shard_index: dict[str, Any] | None = None
 
 
 class _Writers:
@@ -39,6 +41,7 @@ class _Writers:
 
     def __init__(self, p: IngestPlan, journal: jn.Journal, layout: ZarrLayout, shard_size: int) -> None:
         staging = journal.staging
+        self.staging, self.name = staging, p.name
         self.zarr = ZarrDatasetWriter(staging / ZARR_PATH, layout) if "zarr" in p.formats else None
         self.shards: dict[str, SplitShardWriter] = {}
         if "wds" in p.formats:
@@ -88,10 +91,12 @@ class _Writers:
         for w in self.shards.values():
             w.abort()
 
-    def close(self) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+    def close(self) -> tuple[list[dict[str, Any]], dict[str, str] | None, dict[str, Any] | None]:
+        """Finish every writer: (shard entries in manifest order, Zarr digests, the shard index's manifest entry)."""
         self._stop_threads()
-        shards = [s.to_dict() for split in SPLITS if split in self.shards for s in self.shards[split].close()]
-        return shards, self.zarr.close() if self.zarr is not None else None
+        done = [s for split in SPLITS if split in self.shards for s in self.shards[split].close()]
+        index = write_shard_index(self.staging, self.name, done)  # in staging: published with the shards
+        return [s.to_dict() for s in done], self.zarr.close() if self.zarr is not None else None, index
 
 
 def zarr_layout(p: IngestPlan, fill: float, attrs: dict[str, Any]) -> ZarrLayout:
@@ -149,11 +154,11 @@ def run(p: IngestPlan, task: BlockTask, journal: jn.Journal, layout: ZarrLayout,
                 journal.record(block_no, index, acc, writers.shards,
                                writers.zarr.state_dict() if writers.zarr is not None else None)
                 bar.update(len(block.pieces))
-        shards, arrays = writers.close()
+        shards, arrays, index = writers.close()
     except BaseException:
         writers.abort()
         raise
-    return Written(shards, arrays, acc)
+    return Written(shards, arrays, acc, index)
 
 
 class _NoBar:

@@ -10,16 +10,19 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from dpot_format.io import drop_cached, fsync_dir
+from dpot_format.io import atomic_write, drop_cached, fsync_dir
 from dpot_format.names import sample_key, shard_file
+from dpot_format.shard_index import INDEX_NAME, index_bytes, index_document, shard_samples
+from dpot_format.tar import Member, SampleIndex
 
 DEFAULT_SHARD_BYTES = 256 << 20
 _BLOCK = tarfile.BLOCKSIZE
@@ -87,6 +90,7 @@ class ShardInfo:
     sha256: str
     bytes: int
     samples: int
+    members: list[SampleIndex] | None = field(default=None, compare=False)  # as written; None: resumed, not known
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "split": self.split, "sha256": self.sha256, "bytes": self.bytes,
@@ -107,6 +111,7 @@ class SplitShardWriter:
         self._hf: _HashingFile | None = None
         self._tmp: Path | None = None
         self._samples = 0
+        self._members: list[SampleIndex] = []  # the open shard's member index, as its bytes are written
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpot-shard-hash")
         (self.root / self.rel_folder).mkdir(parents=True, exist_ok=True)
 
@@ -120,6 +125,7 @@ class SplitShardWriter:
         self._hf = _HashingFile(self._fh, self._hasher)
         self._open_shard = True
         self._samples = 0
+        self._members = []
 
     def _finish(self) -> None:
         assert self._open_shard and self._hf is not None and self._tmp is not None
@@ -132,7 +138,8 @@ class SplitShardWriter:
         name = self._name()
         os.replace(self._tmp, self.root / name)
         fsync_dir(self.root / self.rel_folder)  # the rename too survives a power loss: the journal will list it
-        self.done.append(ShardInfo(name, self.split, self._hf.sha.hexdigest(), self._hf.size, self._samples))
+        self.done.append(ShardInfo(name, self.split, self._hf.sha.hexdigest(), self._hf.size, self._samples,
+                                   self._members))
         self._open_shard = False
         self._fh = self._hf = self._tmp = None
 
@@ -152,12 +159,15 @@ class SplitShardWriter:
             self._finish()
         if not self._open_shard:
             self._open()
+        placed = {}
         for (name, head, data), n in zip(members, sizes):
+            placed[name.split(".", 1)[1]] = Member(name, key, name.split(".", 1)[1], self._hf.size + _BLOCK, n)
             self._hf.write(_tar_header(name, n))
             self._hf.write(head)
             if data is not None:
                 self._hf.write(memoryview(data).cast("B"))
             self._hf.write(_padding(n))
+        self._members.append(SampleIndex(key, placed))
         self._samples += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -188,3 +198,22 @@ class SplitShardWriter:
                     self._tmp.unlink()
             self._open_shard = False
             self._fh = self._hf = self._tmp = None
+
+
+def write_shard_index(root: str | Path, dataset: str, shards: Sequence[ShardInfo]) -> dict[str, Any] | None:
+    """Write the dataset's member index (dpot_format.shard_index) beside its shards, atomically, and return the
+    manifest's `shard_index` entry (path, sha256, bytes); None when there are no shards. A shard written by an
+    earlier run of a resumed ingest is indexed from its local tar headers (the writer of this run did not see it)."""
+    if not shards:
+        return None
+    folder = posixpath.dirname(shards[0].path)
+    rows = []
+    for s in shards:
+        if posixpath.dirname(s.path) != folder:
+            raise ValueError(f"{s.path}: the shards of one dataset share one folder ({folder})")
+        members = shard_samples(Path(root) / s.path, s.members, where=s.path)
+        rows.append((posixpath.basename(s.path), s.sha256, members))
+    data = index_bytes(index_document(dataset, rows))
+    rel = f"{folder}/{INDEX_NAME}" if folder else INDEX_NAME
+    atomic_write(Path(root) / rel, data)
+    return {"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}

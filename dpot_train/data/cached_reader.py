@@ -19,7 +19,7 @@ import numpy as np
 
 from dpot_format.errors import FormatError
 from dpot_format.io import is_local
-from dpot_format.tar import index_shard
+from dpot_format.shard_index import shard_samples
 from dpot_train.data.cache import DEFAULT_LIMIT, CacheSettings, ShardCache, check_limit, parse_size
 from dpot_train.data.datasets import DataError, DatasetInfo, Shard
 from dpot_train.data.readers import (ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, Window, make_reader,
@@ -31,14 +31,12 @@ INDEX_FETCHES = 2  # shards fetched at once while indexing a cold cache  # the f
 
 
 def _build_index(local: Path, shard: Shard, given: ShardIndex | None) -> list[dict[str, Any]]:
-    """The cache's index entries of a downloaded shard: from `given` (what the launch's validator read) when it
-    holds the shard, else from the local copy's tar headers."""
-    samples = (given or {}).get(shard.url)
-    if samples is None:
-        try:
-            samples = index_shard(str(local), where=shard.url)
-        except FormatError as e:
-            raise DataError(f"shard {e}") from None
+    """The cache's index entries of a downloaded shard: from `given` (the dataset's recorded index, or what the
+    launch's validator read) when it holds the shard, else from the local copy's tar headers."""
+    try:
+        samples = shard_samples(str(local), (given or {}).get(shard.url), where=shard.url)
+    except FormatError as e:
+        raise DataError(f"shard {e}") from None
     return [{"index": s.index, "fields": s.fields.offset, "mask": s.mask.offset, "mask_size": s.mask.size}
             for s in samples]
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import glob
 import os
 import posixpath
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from dpot_format.errors import FormatError
 from dpot_format.manifest import manifest_path, read_manifest as read_manifest_doc
 from dpot_format.paths import resolve_member
+from dpot_format.shard_index import load_index
 from dpot_format.tar import SampleIndex
 from dpot_format.validate import Problem, validate_output
 
@@ -182,12 +184,40 @@ def problem_message(ds: DatasetInfo, problem: Problem) -> str:
     return f"{where}: {problem}"
 
 
+def note_scanned(entries: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """One line on stderr per dataset entry (with its manifest url) that lists shards but records no shard index
+    (an output written before `index.json`): its shards' tar headers are read once instead."""
+    for manifest, entry in entries:
+        if entry["shards"] and not entry.get("shard_index"):
+            print(f"note: {manifest}: dataset {entry['name']!r} records no shard index (written before index.json); "
+                  "its shards' tar headers were scanned (`dpot-data ingest --overwrite` records one)",
+                  file=sys.stderr, flush=True)
+
+
+def recorded_index(datasets: list[DatasetInfo], split: str) -> dict[str, list[SampleIndex]]:
+    """Shard url -> its member index, for the `split` shards of every dataset that records one (its index file read
+    once, its sha256 and rows checked against the manifest; no shard is read). DataError naming the index file."""
+    out: dict[str, list[SampleIndex]] = {}
+    for ds in datasets:
+        if not ds.entry.get("shard_index"):
+            continue
+        try:
+            recorded = load_index(ds.root, ds.entry)
+        except FormatError as exc:
+            raise DataError(f"{ds.manifest}: dataset {ds.name!r}: {posixpath.join(ds.root, str(exc))}") from None
+        for listed, shard in zip(ds.entry["shards"], ds.shards):
+            if shard.split == split:
+                out[shard.url] = recorded[listed["path"]]
+    return out
+
+
 def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webdataset",
                   checksums: bool = True, indexes: dict[str, list[SampleIndex]] | None = None) -> None:
     """Check the data of `split` with dpot_format's validator before training: for the webdataset backend every
     shard of the split (regular file, size, members, .npy headers, meta.json, keys; sha256 unless disabled), for
     the zarr backend the store (metadata; array digests unless disabled). DataError naming the first problems.
-    `indexes` receives each shard's member index as the validator read it (shard url -> samples)."""
+    `indexes` receives each shard's member index (shard url -> samples): the dataset's recorded index where it has
+    one (no tar header is read), else as the validator scanned it."""
     by_root: dict[str, list[DatasetInfo]] = {}
     for ds in datasets:
         if backend == "zarr":
@@ -202,13 +232,16 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
     for root, group in by_root.items():
         named = {ds.name: ds for ds in group}
         problems = [p for p in validate_output(root, rehash=checksums, datasets=set(named), splits={split},
-                                               parts=(part,), scan=False, indexes=indexes) if p.fatal]
+                                               parts=(part,), scan=False, indexes=indexes, trust_index=True)
+                    if p.fatal]
         if problems:
             lines = [problem_message(named[p.dataset], p) if p.dataset in named else f"{group[0].manifest}: {p}"
                      for p in problems[:MAX_REPORTED]]
             more = (f" (and {len(problems) - MAX_REPORTED} more problem(s); `dpot-data verify {group[0].root}` lists them)"
                     if len(problems) > MAX_REPORTED else "")
             raise DataError("; ".join(lines) + more)
+        if part == "shards":
+            note_scanned((ds.manifest, ds.entry) for ds in group)
 
 
 def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str, res: int = 0) -> None:

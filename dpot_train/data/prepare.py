@@ -11,7 +11,8 @@ from typing import Sequence
 from dpot_format.tar import SampleIndex
 from dpot_train.config import DataConfig
 from dpot_train.data.cached_reader import cache_settings, reader_for, uses_cache
-from dpot_train.data.datasets import DataError, DatasetInfo, check_compatible, read_manifests, verify_shards
+from dpot_train.data.datasets import (DataError, DatasetInfo, check_compatible, note_scanned, read_manifests,
+                                      recorded_index, verify_shards)
 from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.readers import ShardIndex, TrajectoryReader
 from dpot_train.data.stream import StreamSpec
@@ -33,6 +34,9 @@ def checked_index(cfg: DataConfig, datasets: list[DatasetInfo], split: str, veri
     index: dict[str, list[SampleIndex]] = {}
     if not uses_cache(list(cfg.manifests), cfg.backend):  # the cache checks each shard's sha256 as it downloads it
         verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
+    elif cfg.backend == "webdataset":  # the recorded member indexes: the cache builds its entries from them
+        index = recorded_index(datasets, split)
+        note_scanned((d.manifest, d.entry) for d in datasets)
     return index
 
 
@@ -65,6 +69,9 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, valid
     if not validated and not uses_cache(list(cfg.manifests), cfg.backend):
         index = {**(index or {})}
         verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
+    elif not validated and cfg.backend == "webdataset":
+        index = {**recorded_index(datasets, cfg.split), **(index or {})}
+        note_scanned((d.manifest, d.entry) for d in datasets)
     reader = data_reader(cfg)
     refs = [reader.refs(d, cfg.split, index) for d in datasets]
     for d, r in zip(datasets, refs):

@@ -23,7 +23,8 @@ import numpy as np
 from dpot_format.errors import FormatError
 from dpot_format.io import is_local, local_path, open_read
 from dpot_format.npy import load_npy, read_npy_header
-from dpot_format.tar import SampleIndex, index_shard
+from dpot_format.shard_index import shard_samples
+from dpot_format.tar import SampleIndex
 from dpot_train.data.datasets import DataError, DatasetInfo, Shard
 
 ShardIndex = Mapping[str, Sequence[SampleIndex]]  # shard url -> its member index, as dpot_format's validator read it
@@ -185,16 +186,15 @@ class WebDatasetReader:
         self.map_files = state.get("map_files", True)
 
     def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
-        """Every trajectory of `split` (sorted by index), from `index` where it holds a shard, else from the shard's
-        tar headers, read here under dpot_format's member rules (links, odd names, duplicates refused)."""
+        """Every trajectory of `split` (sorted by index), from `index` where it holds a shard (the recorded index, or
+        what the validator read), else from the shard's tar headers, read here under dpot_format's member rules
+        (links, odd names, duplicates refused)."""
         out: list[TrajRef] = []
         for shard in ds.shards_of(split):
-            samples = (index or {}).get(shard.url)
-            if samples is None:
-                try:
-                    samples = index_shard(shard.url)
-                except FormatError as e:
-                    raise DataError(f"shard {e}") from None
+            try:
+                samples = shard_samples(shard.url, (index or {}).get(shard.url))
+            except FormatError as e:
+                raise DataError(f"shard {e}") from None
             out += shard_refs(ds, shard, samples)
         out.sort(key=lambda r: r.index)
         return out
