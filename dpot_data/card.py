@@ -416,7 +416,8 @@ def write_card(root: str, catalog: Catalog | None = None) -> list[str]:
         manifest = read_manifest(root)
     except FormatError as exc:
         raise InputError(exc.where or root, exc.expected) from None
-    problems = [p for p in validate_output(root, rehash=False, scan=False, manifest=manifest) if p.fatal]
+    problems = [p for p in validate_output(root, rehash=False, scan=False, manifest=manifest, trust_index=True)
+                if p.fatal]
     if problems:
         more = f" (and {len(problems) - 1} more; `dpot-data verify` lists them)" if len(problems) > 1 else ""
         raise InputError(root, f"fails the format's check, expected a valid ingest output: {problems[0]}{more}")

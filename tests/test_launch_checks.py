@@ -37,9 +37,14 @@ def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
 def test_unknown_preset_and_unbuildable_schedule_are_one_line_errors(fno_train_shards: Path, tmp_path: Path) -> None:
     line = _one_line_error(_launch(fno_train_shards, tmp_path / "a", "--model", "tinyy"))
     assert "--model 'tinyy'" in line and "tiny" in line
-    line = _one_line_error(_launch(fno_train_shards, tmp_path / "b", "--steps", "5"))
-    assert "--steps 5" in line and "one-cycle" in line
+    config = tmp_path / "warmup.yaml"
+    config.write_text("optim:\n  warmup_pct: 1.5\n", encoding="utf-8")
+    line = _one_line_error(_launch(fno_train_shards, tmp_path / "b", "--config", str(config)))
+    assert "optim.warmup_pct" in line and "1.5" in line
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # a warm-up that ends at step 0 (5 steps at 20 %) is a schedule like any other
+    r = _launch(fno_train_shards, tmp_path / "c", "--steps", "5", "--dry-run")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("preset", ["fno-tiny", "unet-tiny"])
