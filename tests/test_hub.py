@@ -42,22 +42,26 @@ def _ref(repo: Path, name: str, commit: str) -> None:
     (repo / "refs" / name).write_text(commit)  # no newline, as huggingface_hub writes it
 
 
+def put_hub_file(cache: Path, repo_id: str, commit: str, filename: str, data: bytes, ref: str | None = None) -> None:
+    """One file of one commit of the Hub repo `repo_id` in the huggingface_hub cache folder `cache` (what
+    HF_HUB_CACHE names), laid out as huggingface_hub lays it out; `ref` (a branch or tag) then names that commit."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    _put(repo, commit, filename, data)
+    if ref is not None:
+        _ref(repo, ref, commit)
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A Hub cache holding hzk17/DPOT's model_Ti.pth (main: the golden DPOT file; tag v1: the golden FNO file) and
     one of our checkpoints in someone/dpot-runs; plus the local copy of our checkpoint."""
     base = tmp_path_factory.mktemp("hub")
     cache = base / "hub"
-    dpot = cache / ("models--" + DPOT_REPO.replace("/", "--"))
-    _put(dpot, MAIN, RELEASED["Ti"], DPOT_FILE.read_bytes())
-    _put(dpot, OLD, RELEASED["Ti"], OLD_FILE.read_bytes())
-    _ref(dpot, "main", MAIN)
-    _ref(dpot, "v1", OLD)
+    put_hub_file(cache, DPOT_REPO, MAIN, RELEASED["Ti"], DPOT_FILE.read_bytes(), ref="main")
+    put_hub_file(cache, DPOT_REPO, OLD, RELEASED["Ti"], OLD_FILE.read_bytes(), ref="v1")
     ours = base / "ours.pt"
     torch.save(checkpoint_payload(load_pretrained(DPOT_FILE)), ours)
-    runs = cache / ("models--" + RUNS_REPO.replace("/", "--"))
-    _put(runs, MAIN, "ckpt/step-00000002.pt", ours.read_bytes())
-    _ref(runs, "main", MAIN)
+    put_hub_file(cache, RUNS_REPO, MAIN, "ckpt/step-00000002.pt", ours.read_bytes(), ref="main")
     return {"cache": cache, "home": base / "hf-home", "ours": ours}
 
 

@@ -197,9 +197,15 @@ exit $rc
 """
 
 
+def fake_slurm_bin(folder: Path) -> Path:
+    """`folder` holding a fake `srun` (one task per node of SLURM_NNODES on this machine, node N's output in
+    $FAKE_DIR/node-N.log) and `scontrol` (the hosts of $FAKE_HOSTS), to put first on PATH."""
+    return _fake_bin(folder, {"srun": MULTI_SRUN, "scontrol": FAKES["scontrol"]})
+
+
 @pytest.mark.slow
 def test_a_two_node_job_trains_and_its_requeue_resumes(fno_train_shards: Path, tmp_path: Path) -> None:
-    fake = _fake_bin(tmp_path / "multi-bin", {"srun": MULTI_SRUN, "scontrol": FAKES["scontrol"]})
+    fake = fake_slurm_bin(tmp_path / "multi-bin")
     env = _env(tmp_path, FAKE_HOSTS="127.0.0.1 127.0.0.1", SLURM_JOB_NODELIST="node[1-2]",
                DPOT_RDZV_PORT=str(_free_port()), DPOT_NPROC_PER_NODE="1", MANIFEST=str(fno_train_shards), CONFIG="",
                MIXTURE="", OUT=str(tmp_path / "run"), OMP_NUM_THREADS="1",
