@@ -17,6 +17,8 @@ import zarr
 from dpot_format import io as fs
 from dpot_format.io import sha256_array
 from dpot_format.manifest import build
+from dpot_format.shard_index import INDEX_NAME, index_bytes, index_document
+from dpot_format.tar import index_shard
 
 CHANNELS = ["u", "v", "p", "pad3"]
 VALID = [True, True, True, False]
@@ -55,7 +57,7 @@ def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16) -> t
     g.create_array("channel_valid", data=np.array(VALID))
     labels = g.create_array("split", shape=(n,), chunks=(n,), dtype=str, fill_value="")
     labels[:] = split
-    shards = []
+    shards, indexed = [], []
     for s in ("train", "valid", "test"):
         rel = f"shards/toy/{s}-000000.tar"
         buf = io.BytesIO()
@@ -72,6 +74,10 @@ def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16) -> t
             f.write(data)
         shards.append({"path": rel, "split": s, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
                        "samples": int((split == s).sum())})
+        indexed.append((rel.rsplit("/", 1)[1], shards[-1]["sha256"], index_shard(io.BytesIO(data), rel)))
+    index = index_bytes(index_document("toy", indexed))  # the member index beside the shards, as ingest records it
+    with fsspec.open(fs.join(root, f"shards/toy/{INDEX_NAME}"), "wb", auto_mkdir=True) as f:
+        f.write(index)
     entry = {
         "name": "toy", "source": "toy", "boundary": "periodic", "parameters": {}, "channels": CHANNELS,
         "channel_valid": VALID, "fill_value": 1.0,
@@ -80,6 +86,8 @@ def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16) -> t
         "splits": {"seed": 0, "rule": "fixed",
                    "counts": {s: int((split == s).sum()) for s in ("train", "valid", "test")}},
         "trajectories": n, "shards": shards,
+        "shard_index": {"path": f"shards/toy/{INDEX_NAME}", "sha256": hashlib.sha256(index).hexdigest(),
+                        "bytes": len(index)},
         "zarr": {"path": "data.zarr", "group": "toy",
                  "arrays": {k: sha256_array(g[k]) for k in ("fields", "mask", "channel_valid")}},
         "inputs": [], "skipped": [], "stats": None,
