@@ -35,7 +35,7 @@ def _toy(root: Path, monkeypatch: pytest.MonkeyPatch, masked: bool = False, nan:
         return fields, np.zeros_like(mask) if masked else mask
 
     monkeypatch.setattr(toy_output, "toy_arrays", damaged)
-    toy_output.write_toy_output(str(root), n=10, frames=13, res=16)
+    toy_output.write_toy_output(str(root), n=10, frames=13, res=16, index=True)
     return root
 
 

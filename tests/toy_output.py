@@ -46,8 +46,10 @@ def _npy(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """Write the toy output at `root` (path or URL); returns (fields, mask)."""
+def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16, index: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Write the toy output at `root` (path or URL); returns (fields, mask). `index`: with the shards' member index
+    (`shard_index`), as ingest now records it; without, an output written before it."""
     fields, mask = toy_arrays(n, frames, res)
     split = np.array((SPLIT * n)[:n])
     store = fs.zarr_store(fs.join(root, "data.zarr"), read_only=False)
@@ -75,9 +77,10 @@ def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16) -> t
         shards.append({"path": rel, "split": s, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
                        "samples": int((split == s).sum())})
         indexed.append((rel.rsplit("/", 1)[1], shards[-1]["sha256"], index_shard(io.BytesIO(data), rel)))
-    index = index_bytes(index_document("toy", indexed))  # the member index beside the shards, as ingest records it
-    with fsspec.open(fs.join(root, f"shards/toy/{INDEX_NAME}"), "wb", auto_mkdir=True) as f:
-        f.write(index)
+    recorded = index_bytes(index_document("toy", indexed))
+    if index:
+        with fsspec.open(fs.join(root, f"shards/toy/{INDEX_NAME}"), "wb", auto_mkdir=True) as f:
+            f.write(recorded)
     entry = {
         "name": "toy", "source": "toy", "boundary": "periodic", "parameters": {}, "channels": CHANNELS,
         "channel_valid": VALID, "fill_value": 1.0,
@@ -86,12 +89,13 @@ def write_toy_output(root: str, n: int = 5, frames: int = 6, res: int = 16) -> t
         "splits": {"seed": 0, "rule": "fixed",
                    "counts": {s: int((split == s).sum()) for s in ("train", "valid", "test")}},
         "trajectories": n, "shards": shards,
-        "shard_index": {"path": f"shards/toy/{INDEX_NAME}", "sha256": hashlib.sha256(index).hexdigest(),
-                        "bytes": len(index)},
         "zarr": {"path": "data.zarr", "group": "toy",
                  "arrays": {k: sha256_array(g[k]) for k in ("fields", "mask", "channel_valid")}},
         "inputs": [], "skipped": [], "stats": None,
     }
+    if index:
+        entry["shard_index"] = {"path": f"shards/toy/{INDEX_NAME}", "sha256": hashlib.sha256(recorded).hexdigest(),
+                                "bytes": len(recorded)}
     with fsspec.open(fs.join(root, "manifest.json"), "w") as f:
         json.dump(build([entry], command="toy", created="2026-01-01T00:00:00Z"), f)
     return fields, mask
