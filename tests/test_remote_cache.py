@@ -31,6 +31,7 @@ from dpot_train.data.prepare import prepare_stream  # noqa: E402
 from dpot_train.data.readers import WebDatasetReader  # noqa: E402
 from dpot_train.data.remote_fetch import FetchError, FetchPlan, RetryPolicy  # noqa: E402
 from dpot_train.data.stream import WindowStream  # noqa: E402
+from tests.test_shard_cache import flip_middle_byte  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = FetchPlan(policy=RetryPolicy(attempts=3, base_s=0.001, max_s=0.002))
@@ -405,15 +406,6 @@ def test_the_zarr_backend_reads_object_storage_directly_with_the_local_stores_va
         assert f.tobytes() == rf.tobytes() and m.tobytes() == rm.tobytes() and f.shape == (5, 4, 32, 32)
 
 
-def _flip_middle_byte(path: Path) -> None:
-    """One byte in the middle of the file inverted, its size kept (what a bad disk or a stray write does)."""
-    with open(path, "r+b") as f:
-        f.seek(path.stat().st_size // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_a_damaged_cached_shard_is_fetched_again_never_read(s3, corpus, tmp_path: Path, capsys) -> None:
     local, url = corpus
     ds = _train(url)
@@ -422,7 +414,7 @@ def test_a_damaged_cached_shard_is_fetched_again_never_read(s3, corpus, tmp_path
     first = CachedWebDatasetReader(settings)
     _read_all(first, first.refs(ds, "train"))
     for shard in shards:
-        _flip_middle_byte(first.cache.entry(shard))
+        flip_middle_byte(first.cache.entry(shard))
     capsys.readouterr()
     s3.reset_counts()
     later = pickle.loads(pickle.dumps(CachedWebDatasetReader(settings)))  # the next run's process
@@ -477,7 +469,7 @@ def test_a_run_on_damaged_cached_shards_trains_as_from_a_local_folder(s3, fno_tr
     entries = sorted((cache / "data").iterdir())
     assert entries
     for entry in entries:
-        _flip_middle_byte(entry)
+        flip_middle_byte(entry)
     finals = {}
     for name, manifest, extra in (("local", str(fno_train_shards), ()), ("s3", url, ("--cache-dir", str(cache)))):
         run = tmp_path / name

@@ -112,7 +112,8 @@ def test_usage_is_measured_under_the_cache_lock(tmp_path: Path, objects: dict[st
     assert got == [0]
 
 
-def _flip_middle(path: Path) -> None:
+def flip_middle_byte(path: Path) -> None:
+    """One byte in the middle of the file inverted, its size kept (what a bad disk or a stray write does)."""
     with open(path, "r+b") as f:
         f.seek(path.stat().st_size // 2)
         byte = f.read(1)
@@ -127,7 +128,7 @@ def test_a_damaged_entry_is_fetched_again_with_one_warning(tmp_path: Path, objec
     settings = CacheSettings(str(tmp_path / "cache"), limit=8 * SIZE)
     for s in shards:
         ShardCache(settings, fetch=store).ensure(s)
-    _flip_middle(tmp_path / "cache" / "data" / f"{shards[0].sha256}.tar")
+    flip_middle_byte(tmp_path / "cache" / "data" / f"{shards[0].sha256}.tar")
     with open(tmp_path / "cache" / "data" / f"{shards[1].sha256}.tar", "r+b") as f:
         f.write(b"\0" * SIZE)  # zeroed, same size
     capsys.readouterr()
@@ -156,7 +157,7 @@ def test_threads_finding_one_damaged_entry_fetch_it_once(tmp_path: Path, objects
     store = Store(objects)
     settings = CacheSettings(str(tmp_path / "cache"), limit=8 * SIZE)
     ShardCache(settings, fetch=store).ensure(shard)
-    _flip_middle(tmp_path / "cache" / "data" / f"{shard.sha256}.tar")
+    flip_middle_byte(tmp_path / "cache" / "data" / f"{shard.sha256}.tar")
     store.fetches.clear()
     cache, errors = ShardCache(settings, fetch=store), []
 

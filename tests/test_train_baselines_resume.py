@@ -29,15 +29,6 @@ def _args(data: dict[str, Path], out: Path, preset: str, *extra: str) -> list[st
     return train_runs.launch_args(data["shards"], out, "--model", preset, "--no-eval", *config, *extra, steps=STEPS)
 
 
-def _equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
-
 
 def _kill_mid_run(args: list[str], out: Path) -> None:
     """Start the launcher, SIGKILL it once the first checkpoint exists, wait until its workers are gone."""
@@ -82,7 +73,7 @@ def test_baseline_killed_and_resumed_is_bitwise_identical_then_evaluates(
     a = torch.load(reference / "checkpoints" / final, weights_only=True)
     b = torch.load(out / "checkpoints" / final, weights_only=True)
     assert a["config"]["family"] == family and a["config"]["n_dim"] == dims
-    assert _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"]) and _equal(a["rng"], b["rng"])
+    assert all(train_runs.states_equal(a[k], b[k]) for k in ("model", "optimizer", "rng"))
     assert a["scheduler"] == b["scheduler"] and a["loader"] == b["loader"]
     if family == "unet":  # the BatchNorm statistics moved in training and are part of the resumed state
         assert a["model"]["encoder1.enc1norm1.num_batches_tracked"].item() == STEPS

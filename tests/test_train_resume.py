@@ -29,16 +29,6 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     return alive
 
 
-def _tensors_equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_tensors_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to follow the worker processes")
 def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
@@ -75,11 +65,11 @@ def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
-    assert _tensors_equal(a["optimizer"], b["optimizer"])
+    assert train_runs.states_equal(a["optimizer"], b["optimizer"])
     assert a["scheduler"] == b["scheduler"]
     assert a["loader"] == b["loader"] == {"position": train_runs.STEPS * train_runs.BATCH, "epoch": 8,
                                           "epoch_length": 12, "global_batch": train_runs.BATCH}
-    assert _tensors_equal(a["rng"], b["rng"])
+    assert train_runs.states_equal(a["rng"], b["rng"])
     # the loss log of the resumed run holds every step once, with the uninterrupted run's values
     la = [json.loads(x) for x in (reference / "metrics.jsonl").read_text().splitlines()]
     lb = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

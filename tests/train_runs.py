@@ -59,3 +59,16 @@ def child_pids(pid: int) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def states_equal(a: object, b: object) -> bool:
+    """Bitwise equality of two checkpoint states (tensors with their dtypes, nested dicts, lists and plain values)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b))
+    return a == b
