@@ -207,7 +207,11 @@ def launch_overrides(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_request(cfg: TrainConfig, out: str | None, config: str | None, resume: bool) -> None:
-    """What the options alone can refute: no RUN_DIR, or a --resume with no run to resume."""
+    """What the options and the environment alone can refute: no RUN_DIR, a --resume with no run to resume, or an
+    OMP_NUM_THREADS that is no thread count (said here once, not by ranks racing torchrun's teardown)."""
+    from dpot_train.threads import user_threads
+
+    user_threads(os.environ)
     if out is None and config is None:
         raise ValueError("--out RUN_DIR is required")
     if resume and not cfg.data.manifests and not (Path(cfg.out) / "config.yaml").exists():

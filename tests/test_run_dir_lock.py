@@ -21,11 +21,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _in_torchrun(pid: int) -> bool:
+    """The process has exec'ed into torchrun: launch has written RUN_DIR's files and holds the lock through the
+    exec (until then it is still checking the data and writing config.yaml, plan.json and launch.json)."""
+    try:
+        return b"dpot_train.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _wait_held(lock: Path, first: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Until the first launch holds the lock (it is then waiting in torchrun's rendezvous for a node that never
-    comes)."""
+    """Until the first launch holds the lock and is waiting in torchrun's rendezvous for a node that never comes."""
     deadline = time.monotonic() + timeout
-    while not is_held(lock):
+    while not (is_held(lock) and _in_torchrun(first.pid)):
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline, "the first launch never took the RUN_DIR lock"
         time.sleep(0.2)

@@ -97,3 +97,5 @@ def test_bad_omp_value_stops_the_launch_in_one_line(fno_train_shards: Path, tmp_
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert errors == ["error: OMP_NUM_THREADS='abc': expected a positive integer thread count"]
     assert "Traceback" not in r.stderr
+    assert "dpot_train.torchrun" not in r.stderr  # refused by launch itself, before any rank starts
+    assert not (tmp_path / "run").exists()  # and before RUN_DIR is written
