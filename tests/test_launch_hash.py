@@ -212,4 +212,4 @@ def test_the_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[str
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
     assert result["shards"] == 3 and len(result["serial"]["wall_s"]) == len(result["pool"]["wall_s"]) == 1
-    assert result["pool"]["threads"] >= 1 and result["wall_ratio"] > 0
+    assert result["pool"]["threads"] >= 1 and result["wall_ratio"] > 0 and len(result["no_sha256"]["wall_s"]) == 1
