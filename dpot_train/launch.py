@@ -231,8 +231,8 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progres
     the tar headers (one line says so); the run does not read them again.
 
     The sha256 pass runs on a local thread pool (`dpot_train.data.hash_pool`; `workers` threads, None: one per
-    usable core), results in manifest order, so the lines are those of a one-thread pass; `progress` False
-    (--no-progress) shows no bar over it."""
+    usable core), results in manifest order, so the lines are those of a one-thread pass; its bar (over the bytes
+    `docs` list) is shown unless `progress` is False (--no-progress)."""
     lines: list[str] = []
     index: dict[str, list[SampleIndex]] = {}
     scanned: list[tuple[str, dict]] = []

@@ -30,9 +30,8 @@ PROGRESS_MIN_BYTES = 1 << 30  # less than this to hash (a few seconds on one cor
 class ThreadRunner:
     """The validator's `Runner` on a local thread pool: fn over items, results in the items' order."""
 
-    def __init__(self, pool: Executor, workers: int) -> None:
+    def __init__(self, pool: Executor) -> None:
         self.pool = pool
-        self.workers = workers
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """fn(item) for every item, computed on the pool, yielded in order (an item's exception where it stands)."""
@@ -58,7 +57,7 @@ def hash_runner(rehash: bool, part: str, workers: int | None = None) -> Iterator
         return
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dpot-hash")
     try:
-        yield ThreadRunner(pool, threads)
+        yield ThreadRunner(pool)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
