@@ -31,6 +31,7 @@ from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epoc
 from dpot_train.data.cached_reader import uses_cache, with_cache
 from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
                                       note_scanned, read_manifest_docs)
+from dpot_train.data.hash_pool import HashProgress, hash_runner, to_hash
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
@@ -221,30 +222,43 @@ def check_schedule(cfg: TrainConfig) -> None:
 MAX_PROBLEM_LINES = 50  # lines `launch` prints before counting the rest
 
 
-def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None) -> dict[str, list[SampleIndex]]:
+def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progress: bool = True,
+                  workers: int | None = None) -> dict[str, list[SampleIndex]]:
     """Run dpot_format's validator on every output the config names (the parts the backend reads, every split);
     DataError with one line per fatal problem (prefixed by its output folder) when any is found. `docs`: the
     manifests already read (manifest url -> document), not read again. Returns the member index of every shard
     (url -> samples): the datasets' recorded index (no tar header is read), else as the validator scanned it from
-    the tar headers (one line says so); the run does not read them again."""
+    the tar headers (one line says so); the run does not read them again.
+
+    The sha256 pass runs on a local thread pool (`dpot_train.data.hash_pool`; `workers` threads, None: one per
+    usable core), results in manifest order, so the lines are those of a one-thread pass; its bar (over the bytes
+    `docs` list) is shown unless `progress` is False (--no-progress)."""
     lines: list[str] = []
     index: dict[str, list[SampleIndex]] = {}
     scanned: list[tuple[str, dict]] = []
     part = "zarr" if data.backend == "zarr" else "shards"
-    for path in [m for given in data.manifests for m in expand_outputs(given)]:
-        doc = (docs or {}).get(manifest_url(path))
-        cached = uses_cache([path], data.backend)  # the cache checks each download's size and sha256
-        rehash = data.verify_checksums and not cached
-        if part == "shards" and doc is not None:
-            scanned += [(manifest_url(path), entry) for entry in doc["datasets"]]
-        for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index,
-                                       trust_index=True, stat_remote=not cached):
-            if not problem.fatal:
-                continue
-            if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
-                lines.append(f"{manifest_url(path)}: {problem.actual}")
-            else:
-                lines.append(f"{path.rstrip('/')}/{problem}")  # the file, member or array by its full path
+    paths = [m for given in data.manifests for m in expand_outputs(given)]
+    # the cache checks each download's size and sha256: only the outputs read without it are rehashed here
+    rehashed = {p: data.verify_checksums and not uses_cache([p], data.backend) for p in paths}
+    size, count = to_hash([e for p in paths if rehashed[p]
+                           for e in ((docs or {}).get(manifest_url(p)) or {}).get("datasets", [])], part)
+    with hash_runner(any(rehashed.values()), part, workers) as runner, \
+            HashProgress(size, count, part, progress) as bar:
+        for path in paths:
+            doc = (docs or {}).get(manifest_url(path))
+            cached = uses_cache([path], data.backend)
+            rehash = rehashed[path]
+            if part == "shards" and doc is not None:
+                scanned += [(manifest_url(path), entry) for entry in doc["datasets"]]
+            for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index,
+                                           trust_index=True, stat_remote=not cached,
+                                           runner=runner if rehash else None, progress=bar if rehash else None):
+                if not problem.fatal:
+                    continue
+                if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
+                    lines.append(f"{manifest_url(path)}: {problem.actual}")
+                else:
+                    lines.append(f"{path.rstrip('/')}/{problem}")  # the file, member or array by its full path
     if lines:
         more = len(lines) - MAX_PROBLEM_LINES
         shown = lines[:MAX_PROBLEM_LINES] + ([f"... and {more} more problem(s)"] if more > 0 else [])
@@ -431,7 +445,7 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
         raise DataError(f"{source}: {exc}" if source and isinstance(cfg.data.mixture, dict) else str(exc)) from None
     weights = resolve_weights([d.name for d in datasets], mixture, cfg.data.mixture_partial)
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
-    index = check_outputs(cfg.data, docs)  # docs/format.md on every output, sha256 included unless disabled
+    index = check_outputs(cfg.data, docs, cfg.progress)  # docs/format.md on every output, sha256 unless disabled
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility
     cfg = replace(cfg, data=replace(cfg.data, norm_stats=applied(spec.norm)))  # the statistics, in config.yaml
     evaluation = indexed_trajectories(datasets, cfg.eval_split, index) if cfg.eval_at_end else {}

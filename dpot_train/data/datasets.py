@@ -16,6 +16,7 @@ from dpot_format.paths import resolve_member
 from dpot_format.shard_index import load_index
 from dpot_format.tar import SampleIndex
 from dpot_format.validate import Problem, validate_output
+from dpot_train.data.hash_pool import HashProgress, hash_runner, to_hash
 
 
 class DataError(FormatError):
@@ -229,19 +230,22 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
                             f"(splits: {ds.split_counts})")
         by_root.setdefault(ds.manifest, []).append(ds)
     part = "zarr" if backend == "zarr" else "shards"
-    for root, group in by_root.items():
-        named = {ds.name: ds for ds in group}
-        problems = [p for p in validate_output(root, rehash=checksums, datasets=set(named), splits={split},
-                                               parts=(part,), scan=False, indexes=indexes, trust_index=True)
-                    if p.fatal]
-        if problems:
-            lines = [problem_message(named[p.dataset], p) if p.dataset in named else f"{group[0].manifest}: {p}"
-                     for p in problems[:MAX_REPORTED]]
-            more = (f" (and {len(problems) - MAX_REPORTED} more problem(s); `dpot-data verify {group[0].root}` lists them)"
-                    if len(problems) > MAX_REPORTED else "")
-            raise DataError("; ".join(lines) + more)
-        if part == "shards":
-            note_scanned((ds.manifest, ds.entry) for ds in group)
+    with hash_runner(checksums, part) as runner, \
+            HashProgress(*to_hash([ds.entry for ds in datasets], part, {split}), part, checksums) as bar:
+        for root, group in by_root.items():  # the sha256 pass on every core (hash_pool), problems in manifest order
+            named = {ds.name: ds for ds in group}
+            problems = [p for p in validate_output(root, rehash=checksums, datasets=set(named), splits={split},
+                                                   parts=(part,), scan=False, indexes=indexes, trust_index=True,
+                                                   runner=runner, progress=bar if checksums else None)
+                        if p.fatal]
+            if problems:
+                lines = [problem_message(named[p.dataset], p) if p.dataset in named else f"{group[0].manifest}: {p}"
+                         for p in problems[:MAX_REPORTED]]
+                more = (f" (and {len(problems) - MAX_REPORTED} more problem(s); `dpot-data verify "
+                        f"{group[0].root}` lists them)" if len(problems) > MAX_REPORTED else "")
+                raise DataError("; ".join(lines) + more)
+            if part == "shards":
+                note_scanned((ds.manifest, ds.entry) for ds in group)
 
 
 def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str, res: int = 0) -> None:
