@@ -21,7 +21,9 @@ from typer.testing import CliRunner
 
 from dpot_train.cli import app as train_app
 from dpot_train.config import TrainConfig
-from dpot_train.trackers import INSTALL, STATE_NAME, TrackerError, Trackers, open_trackers, tracker_names
+from dpot_train import trackers as trackers_module
+from dpot_train.trackers import (INSTALL, STATE_NAME, Held, TrackerError, Trackers, open_trackers,
+                                   tracker_names)
 from dpot_train.train_log import eval_scalars
 from tests import train_runs
 from tests.test_readme_path import ROOT, bash_blocks
@@ -357,3 +359,188 @@ def test_trackers_json_that_cannot_be_written_is_one_warning(tmp_path: Path, mon
     trackers.finish()
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith(f"warning: {run / STATE_NAME}: cannot record the tracker runs ("), err
+
+
+# --- a resume sends each tracker only the steps its run does not hold yet -------------------------------------
+
+
+class _Killed(BaseException):
+    """The process dies here (a SIGKILL): nothing after this point runs."""
+
+
+class _Store(list):
+    """A fake tracker server: every (name, step, value) it received, in order."""
+
+    def once(self) -> dict[tuple[str, int], float]:
+        """{(name, step): value}, asserting that no (name, step) came twice."""
+        keys = [(n, s) for n, s, _ in self]
+        assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+        return {(n, s): v for n, s, v in self}
+
+
+class _Fake:
+    """A tracker that buffers until flush, as MLflowTracker does; `reads_back`: held() reads the store (as MLflow
+    does), else None (as offline W&B: the record in trackers.json is used). `die_after` items of a flush reach the
+    store before the process is killed (None: the whole flush)."""
+
+    def __init__(self, store: _Store, reads_back: bool, die_after: int | None = None) -> None:
+        self.store, self.reads_back, self.die_after = store, reads_back, die_after
+        self.pending: list[tuple[str, int, float]] = []
+        self.state = {"id": "fake"}
+
+    def held(self) -> Held | None:
+        if not self.reads_back:
+            return None
+        steps: dict[str, int] = {}
+        for name, step, _ in self.store:
+            steps[name] = max(steps.get(name, 0), step)
+        return Held(steps=steps)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.pending += [(k, step, v) for k, v in scalars.items()]
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        if self.die_after is not None:
+            self.store.extend(pending[:self.die_after])
+            raise _Killed
+        self.store.extend(pending)
+
+    def finish(self, failed: bool = False) -> None:
+        self.flush()
+
+
+def _value(name: str, step: int) -> float:
+    """The value a step logs: the same in every attempt (the resume contract)."""
+    return float(len(name) * 1000 + step)
+
+
+def _steps(trackers: Trackers, first: int, last: int, flush_every: int = 2) -> None:
+    """Steps first..last as _StepLog sends them: a flush at each log step."""
+    for step in range(first, last + 1):
+        trackers.log({name: _value(name, step) for name in ("loss", "lr")}, step)
+        if step % flush_every == 0:
+            trackers.flush()
+
+
+def _open_fake(monkeypatch: pytest.MonkeyPatch, run: Path, tracker: _Fake, resume: bool) -> Trackers:
+    monkeypatch.setitem(trackers_module._KINDS, "mlflow", lambda cfg, run_dir, stored: tracker)
+    return open_trackers(TrainConfig(out=str(run), tracker=["mlflow"]), run, resume=resume)
+
+
+def _expected(last: int, evals: dict[str, float] | None = None) -> dict[tuple[str, int], float]:
+    out = {(name, s): _value(name, s) for s in range(1, last + 1) for name in ("loss", "lr")}
+    out.update({(name, last): value for name, value in (evals or {}).items()})
+    return out
+
+
+@pytest.mark.parametrize("reads_back", [True, False], ids=["read-back", "record"])
+def test_resume_sends_only_the_steps_the_tracker_does_not_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               reads_back: bool) -> None:
+    """Killed at step 5 (steps 1-4 flushed, 5 buffered), resumed from the checkpoint at step 2: steps 3-4 are redone
+    and not sent again, 5-8 are sent; the eval scalars at the final step once, also when the finished run is resumed
+    again (only the evaluation is repeated)."""
+    store = _Store()
+    first = _open_fake(monkeypatch, tmp_path, _Fake(store, reads_back), resume=False)
+    _steps(first, 1, 5)  # then SIGKILL: no finish; step 5 never reached the store
+    again = _open_fake(monkeypatch, tmp_path, _Fake(store, reads_back), resume=True)
+    _steps(again, 3, 8)
+    evals = {"eval/a/model/rollout_l2re": 0.25, "eval/a/trajectories": 2.0}
+    again.log(evals, 8)
+    again.finish()
+    assert store.once() == _expected(8, evals)
+    record = json.loads((tmp_path / STATE_NAME).read_text())["mlflow"]["held"]
+    assert record == {"upto": 0, "steps": {"loss": 8, "lr": 8, **{k: 8 for k in evals}}}
+
+    finished = _open_fake(monkeypatch, tmp_path, _Fake(store, reads_back), resume=True)
+    finished.log({**evals, "eval/a/model/one_step_l2re": 0.5}, 8)  # a new scalar is sent, the others not again
+    finished.finish()
+    assert store.once() == _expected(8, {**evals, "eval/a/model/one_step_l2re": 0.5})
+
+
+def test_a_kill_between_the_flush_and_its_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps 3-4 reach the tracker, then the process dies before trackers.json records them. A tracker that reads
+    back what it holds gets every step once; one that relies on the record gets steps 3-4 again (the record is
+    written after the flush: never ahead of it, so nothing is lost)."""
+    import dpot_format.io
+
+    real = dpot_format.io.atomic_write
+    for reads_back in (True, False):
+        run = tmp_path / str(reads_back)
+        run.mkdir()
+        store = _Store()
+        first = _open_fake(monkeypatch, run, _Fake(store, reads_back), resume=False)
+        _steps(first, 1, 2)  # flushed and recorded
+
+        def killed(*args: Any, **kwargs: Any) -> None:
+            raise _Killed
+
+        monkeypatch.setattr(dpot_format.io, "atomic_write", killed)
+        with pytest.raises(_Killed):
+            _steps(first, 3, 4)
+        monkeypatch.setattr(dpot_format.io, "atomic_write", real)
+        assert [(n, s) for n, s, _ in store][-2:] == [("loss", 4), ("lr", 4)]  # the flush did happen
+        assert json.loads((run / STATE_NAME).read_text())["mlflow"]["held"]["steps"] == {"loss": 2, "lr": 2}
+
+        again = _open_fake(monkeypatch, run, _Fake(store, reads_back), resume=True)  # from the checkpoint at 2
+        _steps(again, 3, 6)
+        again.finish()
+        if reads_back:
+            assert store.once() == _expected(6)
+        else:
+            counts = {(n, s): [(n2, s2) for n2, s2, _ in store].count((n, s)) for n, s, _ in store}
+            assert {k for k, c in counts.items() if c == 2} == {(n, s) for n in ("loss", "lr") for s in (3, 4)}
+            assert {(n, s): v for n, s, v in store} == _expected(6)
+
+
+def test_a_kill_in_the_middle_of_a_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process dies after part of a flush reached the tracker (loss at 3 in; lr at 3, loss and lr at 4 out):
+    read back per name, the resume sends exactly the rest; the record had not moved past the last whole flush."""
+    store = _Store()
+    first = _open_fake(monkeypatch, tmp_path, _Fake(store, True), resume=False)
+    _steps(first, 1, 2)
+    first.open["mlflow"].die_after = 1  # of [loss@3, lr@3, loss@4, lr@4]: loss@3 only
+    with pytest.raises(_Killed):
+        _steps(first, 3, 4)
+    assert json.loads((tmp_path / STATE_NAME).read_text())["mlflow"]["held"]["steps"] == {"loss": 2, "lr": 2}
+    again = _open_fake(monkeypatch, tmp_path, _Fake(store, True), resume=True)
+    assert again.held["mlflow"].steps == {"loss": 3, "lr": 2}
+    _steps(again, 3, 6)
+    again.finish()
+    assert store.once() == _expected(6)
+
+
+def test_held_from_a_damaged_record_holds_nothing_it_cannot_read() -> None:
+    assert Held.from_record({"upto": 3, "steps": {"loss": 5, "lr": "7", "x": True, "y": -1}}).record() == \
+        {"upto": 3, "steps": {"loss": 5}}
+    assert Held.from_record(["not", "a", "record"]).record() == Held.from_record(None).record() == \
+        {"upto": 0, "steps": {}}
+    held = Held(upto=4, steps={"eval/a": 6})
+    assert held.holds("loss", 4) and not held.holds("loss", 5) and held.holds("eval/a", 6)
+    assert not held.holds("eval/a", 7)
+
+
+def test_mlflow_resume_of_a_finished_run_logs_the_eval_scalars_once(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's own store: a run killed after its last training step, before the evaluation, gets the eval scalars
+    on its resume; resuming the finished run again repeats only the evaluation, which MLflow does not get twice."""
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    run.mkdir()
+    first = open_trackers(_mlflow_cfg(run), run, resume=False)
+    _steps(first, 1, 4)  # then killed before the evaluation
+    evals = {"eval/a/model/rollout_l2re": 0.25}
+    for _ in range(2):
+        again = open_trackers(_mlflow_cfg(run), run, resume=True)  # the final checkpoint: only the eval is redone
+        again.log(evals, 4)
+        again.finish()
+    run_id = json.loads((run / STATE_NAME).read_text())["mlflow"]["run_id"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    got = {(name, m.step): m.value for name in ("loss", "lr", *evals)
+           for m in client.get_metric_history(run_id, name)}
+    assert sum(len(client.get_metric_history(run_id, name)) for name in ("loss", "lr", *evals)) == len(got)
+    assert got == _expected(4, evals)
