@@ -544,3 +544,48 @@ def test_mlflow_resume_of_a_finished_run_logs_the_eval_scalars_once(tmp_path: Pa
            for m in client.get_metric_history(run_id, name)}
     assert sum(len(client.get_metric_history(run_id, name)) for name in ("loss", "lr", *evals)) == len(got)
     assert got == _expected(4, evals)
+
+
+def _wandb_history(logs: list[Path]) -> list[tuple[str, int, float]]:
+    """(name, step, value) of every history record of the .wandb transaction logs, in order."""
+    out = []
+    for log in logs:
+        for r in wandb_records(log):
+            if r.WhichOneof("record_type") == "history":
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+                out += [(k, int(row["_step"]), float(v)) for k, v in row.items() if not k.startswith("_")]
+    return out
+
+
+def test_wandb_offline_resume_sends_each_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline W&B cannot read back what the earlier offline files hold: the record in trackers.json says it. Steps
+    1-4 flushed, then a stop; the resume from step 2 redoes 3-4 and sends 5-6: the offline files together hold every
+    step once, and the final eval scalars once, also after the finished run is resumed again."""
+    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
+                       "WANDB_DISABLE_CODE": "true", "WANDB_X_DISABLE_STATS": "true",
+                       "WANDB_X_DISABLE_MACHINE_INFO": "true"}.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = TrainConfig(out=str(run), tracker=["wandb"])
+
+    def attempt(n: int, resume: bool) -> Trackers:
+        """Each attempt its own $WANDB_DIR: offline folders are named to the second, and these come quicker."""
+        monkeypatch.setenv("WANDB_DIR", str(tmp_path / f"attempt-{n}"))
+        return open_trackers(cfg, run, resume=resume)
+
+    first = attempt(1, False)
+    _steps(first, 1, 4)
+    first.finish(failed=True)  # the run was stopped
+    evals = {"eval/a/model/rollout_l2re": 0.25}
+    again = attempt(2, True)
+    _steps(again, 3, 6)
+    again.log(evals, 6)
+    again.finish()
+    finished = attempt(3, True)
+    finished.log(evals, 6)
+    finished.finish()
+    run_id = json.loads((run / STATE_NAME).read_text())["wandb"]["id"]
+    logs = [next((tmp_path / f"attempt-{n}" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+            for n in (1, 2, 3)]
+    assert _Store(_wandb_history(logs)).once() == _expected(6, evals)
