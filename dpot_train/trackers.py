@@ -6,11 +6,13 @@ reported in one `warning:` line and dropped for the rest of the run; training go
 imported only when a tracker is chosen (the `track` extra). The id of each tracker's run is kept in
 RUN_DIR/trackers.json, so that `launch --resume` continues the same tracker run.
 
-A resume redoes the steps after its checkpoint, which the tracker run may already hold: each tracker then receives a
-scalar only at a step it does not hold yet (`Held`), so its history, like metrics.jsonl, has every step once. What
-it holds is read back from the tool where it can say (MLflow's metric history; W&B online: its next step), else taken
-from the record kept in trackers.json, which is written after each flush: a stop between a flush and the record
-can only send those steps again (to a tracker that cannot read back), never lose them.
+A resume redoes the steps after its checkpoint, which the tracker run may hold already, and the tracker run may lack
+steps that metrics.jsonl has (a tool that had not written or sent them when the run was killed). On --resume each
+tracker's run is read back (`Held`: MLflow's metric history; W&B online, the step its server continues from; W&B
+offline, the history in the earlier offline files of the run), the metrics.jsonl lines up to the checkpoint that it
+lacks are sent first, and after that it receives a scalar only at a step it does not hold: its history, like
+metrics.jsonl, has every step once. Only what the tool itself holds counts: a record of our own, written beside a
+flush, could claim steps that the tool never kept (wandb writes its .wandb file every 15 s) or lag a flush.
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import struct
 import sys
 import time
+import zlib
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 TRACKERS = ("wandb", "mlflow")
 INSTALL = 'pip install "dpot[track]"'
-STATE_NAME = "trackers.json"  # in RUN_DIR: {tracker: its run's id and where it lives, and RECORD_KEY}
-RECORD_KEY = "held"  # in each tracker's entry: the steps it holds, as of its last flush (Held.record)
+STATE_NAME = "trackers.json"  # in RUN_DIR: {tracker: its run's id and where it lives}
 DEFAULT_PROJECT = "dpot"
 MLFLOW_BATCH = 1000  # metrics per MlflowClient.log_batch call (the REST API's limit)
 MLFLOW_PARAMS = 100  # params per log_batch call (the REST API's limit)
@@ -77,49 +80,32 @@ def check_installed(names: list[str]) -> None:
 
 
 class Held:
-    """The steps a tracker run already holds: scalar `name` at `step` is held when step <= `upto` (every name up to
-    there: W&B, whose steps only increase) or step <= `steps[name]` (that name's last step: MLflow's history, or
-    what the record says was flushed). Steps start at 1; 0 holds nothing."""
+    """The steps a tracker run holds already: scalar `name` at `step` is held when step <= `upto` (every name up to
+    there: W&B online, whose steps only increase) or step <= `steps[name]` (that name's last step, read back).
+    Steps start at 1; 0 holds nothing."""
 
     def __init__(self, upto: int = 0, steps: dict[str, int] | None = None) -> None:
         self.upto = upto
         self.steps = dict(steps or {})
 
     def holds(self, name: str, step: int) -> bool:
-        """Whether `name` at `step` is in the tracker run already (a resume then leaves it out)."""
+        """Whether `name` at `step` is in the tracker run already (it is then not sent again)."""
         return step <= max(self.upto, self.steps.get(name, 0))
 
     def add(self, names: list[str], step: int) -> None:
-        """`names` at `step` are now held (after a flush)."""
+        """`names` at `step` were sent."""
         for name in names:
             self.steps[name] = max(self.steps.get(name, 0), step)
 
-    def record(self) -> dict[str, Any]:
-        """The JSON form kept in trackers.json (`from_record` reads it back)."""
-        return {"upto": self.upto, "steps": dict(self.steps)}
-
-    @classmethod
-    def from_record(cls, record: Any) -> "Held":
-        """A Held from trackers.json; an entry that is not a whole step is left out (nothing is held for it)."""
-        if not isinstance(record, dict):
-            return cls()
-
-        def whole(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-        steps = record.get("steps")
-        steps = {k: v for k, v in steps.items() if isinstance(k, str) and whole(v)} if isinstance(steps, dict) else {}
-        return cls(record["upto"] if whole(record.get("upto")) else 0, steps)
-
 
 class Tracker(Protocol):
-    """What the run hands a tracker: scalars at a step (possibly buffered until flush; sent once flush returns), and
-    the end of the run; `state` is what RUN_DIR/trackers.json keeps to continue its run on --resume; `held` reads
-    back what a continued run already holds (None: it cannot say, the record in trackers.json is used)."""
+    """What the run hands a tracker: scalars at a step (possibly buffered until flush), and the end of the run;
+    `state` is what RUN_DIR/trackers.json keeps to continue its run on --resume; `held` reads back what the
+    continued run holds already."""
 
     state: dict[str, Any]
 
-    def held(self) -> Held | None: ...
+    def held(self) -> Held: ...
 
     def log(self, scalars: dict[str, float], step: int) -> None: ...
 
@@ -145,23 +131,27 @@ class WandbTracker:
         self.run = wandb.init(project=_project(cfg, "WANDB_PROJECT"), name=run.name, id=stored.get("id"),
                               resume="allow", dir=os.environ.get("WANDB_DIR") or str(run), job_type="train")
         self.run.config.update(cfg.to_dict(), allow_val_change=True)  # a resume may change log_every and the like
-        self.state = {"id": self.run.id, "project": self.run.project}
+        here = str(Path(self.run.settings.sync_dir).parent)  # the wandb folder of this attempt's files
+        dirs = [d for d in stored.get("dirs", []) if isinstance(d, str) and d != here] + [here]
+        self.state = {"id": self.run.id, "project": self.run.project, "dirs": dirs}
 
-    def held(self) -> Held | None:
-        """Online: every step below the one the server continues from (it drops lower steps anyway). Offline the
-        run cannot know what earlier offline files hold: None."""
-        if self.run.offline:
-            return None
-        return Held(upto=max(0, int(self.run.starting_step) - 1))
+    def held(self) -> Held:
+        """Online: every step below the one the server continues from (it drops lower steps anyway). Offline: the
+        last step of each name in the offline files of this run's earlier attempts (what wandb had written)."""
+        if not self.run.offline:
+            return Held(upto=max(0, int(self.run.starting_step or 0) - 1))
+        steps: dict[str, int] = {}
+        for folder in self.state["dirs"]:
+            for path in sorted(Path(folder).glob(f"offline-run-*-{self.run.id}/run-{self.run.id}.wandb")):
+                for name, step in wandb_history_steps(path).items():
+                    steps[name] = max(steps.get(name, 0), step)
+        return Held(steps=steps)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)
 
     def flush(self) -> None:
-        """wandb sends in the background; asking its service for the run's step is a round trip behind the records
-        logged so far, so they have reached it when the record in trackers.json says so."""
-        if not self.run.disabled:
-            self.run.step  # noqa: B018 - the round trip is the point
+        """Nothing to do: wandb sends in the background."""
 
     def finish(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
@@ -268,15 +258,12 @@ def _warn(text: str) -> None:
 
 class Trackers:
     """Rank 0's open trackers behind one log/flush/finish: a tracker that raises is named in one warning line and
-    dropped; the others, and metrics.jsonl, go on. A scalar at a step a tracker run holds already (`held`, on a
-    resume) is not sent to it again; after each flush `record(held)` keeps what each tracker now holds."""
+    dropped; the others, and metrics.jsonl, go on. A scalar at a step that a tracker's run holds already (`held`,
+    read back on a resume) is not sent to it again."""
 
-    def __init__(self, open_trackers: dict[str, Tracker], held: dict[str, Held] | None = None,
-                 record: Callable[[dict[str, Held]], None] | None = None) -> None:
+    def __init__(self, open_trackers: dict[str, Tracker], held: dict[str, Held] | None = None) -> None:
         self.open = dict(open_trackers)
         self.held = {name: (held or {}).get(name) or Held() for name in self.open}
-        self.record = record
-        self.sent: dict[str, list[tuple[list[str], int]]] = {name: [] for name in self.open}  # since the last flush
 
     def _call(self, name: str, what: str, call: Callable[[Tracker], None]) -> bool:
         """call(tracker `name`); False, with the tracker dropped and one warning line, when it raises."""
@@ -296,32 +283,33 @@ class Trackers:
     def log(self, scalars: dict[str, float], step: int) -> None:
         """Scalars at a step, to every open tracker, less those its run holds already."""
         for name in list(self.open):
-            new = {k: v for k, v in scalars.items() if not self.held[name].holds(k, step)}
+            held = self.held[name]
+            new = {k: v for k, v in scalars.items() if not held.holds(k, step)}
             if new and self._call(name, f"logging step {step}", lambda t: t.log(new, step)):
-                self.sent[name].append((list(new), step))
+                held.add(list(new), step)
 
     def flush(self) -> None:
-        """Send what the trackers buffered (called at each log step), then record what they now hold: after the
-        flush, so that the record never claims a step a tracker may not have."""
+        """Send what the trackers buffered (called at each log step)."""
         self._each("sending metrics", lambda t: t.flush())
-        self._record()
 
     def finish(self, failed: bool = False) -> None:
-        """Flush and close every tracker run (marked failed when the run did not end well), then record."""
+        """Flush and close every tracker run (marked failed when the run did not end well)."""
         self._each("finishing", lambda t: t.finish(failed))
-        self._record()
         self.open.clear()
 
-    def _record(self) -> None:
-        """What the open trackers were sent since the last flush is now held by them: `record` it."""
-        changed = False
-        for name in self.open:
-            for names, step in self.sent[name]:
-                self.held[name].add(names, step)
-                changed = True
-            self.sent[name] = []
-        if changed and self.record is not None:
-            self.record(self.held)
+    def backfill(self, metrics: Path, step: int) -> None:
+        """On a resume from `step`: send the lines of metrics.jsonl (already cut back to `step`) that a tracker's
+        run lacks, in step order before the redone steps, so that its history has every line (read a line at a
+        time). Nothing is sent to a tracker that holds them all, the usual case."""
+        if not self.open or step <= 0 or not metrics.exists() or all(h.upto >= step for h in self.held.values()):
+            return
+        with open(metrics, encoding="utf-8") as lines:
+            for line in lines:
+                rec = json.loads(line) if line.strip() else {}
+                at = rec.get("step")
+                if isinstance(at, int) and 0 < at <= step:
+                    self.log({k: v for k, v in rec.items() if k != "step"}, at)
+        self.flush()
 
 
 def read_state(run: Path) -> dict[str, Any]:
@@ -334,48 +322,93 @@ def read_state(run: Path) -> dict[str, Any]:
 
 
 def open_trackers(cfg: RunConfig, run: Path, resume: bool) -> Trackers:
-    """Start (or, on --resume, continue with the ids in RUN_DIR/trackers.json) the runs of cfg.tracker; rank 0 only.
-    On --resume each tracker's held steps are read back (or taken from the record) so that the steps the resume
-    redoes are not sent twice. The ids, and after each flush what each tracker holds, are written back atomically.
-    One that cannot start is a warning line, and the run goes on without it."""
+    """Start (or, on --resume, continue with the ids in RUN_DIR/trackers.json, and read back what each continued run
+    holds) the runs of cfg.tracker; rank 0 only. The ids are written back atomically. One that cannot start is a
+    warning line, and the run goes on without it."""
+    from dpot_format.io import atomic_write
+
     run = Path(run).resolve()
     state = read_state(run) if resume else {}
     opened: dict[str, Tracker] = {}
     held: dict[str, Held] = {}
     for name in tracker_names(cfg.tracker):
         stored = state.get(name) if isinstance(state.get(name), dict) else {}
+        tracker = None
         try:
             tracker = _KINDS[name](cfg, run, stored)
+            held[name] = tracker.held() if resume else Held()
         except Exception as exc:  # noqa: BLE001 - no tracker stops a training run
             _warn(f"--tracker {name}: could not start ({_one_line(exc)}); training goes on without it")
+            _close_quietly(tracker)
             continue
-        try:
-            found = tracker.held() if resume else Held()
-        except Exception as exc:  # noqa: BLE001 - the record is the fallback
-            _warn(f"--tracker {name}: cannot read back the steps its run holds ({_one_line(exc)}); the record in "
-                  f"{STATE_NAME} is used")
-            found = None
         opened[name] = tracker
-        held[name] = found if found is not None else Held.from_record(stored.get(RECORD_KEY))
-        state[name] = {**tracker.state, RECORD_KEY: held[name].record()}
-    if not opened:
-        return Trackers(opened)
-    warned: list[bool] = []
-
-    def record(now: dict[str, Held]) -> None:
-        """trackers.json with what each open tracker holds now; a failure is one warning line, once."""
-        from dpot_format.io import atomic_write
-
-        for name, h in now.items():
-            if isinstance(state.get(name), dict):
-                state[name] = {**state[name], RECORD_KEY: h.record()}
+        state[name] = tracker.state
+    if opened:
         try:
             atomic_write(run / STATE_NAME, (json.dumps(state, indent=1) + "\n").encode())
         except OSError as exc:  # the tracking goes on; only a later --resume cannot find these runs
-            if not warned:
-                warned.append(True)
-                _warn(f"{run / STATE_NAME}: cannot record the tracker runs ({_one_line(exc)}); a --resume will start "
-                      "new ones")
+            _warn(f"{run / STATE_NAME}: cannot record the tracker runs ({_one_line(exc)}); a --resume will start "
+                  "new ones")
+    return Trackers(opened, held)
 
-    record(held)
-    return Trackers(opened, held, record)
+
+def _close_quietly(tracker: Tracker | None) -> None:
+    """Close a tracker run that was started but is not used (its failure was said already)."""
+    if tracker is not None:
+        try:
+            tracker.finish(failed=True)
+        except Exception:  # noqa: BLE001 - the warning line is out; nothing more to say
+            pass
+
+
+_LOG_BLOCK, _LOG_HEADER = 32768, 7  # a .wandb file: LevelDB's log format, records in 32 KiB blocks of chunks
+_WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _wandb_log_records(path: Path) -> Iterator[bytes]:
+    """The records of a .wandb transaction log, a block at a time: after the file header, chunks with a 7-byte
+    header (CRC32 of type and data, length, type) that never straddle a 32 KiB block; a record too long for one
+    chunk is FIRST, MIDDLE..., LAST. The reading ends at a chunk cut short or damaged (a writer killed there)."""
+    with open(path, "rb") as f:
+        if f.read(_LOG_HEADER) != _WANDB_HEADER:
+            return
+        parts, block, pos = b"", b"\0" * _LOG_HEADER + f.read(_LOG_BLOCK - _LOG_HEADER), _LOG_HEADER
+        while True:
+            while pos + _LOG_HEADER <= len(block):
+                crc, length, kind = struct.unpack_from("<IHB", block, pos)
+                if kind == 0 and length == 0:  # the rest of the block was never written
+                    break
+                body = block[pos + _LOG_HEADER:pos + _LOG_HEADER + length]
+                if len(body) < length or zlib.crc32(body, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
+                    return
+                pos += _LOG_HEADER + length
+                parts = body if kind in (_FULL, _FIRST) else parts + body
+                if kind in (_FULL, _LAST):
+                    yield parts
+                    parts = b""
+            if len(block) < _LOG_BLOCK:
+                return
+            block, pos = f.read(_LOG_BLOCK), 0
+
+
+def wandb_history_steps(path: Path) -> dict[str, int]:
+    """The last `_step` of each name in the history records of a .wandb transaction log ({} when unreadable)."""
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2
+
+    steps: dict[str, int] = {}
+    try:
+        for data in _wandb_log_records(path):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            if record.WhichOneof("record_type") != "history":
+                continue
+            row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            step = int(json.loads(row.get("_step", "0")))
+            for name in row:
+                if not name.startswith("_"):
+                    steps[name] = max(steps.get(name, 0), step)
+    except (OSError, DecodeError, ValueError):  # the records read up to there stand
+        pass
+    return steps
