@@ -132,7 +132,8 @@ class WandbTracker:
                               resume="allow", dir=os.environ.get("WANDB_DIR") or str(run), job_type="train")
         self.run.config.update(cfg.to_dict(), allow_val_change=True)  # a resume may change log_every and the like
         here = str(Path(self.run.settings.sync_dir).parent)  # the wandb folder of this attempt's files
-        dirs = [d for d in stored.get("dirs", []) if isinstance(d, str) and d != here] + [here]
+        before = stored.get("dirs") if isinstance(stored.get("dirs"), list) else []
+        dirs = [d for d in before if isinstance(d, str) and d != here] + [here]
         self.state = {"id": self.run.id, "project": self.run.project, "dirs": dirs}
 
     def held(self) -> Held:
@@ -305,8 +306,11 @@ class Trackers:
             return
         with open(metrics, encoding="utf-8") as lines:
             for line in lines:
-                rec = json.loads(line) if line.strip() else {}
-                at = rec.get("step")
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a line cut short: metrics.jsonl's own reader says so, not a tracker
+                    continue
+                at = rec.get("step") if isinstance(rec, dict) else None
                 if isinstance(at, int) and 0 < at <= step:
                     self.log({k: v for k, v in rec.items() if k != "step"}, at)
         self.flush()
