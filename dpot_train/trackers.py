@@ -337,7 +337,7 @@ def open_trackers(cfg: RunConfig, run: Path, resume: bool) -> Trackers:
     held: dict[str, Held] = {}
     for name in tracker_names(cfg.tracker):
         stored = state.get(name) if isinstance(state.get(name), dict) else {}
-        tracker = None
+        tracker: Tracker | None = None
         try:
             tracker = _KINDS[name](cfg, run, stored)
             held[name] = tracker.held() if resume else Held()
