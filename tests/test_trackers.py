@@ -1,7 +1,9 @@
 """`launch --tracker mlflow|wandb`: rank 0 mirrors metrics.jsonl (same names, steps and values) and eval.json's
 scalars. One short CPU launch per tracker, read back with the tool's own client (MLflow's file store) or from the
 offline W&B run's transaction log (its records parsed with wandb.proto); plus the missing-package error, the option
-parsing, a --resume continuing the same tracker run, and a tracker failure that leaves metrics.jsonl whole."""
+parsing, a --resume continuing the same tracker run, and a tracker failure that leaves metrics.jsonl whole. A
+resume leaves each step once in the tracker's history: fake trackers killed after, in the middle of, or without
+keeping a flush; MLflow and offline W&B in-process; one two-process launch killed past a checkpoint, then resumed."""
 
 from __future__ import annotations
 
