@@ -26,6 +26,8 @@ class TrainLog:
         self.cfg, self.info = cfg, info
         self.metrics_path = run / "metrics.jsonl"
         self.writer, self.bar = _open_logs(cfg, run, step) if info.is_main else (None, None)
+        if tracker is not None and info.is_main:  # a resume: first the lines up to `step` a tracker's run lacks
+            tracker.backfill(self.metrics_path, step)
         self.audit = _open_audit(run, info.rank, step) if cfg.audit else None
         self.steps = (_StepLog(cfg, spec.epoch_length, self.metrics_path, self.writer, self.bar, tracker)
                       if info.is_main else None)

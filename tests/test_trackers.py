@@ -1,7 +1,9 @@
 """`launch --tracker mlflow|wandb`: rank 0 mirrors metrics.jsonl (same names, steps and values) and eval.json's
 scalars. One short CPU launch per tracker, read back with the tool's own client (MLflow's file store) or from the
 offline W&B run's transaction log (its records parsed with wandb.proto); plus the missing-package error, the option
-parsing, a --resume continuing the same tracker run, and a tracker failure that leaves metrics.jsonl whole."""
+parsing, a --resume continuing the same tracker run, and a tracker failure that leaves metrics.jsonl whole. A
+resume leaves each step once in the tracker's history: fake trackers killed after, in the middle of, or without
+keeping a flush; MLflow and offline W&B in-process; one two-process launch killed past a checkpoint, then resumed."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from typer.testing import CliRunner
 
 from dpot_train.cli import app as train_app
 from dpot_train.config import TrainConfig
-from dpot_train.trackers import INSTALL, STATE_NAME, TrackerError, Trackers, open_trackers, tracker_names
+from dpot_train import trackers as trackers_module
+from dpot_train.trackers import (INSTALL, STATE_NAME, Held, TrackerError, Trackers, open_trackers, read_state,
+                                   tracker_names, wandb_history_steps)
 from dpot_train.train_log import eval_scalars
 from tests import train_runs
 from tests.test_readme_path import ROOT, bash_blocks
@@ -47,9 +51,11 @@ def _launch(shards: Path, out: Path, tracker: str, nproc: int) -> None:
     assert yaml.safe_load((out / "config.yaml").read_text())["tracker"] == [tracker]
 
 
-def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]], steps: int = STEPS) -> None:
+def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]], steps: int = STEPS,
+                    redone: frozenset[int] = frozenset()) -> None:
     """Every scalar of every metrics.jsonl line is in `history` (name -> [(step, value)]) at its step, once, with the
-    same value; nothing else is there but eval.json's scalars, at the final step."""
+    same value; nothing else is there but eval.json's scalars, at the final step. At the `redone` steps of a resume,
+    samples_per_s (a timing) is the attempt's that sent it first."""
     lines = _metrics(run)
     assert [x["step"] for x in lines] == list(range(1, steps + 1))
     expected: dict[str, list[tuple[int, float]]] = {}
@@ -66,7 +72,8 @@ def _assert_mirrors(run: Path, history: dict[str, list[tuple[int, float]]], step
     for key, points in expected.items():
         got = sorted(history[key])
         assert [s for s, _ in got] == [s for s, _ in points], key
-        assert all(_close(a, b) for (_, a), (_, b) in zip(got, points)), (key, got, points)
+        assert all(_close(a, b) or (key == "samples_per_s" and s in redone)
+                   for (s, a), (_, b) in zip(got, points)), (key, got, points)
 
 
 @pytest.mark.slow
@@ -357,3 +364,364 @@ def test_trackers_json_that_cannot_be_written_is_one_warning(tmp_path: Path, mon
     trackers.finish()
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith(f"warning: {run / STATE_NAME}: cannot record the tracker runs ("), err
+
+
+# --- a resume leaves each step once in the tracker's history -------------------------------------------------
+
+
+class _Killed(BaseException):
+    """The process dies here (a SIGKILL): nothing after this point runs."""
+
+
+class _Store(list):
+    """A fake tracker's durable store: every (name, step, value) it kept, in order."""
+
+    def once(self) -> dict[tuple[str, int], float]:
+        """{(name, step): value}, asserting that no (name, step) came twice."""
+        keys = [(n, s) for n, s, _ in self]
+        assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+        return {(n, s): v for n, s, v in self}
+
+
+class _Fake:
+    """A tracker that buffers until flush, as MLflowTracker does, and reads its store back. `kept`: only the first
+    that many flushes reach the store (then only finish), as wandb writes its .wandb file every 15 s: a kill loses
+    the rest. `die_after`: that many items of the next flush reach the store, then the process dies."""
+
+    def __init__(self, store: _Store, kept: int | None = None) -> None:
+        self.store, self.kept = store, kept
+        self.die_after: int | None = None
+        self.pending: list[tuple[str, int, float]] = []
+        self.unkept: list[tuple[str, int, float]] = []
+        self.flushes = 0
+        self.state = {"id": "fake"}
+
+    def held(self) -> Held:
+        steps: dict[str, int] = {}
+        for name, step, _ in self.store:
+            steps[name] = max(steps.get(name, 0), step)
+        return Held(steps=steps)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.pending += [(k, step, v) for k, v in scalars.items()]
+
+    def flush(self) -> None:
+        self.unkept += self.pending
+        self.pending = []
+        if self.die_after is not None:
+            self.store.extend(self.unkept[:self.die_after])
+            raise _Killed
+        self.flushes += 1
+        if self.kept is None or self.flushes <= self.kept:
+            self.store.extend(self.unkept)
+            self.unkept = []
+
+    def finish(self, failed: bool = False) -> None:
+        self.kept = None
+        self.flush()
+
+
+def _value(name: str, step: int) -> float:
+    """The value a step logs: the same in every attempt (the resume contract)."""
+    return float(len(name) * 1000 + step)
+
+
+def _line(step: int) -> dict[str, float]:
+    return {name: _value(name, step) for name in ("loss", "lr")}
+
+
+def _steps(run: Path, trackers: Trackers, first: int, last: int, flush_every: int = 2) -> None:
+    """Steps first..last as _StepLog records them: the metrics.jsonl line, then the trackers' copy; a flush at each
+    log step."""
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        for step in range(first, last + 1):
+            f.write(json.dumps({"step": step, **_line(step)}) + "\n")
+            f.flush()
+            trackers.log(_line(step), step)
+            if step % flush_every == 0:
+                trackers.flush()
+
+
+def _resume(monkeypatch: pytest.MonkeyPatch, run: Path, tracker: _Fake, checkpoint: int) -> Trackers:
+    """`launch --resume` from the checkpoint at `checkpoint`: metrics.jsonl cut back to it (as TrainLog does), the
+    trackers opened with resume=True and sent the lines they lack."""
+    from dpot_train.train_log import _truncate_jsonl
+
+    _truncate_jsonl(run / "metrics.jsonl", checkpoint)
+    trackers = _open_fake(monkeypatch, run, tracker, resume=True)
+    trackers.backfill(run / "metrics.jsonl", checkpoint)
+    return trackers
+
+
+def _open_fake(monkeypatch: pytest.MonkeyPatch, run: Path, tracker: _Fake, resume: bool) -> Trackers:
+    monkeypatch.setitem(trackers_module._KINDS, "mlflow", lambda cfg, run_dir, stored: tracker)
+    return open_trackers(TrainConfig(out=str(run), tracker=["mlflow"]), run, resume=resume)
+
+
+def _expected(last: int, evals: dict[str, float] | None = None) -> dict[tuple[str, int], float]:
+    out = {(name, s): v for s in range(1, last + 1) for name, v in _line(s).items()}
+    out.update({(name, last): value for name, value in (evals or {}).items()})
+    return out
+
+
+def test_resume_sends_only_the_steps_the_tracker_does_not_hold(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed right after the flush at step 4 (step 5 buffered), resumed from the checkpoint at step 2: steps 3-4
+    are redone and not sent again, 5-8 are sent; the eval scalars at the final step once, also when the finished
+    run is resumed again (only the evaluation is repeated; a scalar new to the tracker is sent)."""
+    store = _Store()
+    first = _open_fake(monkeypatch, tmp_path, _Fake(store), resume=False)
+    _steps(tmp_path, first, 1, 5)  # then SIGKILL: no finish
+    again = _resume(monkeypatch, tmp_path, _Fake(store), 2)
+    _steps(tmp_path, again, 3, 8)
+    evals = {"eval/a/model/rollout_l2re": 0.25, "eval/a/trajectories": 2.0}
+    again.log(evals, 8)
+    again.finish()
+    assert store.once() == _expected(8, evals)
+
+    finished = _resume(monkeypatch, tmp_path, _Fake(store), 8)
+    finished.log({**evals, "eval/a/model/one_step_l2re": 0.5}, 8)
+    finished.finish()
+    assert store.once() == _expected(8, {**evals, "eval/a/model/one_step_l2re": 0.5})
+
+
+def test_steps_the_tracker_never_kept_are_sent_from_metrics_jsonl(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool that keeps what it is sent only now and then (wandb's .wandb file, every 15 s) is killed having kept
+    steps 1-2 of the 1-6 it was sent and flushed: the resume from the checkpoint at step 4 sends 3-4 from
+    metrics.jsonl, then the redone 5-6 and the rest. Its history is whole, each step once."""
+    store = _Store()
+    first = _open_fake(monkeypatch, tmp_path, _Fake(store, kept=1), resume=False)
+    _steps(tmp_path, first, 1, 6)  # flushes at 2 (kept), 4, 6 (not kept), then SIGKILL
+    assert first.open["mlflow"].flushes == 3 and {s for _, s, _ in store} == {1, 2}
+    again = _resume(monkeypatch, tmp_path, _Fake(store), 4)
+    assert {s for _, s, _ in store} == {1, 2, 3, 4}  # sent before the first redone step
+    _steps(tmp_path, again, 5, 8)
+    again.finish()
+    assert store.once() == _expected(8)
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == list(range(1, 9))
+
+
+def test_a_kill_in_the_middle_of_a_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process dies after part of a flush reached the tracker (loss at 3 in; lr at 3, loss and lr at 4 out):
+    read back per name, the resume from the checkpoint at step 2 sends exactly the rest."""
+    store = _Store()
+    first = _open_fake(monkeypatch, tmp_path, _Fake(store), resume=False)
+    _steps(tmp_path, first, 1, 2)
+    first.open["mlflow"].die_after = 1  # of [loss@3, lr@3, loss@4, lr@4]: loss@3 only
+    with pytest.raises(_Killed):
+        _steps(tmp_path, first, 3, 4)
+    again = _resume(monkeypatch, tmp_path, _Fake(store), 2)
+    assert again.held["mlflow"].steps == {"loss": 3, "lr": 2}
+    _steps(tmp_path, again, 3, 6)
+    again.finish()
+    assert store.once() == _expected(6)
+
+
+def test_held_steps() -> None:
+    held = Held(upto=4, steps={"eval/a": 6})
+    assert held.holds("loss", 4) and not held.holds("loss", 5) and held.holds("eval/a", 6)
+    assert not held.holds("eval/a", 7)
+    held.add(["loss"], 9)
+    assert held.holds("loss", 9) and not held.holds("lr", 9)
+
+
+def test_mlflow_resume_of_a_finished_run_logs_the_eval_scalars_once(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's own store: a run killed after its last training step, before the evaluation, gets the eval scalars
+    on its resume; resuming the finished run again repeats only the evaluation, which MLflow does not get twice."""
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    run.mkdir()
+    first = open_trackers(_mlflow_cfg(run), run, resume=False)
+    _steps(run, first, 1, 4)  # then killed before the evaluation
+    evals = {"eval/a/model/rollout_l2re": 0.25}
+    for _ in range(2):
+        again = open_trackers(_mlflow_cfg(run), run, resume=True)  # the final checkpoint: only the eval is redone
+        again.backfill(run / "metrics.jsonl", 4)
+        again.log(evals, 4)
+        again.finish()
+    run_id = json.loads((run / STATE_NAME).read_text())["mlflow"]["run_id"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    got = {(name, m.step): m.value for name in ("loss", "lr", *evals)
+           for m in client.get_metric_history(run_id, name)}
+    assert sum(len(client.get_metric_history(run_id, name)) for name in ("loss", "lr", *evals)) == len(got)
+    assert got == _expected(4, evals)
+
+
+def _wandb_history(logs: list[Path]) -> list[tuple[str, int, float]]:
+    """(name, step, value) of every history record of the .wandb transaction logs, in order."""
+    out = []
+    for log in logs:
+        for r in wandb_records(log):
+            if r.WhichOneof("record_type") == "history":
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+                out += [(k, int(row["_step"]), float(v)) for k, v in row.items() if not k.startswith("_")]
+    return out
+
+
+def test_wandb_offline_resume_sends_each_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline W&B reads back the history of the run's earlier offline files (in every $WANDB_DIR its attempts
+    used). Steps 1-4, then a stop; the resume from step 2 redoes 3-4 and sends 5-6: the offline files together hold
+    every step once, and the final eval scalars once, also after the finished run is resumed again. The reader of
+    the files stops at a record cut short, keeping what came before."""
+    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
+                       "WANDB_DISABLE_CODE": "true", "WANDB_X_DISABLE_STATS": "true",
+                       "WANDB_X_DISABLE_MACHINE_INFO": "true"}.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = TrainConfig(out=str(run), tracker=["wandb"])
+
+    def attempt(n: int, checkpoint: int | None) -> Trackers:
+        """Each attempt its own $WANDB_DIR: offline folders are named to the second, and these come quicker."""
+        monkeypatch.setenv("WANDB_DIR", str(tmp_path / f"attempt-{n}"))
+        if checkpoint is None:
+            return open_trackers(cfg, run, resume=False)
+        from dpot_train.train_log import _truncate_jsonl
+
+        _truncate_jsonl(run / "metrics.jsonl", checkpoint)
+        trackers = open_trackers(cfg, run, resume=True)
+        trackers.backfill(run / "metrics.jsonl", checkpoint)
+        return trackers
+
+    first = attempt(1, None)
+    _steps(run, first, 1, 4)
+    first.finish(failed=True)  # the run was stopped
+    evals = {"eval/a/model/rollout_l2re": 0.25}
+    again = attempt(2, 2)
+    _steps(run, again, 3, 6)
+    again.log(evals, 6)
+    again.finish()
+    finished = attempt(3, 6)
+    finished.log(evals, 6)
+    finished.finish()
+    state = json.loads((run / STATE_NAME).read_text())["wandb"]
+    assert state["dirs"] == [str(tmp_path / f"attempt-{n}" / "wandb") for n in (1, 2, 3)]
+    run_id = state["id"]
+    logs = [next((tmp_path / f"attempt-{n}" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+            for n in (1, 2, 3)]
+    assert _Store(_wandb_history(logs)).once() == _expected(6, evals)
+
+    whole = logs[1].read_bytes()
+    assert wandb_history_steps(logs[1]) == {"loss": 6, "lr": 6, "eval/a/model/rollout_l2re": 6}
+    cut = tmp_path / "cut.wandb"
+    seen = []
+    for size in range(0, len(whole), 97):  # cut anywhere: a prefix of the history, never an error
+        cut.write_bytes(whole[:size])
+        got = wandb_history_steps(cut)
+        assert all(step <= 6 for step in got.values()) and set(got) <= {"loss", "lr", "eval/a/model/rollout_l2re"}
+        seen.append(got.get("loss", 0))
+    assert seen == sorted(seen) and seen[0] == 0 and seen[-1] >= 5
+
+
+def _complete_lines(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line]
+
+
+def _stop_after_a_flush_past_a_checkpoint(proc: subprocess.Popen[str], out: Path, steps: int) -> tuple[int, int]:
+    """Freeze the launch (SIGSTOP: no step moves on while it is looked at) once MLflow holds steps after the newest
+    checkpoint, then SIGKILL the launcher and its workers, as a lost node would be; (checkpoint, MLflow's last
+    step). metrics.jsonl holds that step too: its lines are written before the trackers get them."""
+    import os
+    import signal
+    import time
+
+    from dpot_train.checkpoint import list_checkpoints
+
+    def checkpoint() -> int:
+        return max((s for s, _ in list_checkpoints(out / "checkpoints")), default=0) \
+            if (out / "checkpoints").exists() else 0
+
+    def logged() -> int:
+        """The last step of metrics.jsonl (cheap: looked at every 10 ms)."""
+        lines = _complete_lines(out / "metrics.jsonl")
+        return lines[-1]["step"] if lines else 0
+
+    def sent() -> int:
+        """The last step MLflow holds (read once the processes are frozen)."""
+        mlflow = read_state(out).get("mlflow", {})
+        return max((s for s, _ in _mlflow_history(mlflow["tracking_uri"], mlflow["run_id"], ["loss"])["loss"]),
+                   default=0) if "run_id" in mlflow else 0
+
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        assert time.monotonic() < deadline, "no checkpoint with steps sent to MLflow after it appeared"
+        ckpt = checkpoint()
+        assert ckpt < steps, "the run reached its last checkpoint before it could be stopped"
+        if 0 < ckpt < logged():
+            frozen = [proc.pid, *train_runs.child_pids(proc.pid)]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            ckpt, last = checkpoint(), sent()  # what the frozen processes left
+            if 0 < ckpt < last:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGKILL)
+                proc.wait()
+                return ckpt, last
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+
+
+def _mlflow_history(uri: str, run_id: str, keys: list[str] | None = None) -> dict[str, list[tuple[int, float]]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    return {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+            for key in (keys or client.get_run(run_id).data.metrics)}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to follow the worker processes")
+def test_a_killed_then_resumed_launch_leaves_each_step_once_in_mlflow_and_wandb(
+        fno_train_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes, --tracker mlflow,wandb (offline), a checkpoint every 4 steps and a log line every 2: killed
+    once MLflow holds steps after the newest checkpoint (offline W&B, whose file is written every 15 s, has kept
+    fewer), then --resume: MLflow's history, and the offline W&B files together, equal metrics.jsonl: every step
+    once, the eval scalars once."""
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_X_DISABLE_STATS": "true",
+                       "WANDB_X_DISABLE_MACHINE_INFO": "true", "MLFLOW_ALLOW_FILE_STORE": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)  # left by an in-process test: each launch its own service
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    steps, out = 12, tmp_path / "run"
+    args = train_runs.launch_args(fno_train_shards, out, "--tracker", "mlflow,wandb", steps=steps, nproc=2)
+    args[args.index("--log-every") + 1], args[args.index("--ckpt-every") + 1] = "2", "4"
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                            env=train_runs.env(), cwd=train_runs.ROOT)
+    try:
+        ckpt, last = _stop_after_a_flush_past_a_checkpoint(proc, out, steps)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    state = json.loads((out / STATE_NAME).read_text())
+    uri = state["mlflow"]["tracking_uri"]
+    assert uri == (out / "mlruns").as_uri()
+    before = _mlflow_history(uri, state["mlflow"]["run_id"])
+    assert max(s for s, _ in before["loss"]) >= last > ckpt  # the tracker holds steps that the resume redoes
+    assert max(x["step"] for x in _complete_lines(out / "metrics.jsonl")) >= last
+
+    r = train_runs.run([*args, "--resume"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "warning: --tracker" not in r.stderr, r.stderr[-3000:]
+    assert json.loads((out / STATE_NAME).read_text())["mlflow"]["run_id"] == state["mlflow"]["run_id"]
+    redone = frozenset(range(ckpt + 1, max(s for s, _ in before["samples_per_s"]) + 1))
+    _assert_mirrors(out, _mlflow_history(uri, state["mlflow"]["run_id"]), steps, redone)
+
+    run_id = state["wandb"]["id"]
+    logs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(logs) == 2, logs  # the stopped attempt's and the resume's
+    history: dict[str, list[tuple[int, float]]] = {}
+    for name, step, value in _wandb_history(logs):
+        history.setdefault(name, []).append((step, value))
+    _assert_mirrors(out, history, steps, redone)
