@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,12 @@ def peer_failed(exc: BaseException) -> bool:
 
 
 def shutdown() -> None:
-    """Destroy the process group if one exists."""
+    """Destroy the process group if one exists, after freeing what still holds it.
+
+    A DistributedDataParallel wrapper sits in reference cycles, so it outlives its last name until the cyclic garbage
+    collector runs, and its reducer holds the process group. Left to a collection during the interpreter's
+    finalization, that teardown (gloo's threads, tensors with Python references) aborted a process now and then
+    (SIGABRT after a run that had ended well); collected here, the group is destroyed while everything is alive."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
