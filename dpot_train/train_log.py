@@ -6,6 +6,7 @@ sync at log and checkpoint steps."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,11 +67,26 @@ class TrainLog:
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
-    """Drop log lines written after `step` (they are redone after a resume)."""
+    """Drop log lines written after `step` (they are redone after a resume), a line at a time into a new file that
+    replaces the old one whole (a stop during the cut leaves the old log). A line that is not JSON (cut short by a
+    crash or a full disk while it was written) is left out, and one warning line says so."""
     if not path.exists():
         return
-    keep = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and json.loads(ln).get("step", 0) <= step]
-    path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+    from dpot_format.io import atomic_path
+
+    broken = 0
+    with atomic_path(path) as tmp, open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
+        for line in src:
+            try:
+                rec = json.loads(line) if line.strip() else None
+            except ValueError:
+                broken += 1
+                continue
+            if isinstance(rec, dict) and rec.get("step", 0) <= step:
+                dst.write(line if line.endswith("\n") else line + "\n")
+    if broken:
+        print(f"warning: {path}: left out {broken} line(s) that are not JSON (written when the run stopped)",
+              file=sys.stderr, flush=True)
 
 
 def _open_logs(cfg: TrainConfig, run: Path, step: int) -> tuple[Any, Any]:

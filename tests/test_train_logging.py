@@ -89,3 +89,21 @@ def test_tensorboard_holds_config_eval_and_every_step_once_after_a_resume(
     again = _scalars(resumed)
     assert [s for s, _ in again["train/loss"]] == list(range(1, 13))  # step 4 kept, 5..12 redone once
     assert again["train/loss"] == tags["train/loss"]
+
+
+def test_a_resume_cuts_the_log_back_leaving_out_a_line_cut_short(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The resume's cut of metrics.jsonl to its checkpoint step keeps every whole line up to it, leaves out a last
+    line that a crash cut short (with one warning line), and replaces the file whole, leaving no temporary."""
+    from dpot_train.train_log import _truncate_jsonl
+
+    log = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 7)]
+    log.write_text("\n".join(lines) + "\n" + '{"step": 7, "lo', encoding="utf-8")
+    _truncate_jsonl(log, 4)
+    assert log.read_text(encoding="utf-8") == "\n".join(lines[:4]) + "\n"
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"warning: {log}: left out 1 line(s) that are not JSON (written when the run stopped)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    _truncate_jsonl(log, 2)  # a whole log: no warning
+    assert log.read_text(encoding="utf-8") == "\n".join(lines[:2]) + "\n" and capsys.readouterr().err == ""
