@@ -33,7 +33,7 @@ demo: $(STAMP)
 	BIN=$(BIN) bash scripts/demo.sh demo-out
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
 
 test-fast: $(STAMP)  # the tier for editing: everything but the end-to-end training and packaging runs
 	$(BIN)/python -m pytest -q -m "not slow"
