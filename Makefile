@@ -32,7 +32,7 @@ install-cloud: $(STAMP)
 demo: $(STAMP)
 	BIN=$(BIN) bash scripts/demo.sh demo-out
 
-test: $(STAMP)
+test: $(STAMP)  # two pytest processes (pytest-xdist): each test's own subprocesses leave a core idle much of the time
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
 
 test-fast: $(STAMP)  # the tier for editing: everything but the end-to-end training and packaging runs
