@@ -17,6 +17,7 @@ import torch
 from dpot_train.checkpoint import checkpoint_payload, file_sha256, load_pretrained
 from dpot_train.hub import DPOT_REPO, RELEASED, HubError, parse_reference
 from tests import train_runs
+from tests.cli_batch import run_batch
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DPOT_FILE = GOLDEN / "dpot_small.pth"  # laid out as the Hub's model_Ti.pth
@@ -125,27 +126,29 @@ def test_bad_references_are_one_line(text: str, expected: str) -> None:
 # --- the commands, through hf_hub_download and the cache above ------------------------------------------------------
 
 def test_model_info_by_name_prints_what_the_local_file_does(offline: dict[str, Path]) -> None:
-    local = _cli("model", "info", str(DPOT_FILE))
+    refs = ("dpot:Ti", "hf://hzk17/DPOT/model_Ti.pth", "hf://hzk17/DPOT/model_Ti.pth@main")
+    local, *by_ref, ref_json, plain_json = run_batch(
+        [("model", "info", str(DPOT_FILE)), *[("model", "info", ref) for ref in refs],
+         ("model", "info", "dpot:Ti", "--json"), ("model", "info", str(DPOT_FILE), "--json")])
     assert local.returncode == 0, local.stderr[-2000:]
     sha = file_sha256(DPOT_FILE)
-    for ref in ("dpot:Ti", "hf://hzk17/DPOT/model_Ti.pth", "hf://hzk17/DPOT/model_Ti.pth@main"):
-        r = _cli("model", "info", ref)
+    for ref, r in zip(refs, by_ref):
         assert r.returncode == 0, r.stderr[-2000:]
         head, *rest = r.stdout.splitlines()
         assert head.endswith(f"from checkpoint {ref}")
         hub_lines = [line for line in rest if line.startswith("hub: ")]
         assert hub_lines == [f"hub: hf://hzk17/DPOT/model_Ti.pth@{MAIN} (commit {MAIN}), sha256 {sha}"]
         assert [line for line in rest if line not in hub_lines] == local.stdout.splitlines()[1:]
-    as_json = json.loads(_cli("model", "info", "dpot:Ti", "--json").stdout)
+    as_json = json.loads(ref_json.stdout)
     assert as_json.pop("hub") == {"reference": "dpot:Ti", "repo_id": DPOT_REPO, "filename": "model_Ti.pth",
                                   "revision": MAIN, "pinned": f"hf://hzk17/DPOT/model_Ti.pth@{MAIN}", "sha256": sha}
-    plain = json.loads(_cli("model", "info", str(DPOT_FILE), "--json").stdout)
+    plain = json.loads(plain_json.stdout)
     assert {**as_json, "source": None} == {**plain, "source": None}
 
 
 def test_revision_selects_the_snapshot(offline: dict[str, Path]) -> None:
-    for ref in ("dpot:Ti@v1", f"hf://hzk17/DPOT/model_Ti.pth@{OLD}", f"hf://hzk17/DPOT@{OLD}/model_Ti.pth"):
-        r = _cli("model", "info", ref, "--json")
+    refs = ("dpot:Ti@v1", f"hf://hzk17/DPOT/model_Ti.pth@{OLD}", f"hf://hzk17/DPOT@{OLD}/model_Ti.pth")
+    for r in run_batch([("model", "info", ref, "--json") for ref in refs]):
         assert r.returncode == 0, r.stderr[-2000:]
         info = json.loads(r.stdout)
         assert info["family"] == "fno" and info["hub"]["revision"] == OLD
@@ -237,17 +240,20 @@ def test_launch_dry_run_resolves_the_reference(offline: dict[str, Path], fno_tra
 # --- one line and exit code 2 for what cannot be resolved -----------------------------------------------------------
 
 def test_errors_are_one_line(offline: dict[str, Path], fno_train_shards: Path, tmp_path: Path) -> None:
-    line = _one_error_line(_cli("model", "info", "hf://hzk17/DPOT"))
+    no_file, xl, not_cached, no_tag, evaluate = run_batch(
+        [("model", "info", "hf://hzk17/DPOT"), ("model", "info", "dpot:XL"), ("model", "info", "dpot:S"),
+         ("model", "info", "dpot:Ti@v9"),
+         ("evaluate", "dpot:M", "--manifest", str(fno_train_shards), "--out", str(tmp_path / "e.json"))])
+    line = _one_error_line(no_file)
     assert "hf://hzk17/DPOT: expected hf://OWNER/REPO/PATH/IN/REPO[@REVISION]" in line and "no file named" in line
-    line = _one_error_line(_cli("model", "info", "dpot:XL"))
+    line = _one_error_line(xl)
     assert "unknown released checkpoint 'XL'" in line and "dpot:Ti, dpot:S, dpot:M, dpot:L, dpot:H" in line
-    line = _one_error_line(_cli("model", "info", "dpot:S"))  # not laid out in the cache
+    line = _one_error_line(not_cached)  # not laid out in the cache
     assert "hf://hzk17/DPOT/model_S.pth is not in the Hugging Face cache" in line
     assert "and HF_HUB_OFFLINE=1 is set" in line and str(offline["cache"]) in line
-    line = _one_error_line(_cli("model", "info", "dpot:Ti@v9"))  # no such tag in the cache
+    line = _one_error_line(no_tag)  # no such tag in the cache
     assert "dpot:Ti@v9: hf://hzk17/DPOT/model_Ti.pth@v9 is not in the Hugging Face cache" in line
-    line = _one_error_line(_cli("evaluate", "dpot:M", "--manifest", str(fno_train_shards),
-                                "--out", str(tmp_path / "e.json")))
+    line = _one_error_line(evaluate)
     assert "dpot:M: hf://hzk17/DPOT/model_M.pth is not in the Hugging Face cache" in line
     assert not (tmp_path / "e.json").exists()
     line = _one_error_line(train_runs.run(train_runs.launch_args(fno_train_shards, tmp_path / "ft", "--init",
