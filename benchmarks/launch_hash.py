@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -37,50 +36,20 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from common import machine  # noqa: E402
-from dpot_data.writers.wds_shards import _member_bytes, _padding, _tar_header, npy_header  # noqa: E402
-from dpot_format.names import sample_key, shard_file  # noqa: E402
+from launch_scale import template, trajectory_members  # noqa: E402
+from dpot_format.names import shard_file  # noqa: E402
 from dpot_format.shard_index import INDEX_NAME, index_bytes, index_document  # noqa: E402
-from dpot_format.tar import Member, SampleIndex  # noqa: E402
 
 FRAMES, GRID = 11, 128
 MIB = 1 << 20
 VARIANTS = ("serial", "pool", "no_sha256")  # no_sha256: --no-verify-checksums, what the launch costs besides hashing
 
 
-def _template(base: Path) -> dict:
-    """The manifest of a real 2-trajectory ingest (GRID x GRID, FRAMES frames, 1 channel): the template entry."""
-    from dpot_data.ingest import IngestOptions, ingest_files
-    from dpot_data.synth.fno import synth_fno
-
-    files = synth_fno(base / "raw", n=2, frames=FRAMES, viscosity=1e-3, seed=0, resolution=GRID)
-    with warnings.catch_warnings():  # "the split leaves no test trajectory": the benchmark launches with no eval
-        warnings.simplefilter("ignore")
-        opts = IngestOptions(resolution=GRID, channels=1, split=(1.0,), command="template", formats=("wds",))
-        return ingest_files("fno", [files[0]], base / "template", opts)
-
-
-def _sample(i: int, name: str, at: int, rng: np.random.Generator) -> tuple[list[bytes], SampleIndex, int]:
-    """Trajectory i as tar members starting at byte `at` of its shard: (parts, member index, next offset)."""
-    key = sample_key(i)
-    fields = rng.standard_normal((FRAMES, 1, GRID, GRID), dtype=np.float32)
-    mask = np.ones((GRID, GRID), dtype=np.uint8)
-    meta = {"id": f"synthetic#{i}", "dataset": name, "split": "train", "index": i, "frames": FRAMES,
-            "channels": ["u"], "channel_valid": [True], "params": {}}
-    parts, members = [], {}
-    for kind, head, data in (("fields.npy", npy_header(fields), fields), ("mask.npy", npy_header(mask), mask),
-                             ("meta.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode(), None)):
-        n = len(head) + (0 if data is None else data.nbytes)
-        members[kind] = Member(f"{key}.{kind}", key, kind, at + 512, n)
-        parts += [_tar_header(f"{key}.{kind}", n), head, b"" if data is None else data.tobytes(), _padding(n)]
-        at += _member_bytes(n)
-    return parts, SampleIndex(key, members), at
-
-
 def fabricate(out: Path, shards: int, shard_mib: float, work: Path) -> dict:
     """Write an output of `shards` train shards of about `shard_mib` MiB each; returns its manifest."""
     from dpot_format.manifest import build, write_manifest
 
-    entry = _template(work)["datasets"][0]
+    entry = template(work, GRID, FRAMES)["datasets"][0]
     name = entry["name"]
     folder = out / "shards" / name
     folder.mkdir(parents=True)
@@ -92,7 +61,7 @@ def fabricate(out: Path, shards: int, shard_mib: float, work: Path) -> dict:
         digest, size = hashlib.sha256(), 0
         with open(folder / file, "wb") as fh:  # one trajectory in memory at a time
             for _ in range(per_shard):
-                parts, sample, at = _sample(i, name, at, rng)
+                parts, sample, at = trajectory_members(i, name, at, rng, GRID, FRAMES)
                 samples.append(sample)
                 i += 1
                 for part in parts:

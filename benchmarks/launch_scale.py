@@ -39,42 +39,51 @@ from dpot_format.tar import Member, SampleIndex  # noqa: E402
 FRAMES, GRID = 11, 16
 
 
-def _template(base: Path) -> dict:
-    """The manifest of a real 2-trajectory ingest (16x16, 11 frames, 1 channel): the template dataset entry."""
+def template(base: Path, grid: int = GRID, frames: int = FRAMES) -> dict:
+    """The manifest of a real 2-trajectory ingest (grid x grid, `frames` frames, 1 channel): the template dataset
+    entry."""
     from dpot_data.ingest import IngestOptions, ingest_files
     from dpot_data.synth.fno import synth_fno
 
-    files = synth_fno(base / "raw", n=2, frames=FRAMES, viscosity=1e-3, seed=0, resolution=GRID)
+    files = synth_fno(base / "raw", n=2, frames=frames, viscosity=1e-3, seed=0, resolution=grid)
     with warnings.catch_warnings():  # "the split leaves no test trajectory": the benchmark launches with --no-eval
         warnings.simplefilter("ignore")
-        opts = IngestOptions(resolution=GRID, channels=1, split=(1.0,), command="template", formats=("wds",))
+        opts = IngestOptions(resolution=grid, channels=1, split=(1.0,), command="template", formats=("wds",))
         return ingest_files("fno", [files[0]], base / "template", opts)
 
 
-def _shard(i: int, name: str, rng: np.random.Generator) -> tuple[bytes, SampleIndex]:
-    """A one-trajectory shard (trajectory i) as the writer lays it out, and its member index."""
+def trajectory_members(i: int, name: str, at: int, rng: np.random.Generator, grid: int = GRID,
+                       frames: int = FRAMES) -> tuple[list[bytes], SampleIndex, int]:
+    """Trajectory i as the writer lays out its tar members, starting at byte `at` of its shard: (the member bytes,
+    its member index, the offset after it)."""
     key = sample_key(i)
-    fields = rng.standard_normal((FRAMES, 1, GRID, GRID), dtype=np.float32)
-    mask = np.ones((GRID, GRID), dtype=np.uint8)
-    meta = {"id": f"synthetic#{i}", "dataset": name, "split": "train", "index": i, "frames": FRAMES,
+    fields = rng.standard_normal((frames, 1, grid, grid), dtype=np.float32)
+    mask = np.ones((grid, grid), dtype=np.uint8)
+    meta = {"id": f"synthetic#{i}", "dataset": name, "split": "train", "index": i, "frames": frames,
             "channels": ["u"], "channel_valid": [True], "params": {}}
-    parts, members, at = [], {}, 0
+    parts, members = [], {}
     for kind, head, data in (("fields.npy", npy_header(fields), fields), ("mask.npy", npy_header(mask), mask),
                              ("meta.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode(), None)):
         n = len(head) + (0 if data is None else data.nbytes)
         members[kind] = Member(f"{key}.{kind}", key, kind, at + 512, n)
         parts += [_tar_header(f"{key}.{kind}", n), head, b"" if data is None else data.tobytes(), _padding(n)]
         at += _member_bytes(n)
+    return parts, SampleIndex(key, members), at
+
+
+def _shard(i: int, name: str, rng: np.random.Generator) -> tuple[bytes, SampleIndex]:
+    """A one-trajectory shard (trajectory i) as the writer lays it out, and its member index."""
+    parts, sample, _ = trajectory_members(i, name, 0, rng)
     body = b"".join(parts)
     end = len(body) + 1024
-    return body + b"\0" * (end + (-end % 10240) - len(body)), SampleIndex(key, members)
+    return body + b"\0" * (end + (-end % 10240) - len(body)), sample
 
 
 def fabricate(out: Path, shards: int, with_index: bool, work: Path) -> dict:
     """Write an output of `shards` one-trajectory train shards; returns its manifest."""
     from dpot_format.manifest import build, write_manifest
 
-    manifest = _template(work)
+    manifest = template(work)
     entry = manifest["datasets"][0]
     name = entry["name"]
     folder = out / "shards" / name
