@@ -211,13 +211,19 @@ def _mlflow_cfg(run: Path) -> TrainConfig:
     return TrainConfig(out=str(run), tracker=["mlflow"], tracker_project="resume-check")
 
 
-def test_mlflow_resume_continues_the_stored_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _mlflow_first_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str, Trackers]:
+    """An MLflow file store under tmp_path (its URI in MLFLOW_TRACKING_URI), an empty RUN_DIR and the first
+    attempt's trackers opened there: (RUN_DIR, the store's URI, the trackers)."""
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     run = tmp_path / "run"
     run.mkdir()
-    first = open_trackers(_mlflow_cfg(run), run, resume=False)
+    return run, uri, open_trackers(_mlflow_cfg(run), run, resume=False)
+
+
+def test_mlflow_resume_continues_the_stored_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, uri, first = _mlflow_first_attempt(tmp_path, monkeypatch)
     first.log({"loss": 0.5}, 1)
     first.flush()
     first.finish(failed=True)  # killed: the resume marks it running, then finished
@@ -530,12 +536,7 @@ def test_mlflow_resume_of_a_finished_run_logs_the_eval_scalars_once(tmp_path: Pa
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow's own store: a run killed after its last training step, before the evaluation, gets the eval scalars
     on its resume; resuming the finished run again repeats only the evaluation, which MLflow does not get twice."""
-    uri = (tmp_path / "mlruns").as_uri()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    run = tmp_path / "run"
-    run.mkdir()
-    first = open_trackers(_mlflow_cfg(run), run, resume=False)
+    run, uri, first = _mlflow_first_attempt(tmp_path, monkeypatch)
     _steps(run, first, 1, 4)  # then killed before the evaluation
     evals = {"eval/a/model/rollout_l2re": 0.25}
     for _ in range(2):
