@@ -287,9 +287,10 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="dask.distributed scheduler address."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a complete earlier ingest in --out."),
         stats: bool = typer.Option(True, "--stats/--no-stats", help="Normalisation statistics of the train split."),
-        nonfinite: str = typer.Option("skip", "--nonfinite", help="Trajectories holding NaN/Inf: skip (found by one "
-                                      "scan of the files when opened, left out and listed in the manifest) or raise "
-                                      "(no scan, values checked as they are read: faster; the ingest stops naming "
+        nonfinite: str = typer.Option("skip", "--nonfinite", help="Trajectories holding NaN/Inf: skip (left out and "
+                                      "listed in the manifest; found by one scan of the files when opened, or for "
+                                      "pdebench by the block reads, the ingest then starting again from the scan) "
+                                      "or raise (no scan, values checked as they are read; the ingest stops naming "
                                       "the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         card: bool = typer.Option(False, "--card", help="Once the manifest is published, write the dataset card "

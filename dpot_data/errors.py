@@ -12,3 +12,8 @@ class InputError(Exception):
         self.path = str(path)
         self.message = message
         super().__init__(f"{self.path}: {message}")
+
+
+class TrajectoryError(InputError):
+    """An InputError about one trajectory's values (NaN/Inf, data that cannot be read): what a reader's
+    `check_finite=True` scan leaves out, met instead by a block read that checks what it reads."""
