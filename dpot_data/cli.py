@@ -340,11 +340,12 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
 
     from dpot_data.ingest.allocator import reuse_freed_memory
     from dpot_data.ingest.input_hashes import InputHashes
+    from dpot_data.ingest.startup import ingest_process
 
     reuse_freed_memory()  # this process is the ingest's: block buffers are reused, not faulted in again per block
     # the local input files are hashed from here on, beside the imports below (half a second)
     hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
-    with contextlib.closing(hashes):
+    with contextlib.closing(hashes), ingest_process(source if source not in ("auto", "corpus") else None):
         return _run_ingest_with(source, files, out, given, dataset, hashes, reader or {})
 
 
