@@ -289,9 +289,9 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
         stats: bool = typer.Option(True, "--stats/--no-stats", help="Normalisation statistics of the train split."),
         nonfinite: str = typer.Option("skip", "--nonfinite", help="Trajectories holding NaN/Inf: skip (left out and "
                                       "listed in the manifest; found by one scan of the files when opened, or for "
-                                      "pdebench by the block reads, the ingest then starting again from the scan) "
-                                      "or raise (no scan, values checked as they are read; the ingest stops naming "
-                                      "the trajectory)."),
+                                      "pdebench, fno and pdearena by the block reads, the ingest then starting "
+                                      "again from the scan) or raise (no scan, values checked as they are read; "
+                                      "the ingest stops naming the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         card: bool = typer.Option(False, "--card", help="Once the manifest is published, write the dataset card "
                                   "(README.md and card/<dataset>.png beside it), as `dpot-data card OUT` does."),

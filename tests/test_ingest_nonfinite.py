@@ -75,6 +75,40 @@ def test_a_nan_trajectory_is_left_out_as_after_a_scan_first(tmp_path: Path, traj
     assert _leftovers(tmp_path / "default") == []
 
 
+def _fno_with_nan(folder: Path) -> Path:
+    import scipy.io
+
+    from dpot_data.synth.fno import synth_fno, write_mat_v5
+
+    v5, _v73 = synth_fno(folder / "synth", n=6, frames=4, viscosity=1e-3, seed=1, resolution=16)
+    m = scipy.io.loadmat(v5)
+    u = m["u"].copy()
+    u[5, 3, 7, 2] = np.inf  # trajectory 5 of 6: the last block of 2
+    path = folder / "NavierStokes_V1e-3_N6_T4.mat"
+    write_mat_v5(path, m["a"], u, m["t"])
+    return path
+
+
+def _pdearena_with_nan(folder: Path) -> Path:
+    from dpot_data.synth.pdearena import write_ns
+
+    path = write_ns(folder, split="train", n=6, frames=5, res=16)
+    with h5py.File(path, "a") as f:
+        f["train/vx"][4, 2, 3, 4] = np.nan
+    return path
+
+
+@pytest.mark.parametrize("source,make,bad", [("fno", _fno_with_nan, 5), ("pdearena", _pdearena_with_nan, 4)])
+def test_the_other_readers_without_a_scan_end_as_after_one(tmp_path: Path, source: str, make, bad: int) -> None:
+    path = make(tmp_path / "raw")
+    opts = dict(resolution=None, stats=True, block=2)
+    default = ingest_files(source, [path], tmp_path / "default", IngestOptions(**opts))
+    scanned = ingest_files(source, [path], tmp_path / "scanned", IngestOptions(**opts), check_finite=True)
+    assert [s["what"] for s in default["datasets"][0]["skipped"]] == [f"{path.name}#{bad}"]
+    assert _digests(default) == _digests(scanned)
+    assert _leftovers(tmp_path / "default") == []
+
+
 def test_raise_refuses_a_nan_in_the_last_block_in_one_line_with_nothing_published(tmp_path: Path) -> None:
     path = _with_nan(synth_bench.write_cfd(tmp_path / "raw", n=8, frames=5, res=16), 7, field="Vy")
     out = tmp_path / "out"
