@@ -13,6 +13,10 @@ class InputError(Exception):
         self.message = message
         super().__init__(f"{self.path}: {message}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        """Pickled as (path, message): a dask.distributed worker sends a task's error back to the client so."""
+        return type(self), (self.path, self.message)
+
 
 class TrajectoryError(InputError):
     """An InputError about one trajectory's values (NaN/Inf, data that cannot be read): what a reader's

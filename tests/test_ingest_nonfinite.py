@@ -5,6 +5,9 @@ reads check every value), a file holding NaN/Inf trajectories ends in the output
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import h5py
@@ -164,3 +167,29 @@ def test_a_staged_part_is_resumed_from_a_scan(tmp_path: Path, monkeypatch: pytes
     fresh = ingest_files("pdebench", [path], tmp_path / "fresh", IngestOptions(**OPTS))
     assert _digests(outcome.manifest) == _digests(fresh)
     assert _leftovers(out) == []
+
+
+def test_a_block_error_comes_back_from_a_worker_as_itself() -> None:
+    """A dask.distributed worker sends a task's exception back pickled: the TrajectoryError that starts the scan
+    (and any InputError) must come back as itself, path and message included. In a fresh interpreter: modules some
+    test plugins load (tblib, through distributed) make every exception picklable in this one."""
+    code = textwrap.dedent("""
+        import pickle
+        from dpot_data.errors import InputError, TrajectoryError
+        for error in (InputError("in.h5", "expected x"), TrajectoryError("in.h5", "Vx: trajectory 3 holds NaN")):
+            back = pickle.loads(pickle.dumps(error))
+            assert type(back) is type(error), type(back)
+            assert (back.path, back.message, str(back)) == (error.path, error.message, str(error)), back
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_nan_trajectory_on_a_cluster_is_left_out_as_after_a_scan_first(cluster, tmp_path: Path) -> None:
+    path = _with_nan(synth_bench.write_cfd(tmp_path / "raw", n=8, frames=5, res=16), 7)
+    remote = ingest_files("pdebench", [path], tmp_path / "remote",
+                          IngestOptions(**OPTS, scheduler=cluster.scheduler_address))
+    local = ingest_files("pdebench", [path], tmp_path / "local", IngestOptions(**OPTS), check_finite=True)
+    assert [s["what"] for s in remote["datasets"][0]["skipped"]] == [f"{path.name}#7"]
+    assert _digests(remote) == _digests(local)
