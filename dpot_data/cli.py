@@ -287,10 +287,11 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="dask.distributed scheduler address."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a complete earlier ingest in --out."),
         stats: bool = typer.Option(True, "--stats/--no-stats", help="Normalisation statistics of the train split."),
-        nonfinite: str = typer.Option("skip", "--nonfinite", help="Trajectories holding NaN/Inf: skip (found by one "
-                                      "scan of the files when opened, left out and listed in the manifest) or raise "
-                                      "(no scan, values checked as they are read: faster; the ingest stops naming "
-                                      "the trajectory)."),
+        nonfinite: str = typer.Option("skip", "--nonfinite", help="Trajectories holding NaN/Inf: skip (left out and "
+                                      "listed in the manifest; found by one scan of the files when opened, or for "
+                                      "pdebench, fno and pdearena by the block reads, the ingest then starting "
+                                      "again from the scan) or raise (no scan, values checked as they are read; "
+                                      "the ingest stops naming the trajectory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         card: bool = typer.Option(False, "--card", help="Once the manifest is published, write the dataset card "
                                   "(README.md and card/<dataset>.png beside it), as `dpot-data card OUT` does."),
@@ -339,11 +340,12 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
 
     from dpot_data.ingest.allocator import reuse_freed_memory
     from dpot_data.ingest.input_hashes import InputHashes
+    from dpot_data.ingest.startup import ingest_process
 
     reuse_freed_memory()  # this process is the ingest's: block buffers are reused, not faulted in again per block
     # the local input files are hashed from here on, beside the imports below (half a second)
     hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
-    with contextlib.closing(hashes):
+    with contextlib.closing(hashes), ingest_process(source if source not in ("auto", "corpus") else None):
         return _run_ingest_with(source, files, out, given, dataset, hashes, reader or {})
 
 

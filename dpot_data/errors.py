@@ -12,3 +12,12 @@ class InputError(Exception):
         self.path = str(path)
         self.message = message
         super().__init__(f"{self.path}: {message}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        """Pickled as (path, message): a dask.distributed worker sends a task's error back to the client so."""
+        return type(self), (self.path, self.message)
+
+
+class TrajectoryError(InputError):
+    """An InputError about one trajectory's values (NaN/Inf, data that cannot be read): what a reader's
+    `check_finite=True` scan leaves out, met instead by a block read that checks what it reads."""

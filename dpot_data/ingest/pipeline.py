@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from dpot_data import manifest_io as mf
 from dpot_data import stats as st
-from dpot_data.errors import InputError
+from dpot_data.errors import InputError, TrajectoryError
 from dpot_data.ingest import journal as jn
 from dpot_data.ingest import remote
 from dpot_data.ingest.identity import InputIdentity
@@ -222,18 +222,53 @@ def _remove_workdirs(target: Target) -> None:
         base.rmdir()  # the URL's (or the caller's) working folder, once no job is left in it
 
 
+def scan_deferred(job: IngestJob) -> bool:
+    """Whether the job reads without the NaN/Inf scan at open first (`_read_and_write`): under `--nonfinite skip`
+    with a reader whose block reads refuse every trajectory the scan would leave out (its SCAN_IN_BLOCK_READS), unless
+    the caller chose `check_finite` or a staged part waits to be resumed (it was planned from a scan, maybe)."""
+    if job.options.nonfinite != "skip" or "check_finite" in job.reader_options:
+        return False
+    local = job.target.local
+    if local.is_dir() and any(p.name.startswith(jn.STAGING_PREFIX) for p in local.iterdir()):
+        return False
+    try:
+        return bool(getattr(load_source(job.source), "SCAN_IN_BLOCK_READS", False))
+    except ValueError:
+        return False  # an unknown source: read_source says so
+
+
 def _read_and_write(job: IngestJob, hashes: InputHashes | None) -> IngestOutcome:
-    """Read the job's inputs and write them into its local folder."""
+    """Read the job's inputs and write them into its local folder. Under `--nonfinite skip` the files are first read
+    with no scan, every value checked by the block read that copies it (`scan_deferred`); the plan is the same as
+    after a scan that finds nothing. A block meeting a trajectory the scan leaves out (TrajectoryError) ends that
+    attempt with nothing kept of it (its staging goes, nothing is published), and the ingest starts again from a
+    scan, as it always did: a file holding such trajectories is read once more, a clean one is never scanned."""
     with contextlib.ExitStack() as stack:
         hashes = hashes if hashes is not None else stack.enter_context(InputHashes())
         hashes.add(list(job.inputs))
-        result = read_source(job.source, job.inputs, job.options, **job.reader_options)
-        said = review(result, job)
-        with contextlib.ExitStack() as local:
-            if job.target.remote is not None:  # the job's own working folder: its lock, no decision to make
-                local.enter_context(output_lock(str(job.target.local)))
-            outcome = write_locked(said.result, job.target.local, said.options, hashes, job.input_names,
-                                   job.identity)
+        if scan_deferred(job):
+            try:
+                with warnings.catch_warnings(record=True) as said:  # the plan's warnings: told once it stands
+                    warnings.simplefilter("always")
+                    outcome = _read_and_write_with(job, hashes, {**job.reader_options, "check_finite": "raise"})
+            except TrajectoryError:
+                pass  # a trajectory to leave out: the scan finds every such one, then the ingest runs again
+            else:
+                for w in said:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+                return outcome
+        return _read_and_write_with(job, hashes, job.reader_options)
+
+
+def _read_and_write_with(job: IngestJob, hashes: InputHashes, reader_options: Mapping[str, Any]) -> IngestOutcome:
+    """Read the job's inputs with `reader_options` and write them into its local folder."""
+    result = read_source(job.source, job.inputs, job.options, **reader_options)
+    said = review(result, job)
+    with contextlib.ExitStack() as local:
+        if job.target.remote is not None:  # the job's own working folder: its lock, no decision to make
+            local.enter_context(output_lock(str(job.target.local)))
+        outcome = write_locked(said.result, job.target.local, said.options, hashes, job.input_names,
+                               job.identity)
     return replace(outcome, source=job.source, entry=said.entry, warnings=list(said.warnings))
 
 

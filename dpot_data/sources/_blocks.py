@@ -46,7 +46,7 @@ from dask.base import tokenize
 from h5py import h5d, h5s
 
 from dpot_format.npy import read_npy_header
-from dpot_data.errors import InputError
+from dpot_data.errors import InputError, TrajectoryError
 from dpot_format.io import file_kind
 from dpot_data.sources.base import (INFLATION_SLACK_BYTES, MAX_FRAMES, MAX_GRID_SIDE, MAX_INFLATION,
                                     MAX_TRAJECTORIES, MAX_TRAJECTORY_BYTES)
@@ -111,18 +111,20 @@ def all_finite(raw: np.ndarray) -> bool:
     return bool(raw.max() <= FLOAT32_MAX and raw.min() >= -FLOAT32_MAX)  # NaN fails both comparisons
 
 
-def nonfinite_error(where: str | Path, key: str, index: object, raw: np.ndarray, time_axis: int = 0) -> InputError:
+def nonfinite_error(where: str | Path, key: str, index: object, raw: np.ndarray,
+                    time_axis: int = 0) -> TrajectoryError:
     """The InputError of a trajectory holding NaN/Inf: `raw` is its array as stored, time on `time_axis`."""
     ok = frames_ok(raw[None], time_axis + 1)[0]
     bad = np.flatnonzero(~ok)
     first = f", first: frame {int(bad[0])}" if bad.size else ""
-    return InputError(where, f"{key}: trajectory {index} holds NaN or Inf ({bad.size} of {ok.size} frames{first}); "
-                             "expected finite values (check_finite=True leaves such trajectories out)")
+    return TrajectoryError(where, f"{key}: trajectory {index} holds NaN or Inf ({bad.size} of {ok.size} frames"
+                                  f"{first}); expected finite values (check_finite=True leaves such trajectories out)")
 
 
-def read_error(where: str | Path, key: str, index: object, exc: BaseException) -> InputError:
+def read_error(where: str | Path, key: str, index: object, exc: BaseException) -> TrajectoryError:
     """The InputError of raw data that cannot be read (a file corrupt past its header)."""
-    return InputError(where, f"{key}: trajectory {index} cannot be read (corrupt data): {type(exc).__name__}: {exc}")
+    return TrajectoryError(where, f"{key}: trajectory {index} cannot be read (corrupt data): "
+                                  f"{type(exc).__name__}: {exc}")
 
 
 def no_inf(raw: np.ndarray) -> bool:

@@ -35,6 +35,9 @@ from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, al
 from dpot_data.sources.base import INFLATION_SLACK_BYTES, MAX_INFLATION, ReadResult
 
 READER_VERSION = "1"
+# check_finite="raise" refuses, with a TrajectoryError, every trajectory that check_finite=True leaves out (NaN/Inf,
+# unreadable data): the ingest reads with "raise" first and scans only when a block read meets one (`ingest.pipeline`)
+SCAN_IN_BLOCK_READS = True
 DEFAULT_BLOCK = 8  # trajectories per dask chunk: ~7 MB raw, ~110 MB once resampled to 128x128x4 (T=50)
 _VISC = re.compile(r"_V(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?=_|\.mat$)")
 

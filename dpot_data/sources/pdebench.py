@@ -33,6 +33,9 @@ from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, au
 from dpot_data.sources.base import MAX_FRAMES, ReadResult
 
 READER_VERSION = "1"
+# check_finite="raise" refuses, with a TrajectoryError, every trajectory that check_finite=True leaves out (NaN/Inf,
+# unreadable data): the ingest reads with "raise" first and scans only when a block read meets one (`ingest.pipeline`)
+SCAN_IN_BLOCK_READS = True
 CFD_VARS = {2: ("Vx", "Vy", "density", "pressure"), 3: ("Vx", "Vy", "Vz", "density", "pressure")}
 _CFD_NAME = re.compile(
     r"(?P<dims>[23])D_CFD_(?P<kind>Rand|Turb)_M(?P<M>[0-9.eE+-]+?)_Eta(?P<eta>[0-9.eE+-]+?)_Zeta(?P<zeta>[0-9.eE+-]+?)"
