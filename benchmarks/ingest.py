@@ -590,7 +590,8 @@ def stage_seconds(stats: dict, shares: dict[tuple, dict[str, float]]) -> dict[st
 @contextlib.contextmanager
 def wall_probes(walls: dict[str, float]) -> Iterator[None]:
     """While active, add the wall seconds spent inside some calls of the ingest to `walls`: its fsync/syncfs calls
-    and the NaN/Inf scan of the input when it is opened (a whole read of the file before any block is processed)."""
+    and the NaN/Inf scan of the input when it is opened (a whole read of the file before any block is processed;
+    0 for a clean file under --nonfinite skip, read with no scan first)."""
     from dpot_data.sources import _blocks
     from dpot_data.writers import zarr_store
 
