@@ -345,8 +345,13 @@ def _run_ingest(source: str, files: List[str], out: str, given: dict, dataset: O
     reuse_freed_memory()  # this process is the ingest's: block buffers are reused, not faulted in again per block
     # the local input files are hashed from here on, beside the imports below (half a second)
     hashes = InputHashes([f for f in files if "://" not in f] if source != "corpus" else [])
-    with contextlib.closing(hashes), ingest_process(source if source not in ("auto", "corpus") else None):
-        return _run_ingest_with(source, files, out, given, dataset, hashes, reader or {})
+    try:
+        with contextlib.closing(hashes), ingest_process(source if source not in ("auto", "corpus") else None):
+            return _run_ingest_with(source, files, out, given, dataset, hashes, reader or {})
+    except KeyboardInterrupt:  # Ctrl-C: the staged part and its journal stay, and say how to go on
+        typer.echo(f"interrupted: nothing was published in {out}; run the same command again to resume from the "
+                   "shards already completed", err=True)
+        raise typer.Exit(code=130) from None
 
 
 def _run_ingest_with(source: str, files: List[str], out: str, given: dict, dataset: Optional[str],

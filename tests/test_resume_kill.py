@@ -81,7 +81,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return raw, out
 
 
-def test_sigkill_after_first_shard_then_rerun_gives_identical_output(reference, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
+def test_stopped_after_first_shard_then_rerun_gives_identical_output(reference, tmp_path: Path, stop: int) -> None:
+    """A kill, or Ctrl-C (which says in one line how to go on), after the first shards: the same command again
+    resumes from the shards completed, and the output is the uninterrupted one."""
     raw, ref = reference
     out = tmp_path / "out"
     proc = subprocess.Popen(_ingest_args(raw, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -93,9 +96,15 @@ def test_sigkill_after_first_shard_then_rerun_gives_identical_output(reference, 
         assert proc.poll() is None, f"ingest ended before its first shard: {proc.stderr.read().decode()}"
         assert time.monotonic() < deadline, "no shard appeared within 90 s"
         time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    os.kill(proc.pid, stop)
+    err = proc.communicate(timeout=60)[1].decode()
+    if stop == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 130, err
+        said = [ln for ln in err.splitlines() if not ln.startswith("warning:")]
+        assert said == [f"interrupted: nothing was published in {out}; run the same command again to resume from "
+                        "the shards already completed"], err
     # nothing under a final name yet: no manifest, no published shards; the staged ones are journalled
     assert not (out / "manifest.json").exists()
     assert not (out / "shards").exists()
