@@ -87,7 +87,10 @@ def test_stopped_after_first_shard_then_rerun_gives_identical_output(reference, 
     resumes from the shards completed, and the output is the uninterrupted one."""
     raw, ref = reference
     out = tmp_path / "out"
-    proc = subprocess.Popen(_ingest_args(raw, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Ctrl-C as at a terminal: SIGINT handled by default in the ingest, even where this process ignores it (a
+    # parallel test worker may; an ignored signal stays ignored across exec)
+    proc = subprocess.Popen(_ingest_args(raw, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     journal = out / ".staging-fno-ns-v1e-3" / JOURNAL_NAME
     deadline = time.monotonic() + 90
     # wait until shards are complete (renamed and journalled) and three of the ten blocks of 8 trajectories are
