@@ -239,20 +239,20 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progres
     part = "zarr" if data.backend == "zarr" else "shards"
     paths = [m for given in data.manifests for m in expand_outputs(given)]
     # the cache checks each download's size and sha256: only the outputs read without it are rehashed here
-    rehashed = {p: data.verify_checksums and not uses_cache([p], data.backend) for p in paths}
+    cached = {p: uses_cache([p], data.backend) for p in paths}
+    rehashed = {p: data.verify_checksums and not cached[p] for p in paths}
     size, count = to_hash([e for p in paths if rehashed[p]
                            for e in ((docs or {}).get(manifest_url(p)) or {}).get("datasets", [])], part)
     with hash_runner(any(rehashed.values()), part, workers) as runner, \
             HashProgress(size, count, part, progress) as bar:
         for path in paths:
             doc = (docs or {}).get(manifest_url(path))
-            cached = uses_cache([path], data.backend)
-            rehash = rehashed[path]
             if part == "shards" and doc is not None:
                 scanned += [(manifest_url(path), entry) for entry in doc["datasets"]]
-            for problem in validate_output(path, rehash=rehash, parts=(part,), scan=False, manifest=doc, indexes=index,
-                                           trust_index=True, stat_remote=not cached,
-                                           runner=runner if rehash else None, progress=bar if rehash else None):
+            for problem in validate_output(path, rehash=rehashed[path], parts=(part,), scan=False, manifest=doc,
+                                           indexes=index, trust_index=True, stat_remote=not cached[path],
+                                           runner=runner if rehashed[path] else None,
+                                           progress=bar if rehashed[path] else None):
                 if not problem.fatal:
                     continue
                 if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
