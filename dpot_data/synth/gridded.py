@@ -8,6 +8,9 @@
   datasets with obstacles store them) and per-trajectory times (`dimensions/time` (n, T), `sample_varying`);
 - `write_well_dummy`: the Well's own test file (the_well 1.2.0 `utils/dummy_data.py`, `write_dummy_data`): its
   boundary conditions say PERIODIC while their masks are all False, which the Well's reader takes as OPEN;
+- `write_user_netcdf`: a researcher's own CF NetCDF file as it typically arrives: `temperature` in kelvin (about
+  293 +- 3 K) on a non-square (sample, time, y, x) grid in metres and seconds, with a square obstacle of NaN cells
+  constant in time;
 - `write_pde_storage`: an HDF5 file in py-pde's `FileStorage` layout: a `data` dataset (T, y, x) without
   dimension names or coordinates, and a 1-D `times` dataset.
 
@@ -59,6 +62,36 @@ def write_netcdf(out: str | Path, *, members: int = 3, frames: int = 6, ny: int 
         attrs={"Conventions": "CF-1.10", "title": "synthetic travelling waves", "institution": "dpot synth"},
     )
     ds["land"] = (("lat", "lon"), 1 - mask, {"long_name": "land mask", "flag_values": "0 1"})
+    path = out / name
+    ds.to_netcdf(path, engine="h5netcdf")
+    return path
+
+
+def write_user_netcdf(out: str | Path, *, samples: int = 12, frames: int = 30, ny: int = 48, nx: int = 64,
+                      obstacle: int = 6, seed: int = 0, name: str = "heat.nc") -> Path:
+    """A CF-1.10 NetCDF-4 file by xarray: `temperature` [K] (sample, time, y, x) float64 = 293 K plus a travelling
+    wave of amplitude 3 K, NaN on an `obstacle` x `obstacle` block of cells (the same in every frame); coordinates
+    x, y in metres (spacing 0.01 m), time in seconds (step 0.5 s)."""
+    import xarray as xr
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    y, x = np.arange(ny) * 0.01, np.arange(nx) * 0.01
+    t = np.arange(frames) * 0.5
+    temp = 293.0 + 3.0 * np.stack([wave(t / 2, (y / (ny * 0.01), x / (nx * 0.01)), 1, float(rng.uniform(0, 6.28)))
+                                   for _ in range(samples)])
+    y0, x0 = ny // 2 - obstacle // 2, nx // 3
+    temp[:, :, y0: y0 + obstacle, x0: x0 + obstacle] = np.nan
+    ds = xr.Dataset(
+        {"temperature": (("sample", "time", "y", "x"), temp,
+                         {"standard_name": "air_temperature", "long_name": "temperature", "units": "K"})},
+        coords={"time": ("time", t, {"standard_name": "time", "units": "s", "axis": "T"}),
+                "y": ("y", y, {"long_name": "y", "units": "m", "axis": "Y"}),
+                "x": ("x", x, {"long_name": "x", "units": "m", "axis": "X"}),
+                "sample": ("sample", np.arange(samples))},
+        attrs={"Conventions": "CF-1.10", "title": "synthetic heat transport past an obstacle"},
+    )
     path = out / name
     ds.to_netcdf(path, engine="h5netcdf")
     return path
