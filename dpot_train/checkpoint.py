@@ -8,6 +8,8 @@ Layouts (each a dict that torch.load(weights_only=True) reads):
   architecture is not inferred;
 - a training checkpoint: our model payload plus the format tag and everything an exact resume needs: optimizer,
   scheduler, step, the loader position, every rank's RNG states (as tensors and lists) and the run config.
+- safetensors weights (`model export --out W.safetensors`): the released format's tensors with `recipe` and
+  `normalization` (JSON) in the file's metadata; read without any code execution, so no trust is needed.
 Every file we write has a sha256 record beside it (`step-00000042.pt.sha256`, `sha256sum -c` reads it): torch does
 not check the CRCs of a zip's tensor records, so without it a flipped bit in the weights loads as good. A record, when
 present, is checked on every read; released files have none and load as before.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import errno
 import hashlib
+import json
 import os
 import pickle
 import random
@@ -218,12 +221,61 @@ def _read(path: Path, map_location: Any, trusted: bool, sha256: str | None = Non
             fh.seek(0)
             verify_sha256(path, sha256, fh)
         fh.seek(0)
+        if is_safetensors(fh):
+            return _read_safetensors(path)
+        fh.seek(0)
         not_torch = not_a_torch_file(fh)
         if not_torch:  # before torch.load: its refusal would suggest --trust for a file that is no checkpoint
             raise CheckpointError(f"{path}: not a checkpoint: {not_torch}, expected a file written by torch.save "
                                   "(a zip archive holding data.pkl, or a pickle)")
         fh.seek(0)
         return _load(fh, path, map_location, trusted)
+
+
+SAFETENSORS_SUFFIX = ".safetensors"
+_SAFETENSORS_META = ("recipe", "normalization")  # what a released export records beside the tensors
+
+
+def is_safetensors(fh: Any) -> bool:
+    """Whether the open file starts as a safetensors file: an 8-byte little-endian header length, then a JSON object
+    (reads from the current position)."""
+    head = fh.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < 100_000_000
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    """A safetensors file as the released-format payload: {'model': tensors, plus the metadata entries dpot writes
+    (`recipe`, `normalization`)}; CheckpointError naming `path` when the file is damaged."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError as exc:  # a dependency of dpot; absent only in a broken install
+        raise CheckpointError(f"{path}: reading .safetensors weights needs the safetensors package") from exc
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            state = {k: f.get_tensor(k) for k in f.keys()}
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({str(exc).strip()[:300]})") from exc
+    payload: dict[str, Any] = {"model": state}
+    if meta.get("recipe") in ("dpot", "reference"):
+        payload["recipe"] = meta["recipe"]
+    if "normalization" in meta:
+        try:
+            payload["normalization"] = json.loads(meta["normalization"])
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: metadata 'normalization' is not JSON ({exc})") from exc
+    return payload
+
+
+def _safetensors_bytes(payload: Mapping[str, Any]) -> bytes:
+    """A released-format payload as safetensors bytes: the tensors (contiguous, shared storage copied), and its
+    other entries in the metadata (strings; `normalization` as JSON)."""
+    from safetensors.torch import save
+
+    state = {k: v.detach().contiguous().clone() for k, v in payload["model"].items()}
+    meta = {k: (payload[k] if isinstance(payload[k], str) else json.dumps(payload[k], sort_keys=True))
+            for k in _SAFETENSORS_META if k in payload}
+    return save(state, metadata={"format": "pt", **meta})
 
 
 # leading bytes of files that get passed where a checkpoint is expected, and what they are
@@ -364,13 +416,14 @@ def pretrained_from(state: Mapping[str, torch.Tensor], config_dict: dict[str, An
     return model.to(map_location) if map_location is not None else model
 
 
-def export_released(src: str | Path, dst: str | Path) -> Any:
+def export_released(src: str | Path, dst: str | Path, fmt: str | None = None) -> Any:
     """Write the weights of one of our checkpoints in the released format, a bare {'model': state_dict} (what the
     reference code and `--init`/`evaluate` take as released weights); returns the config the weights imply.
 
     Refused when the bare weights would not say the architecture back (a field only our config records). The run's
     normalisation (its mode and statistics, unless `none`) goes beside the weights as `normalization`
-    (dpot_train.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the checkpoint."""
+    (dpot_train.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the checkpoint.
+    `fmt` (`export_format`): a torch file (.pth), or safetensors (the same entries, read without code execution)."""
     from dpot_train.normalize import export_record
 
     content = read_checkpoint(src)
@@ -387,8 +440,28 @@ def export_released(src: str | Path, dst: str | Path) -> Any:
     record = export_record(content)
     payload = {**released_payload(state), "recipe": trained_recipe(content),  # evaluated as the checkpoint is
                **({"normalization": record} if record else {})}
-    save_atomic(payload, Path(dst))  # with its sha256 record: a flipped bit is caught on load
+    fmt = export_format(dst, fmt)
+    if fmt == "safetensors":
+        write_atomic_with_record(_safetensors_bytes(payload), Path(dst))
+    else:
+        save_atomic(payload, Path(dst))  # with its sha256 record: a flipped bit is caught on load
     return config
+
+
+EXPORT_FORMATS = ("pth", "safetensors")
+
+
+def export_format(dst: str | Path, fmt: str | None) -> str:
+    """The format of an export: `fmt` when given (pth, safetensors), else from the suffix of `dst` (.safetensors;
+    anything else: pth); ValueError for a format that contradicts a .safetensors/.pth suffix."""
+    suffix = Path(dst).suffix.lower()
+    if fmt is None:
+        return "safetensors" if suffix == SAFETENSORS_SUFFIX else "pth"
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"--format {fmt}: expected one of {', '.join(EXPORT_FORMATS)}")
+    if (suffix == SAFETENSORS_SUFFIX and fmt != "safetensors") or (suffix in (".pth", ".pt") and fmt != "pth"):
+        raise ValueError(f"--out {dst}: the suffix {suffix} says another format than --format {fmt}")
+    return fmt
 
 
 # --- writing --------------------------------------------------------------------------------------------------------
@@ -428,6 +501,20 @@ def save_atomic(payload: dict[str, Any], path: Path) -> None:
         if os_error is not None:
             raise CheckpointWriteError(_write_problem(path, os_error)) from exc
         raise
+
+
+def write_atomic_with_record(data: bytes, path: Path) -> None:
+    """`data` written atomically to `path` with its sha256 record beside it (as `save_atomic` does for torch files);
+    CheckpointWriteError (one line) on failure, nothing partial left."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            atomic_write(record_path(path), record_text(hashlib.sha256(data).hexdigest(), path))
+    except OSError as exc:
+        raise CheckpointWriteError(_write_problem(path, exc)) from exc
 
 
 def _os_error(exc: BaseException | None) -> OSError | None:

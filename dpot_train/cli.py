@@ -125,20 +125,28 @@ def model_info_cmd(
 def model_export_cmd(
     checkpoint: str = typer.Argument(..., help="A checkpoint of a run (RUN_DIR/checkpoints/step-*.pt), or "
                                     "one on the Hugging Face Hub (hf://OWNER/REPO/FILE[@REVISION])."),
-    out: Path = typer.Option(..., "--out", help="Where to write the weights (.pth)."),
+    out: Path = typer.Option(..., "--out", help="Where to write the weights (.pth, or .safetensors)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="pth (a torch file) or safetensors (tensors and "
+                                      "metadata only: loads without code execution); default: from --out's suffix "
+                                      "(.safetensors, else pth)."),
 ) -> None:
     """Write a run checkpoint's weights in the released DPOT format, a bare {'model': state_dict}: what the
-    reference implementation loads, and what --init and evaluate treat as released weights (the reference recipe)."""
-    from dpot_train.checkpoint import CheckpointWriteError, export_released, record_path
+    reference implementation loads, and what --init and evaluate treat as released weights (the reference recipe).
+    With --format safetensors (or an --out ending .safetensors) the same tensors and entries go into a safetensors
+    file, which every command that reads weights also reads."""
+    from dpot_train.checkpoint import CheckpointWriteError, export_format, export_released, record_path
 
     try:
-        config = export_released(checkpoint, out)
+        kind = export_format(out, fmt)
+        config = export_released(checkpoint, out, kind)
     except (FileNotFoundError, ValueError, CheckpointWriteError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
+    layout = "safetensors: the tensors, recipe and normalisation" if kind == "safetensors" else \
+        "{'model': state_dict}, the released format"
     typer.echo(f"wrote {out}: {config.in_channels} channels, {config.img_size}x{config.img_size}, "
-               f"{config.in_timesteps} input frames ({{'model': state_dict}}, the released format); its sha256 in "
-               f"{record_path(out).name} (publish it: `--sha256` checks a copy)")
+               f"{config.in_timesteps} input frames ({layout}); its sha256 in {record_path(out).name} (publish it: "
+               "`--sha256` checks a copy)")
 
 
 def main() -> None:

@@ -120,16 +120,21 @@ def resolve(text: str) -> Resolved:
     except ImportError:
         raise HubError(f"{text}: loading weights from the Hugging Face Hub needs huggingface_hub; install dpot[hub] "
                        "(pip install 'dpot[hub]')") from None
-    try:
-        local = Path(hf_hub_download(ref.repo_id, ref.filename, revision=ref.revision))
+    offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))
+    unreachable = None if offline else hub_unreachable(constants.ENDPOINT)
+    try:  # an unreachable Hub is asked nothing (huggingface_hub would retry for half a minute): the cache only
+        local = Path(hf_hub_download(ref.repo_id, ref.filename, revision=ref.revision,
+                                     local_files_only=offline or unreachable is not None))
     except hf_errors.LocalEntryNotFoundError as exc:
         cache = constants.HF_HUB_CACHE
-        if getattr(constants, "HF_HUB_OFFLINE", False):
+        if offline:
             raise HubError(f"{text}: {ref.url()} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 is "
                            "set; download it once with HF_HUB_OFFLINE unset, or point HF_HUB_CACHE at a cache that "
                            "holds it") from exc
+        why = unreachable or _first_line(exc.__cause__ or exc)
         raise HubError(f"{text}: {ref.url()} is not in the Hugging Face cache ({cache}) and the Hub could not be "
-                       f"reached ({_first_line(exc.__cause__ or exc)})") from exc
+                       f"reached ({why}); on a machine without network set HF_HUB_OFFLINE=1 and point HF_HUB_CACHE "
+                       "at a cache that holds it") from exc
     except hf_errors.RevisionNotFoundError as exc:
         raise HubError(f"{text}: revision {ref.revision or 'main'!r} not found in the Hub repo {ref.repo_id}") from exc
     except hf_errors.EntryNotFoundError as exc:
@@ -141,6 +146,20 @@ def resolve(text: str) -> Resolved:
     except (hf_errors.HfHubHTTPError, hf_errors.HFValidationError, OSError) as exc:
         raise HubError(f"{text}: {ref.url()} could not be downloaded ({_first_line(exc)})") from exc
     return Resolved(ref, local, _commit_of(text, local, ref.filename))
+
+
+def hub_unreachable(endpoint: str) -> str | None:
+    """Why the Hub at `endpoint` cannot be reached, from one request with no retries (None when it answers at all,
+    whatever the status): huggingface_hub retries a failed connection five times with back-off, about half a
+    minute of noise before its error, so an unreachable Hub is found out here once and only the cache is read."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=float(getattr(constants, "HF_HUB_ETAG_TIMEOUT", 10)))
+    except Exception as exc:  # any transport failure (DNS, refused, timeout, proxy); an HTTP answer is no failure
+        return _first_line(exc)
+    return None
 
 
 def _commit_of(text: str, local: Path, filename: str) -> str:

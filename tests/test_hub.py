@@ -284,6 +284,7 @@ def test_hub_answers_become_one_line(raised: str, expected: str, monkeypatch: py
     import huggingface_hub
     from huggingface_hub import constants, errors
 
+    from dpot_train import hub as hub_module
     from dpot_train.hub import resolve
 
     def refuse(*args: object, **kwargs: object) -> str:
@@ -293,6 +294,7 @@ def test_hub_answers_become_one_line(raised: str, expected: str, monkeypatch: py
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_module, "hub_unreachable", lambda endpoint: None)  # the Hub answers: its errors come
     with pytest.raises(HubError) as err:
         resolve("hf://o/r/w.pt")
     assert expected in str(err.value) and "\n" not in str(err.value)
@@ -325,3 +327,30 @@ def test_the_documented_names_are_the_ones_resolved() -> None:
     table = (train_runs.ROOT / "docs" / "training.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `(dpot:\w+)` \| `hf://hzk17/DPOT/(\S+)` \|", table, flags=re.M))
     assert rows == {f"dpot:{k}": v for k, v in RELEASED.items()}
+
+
+@pytest.fixture
+def unreachable(hub: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """Online mode with a Hub nobody answers at (a closed port on this machine): the cache of the test, no token."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub["cache"]))
+    monkeypatch.setenv("HF_HOME", str(hub["home"]))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    return hub
+
+
+def test_an_unreachable_hub_is_asked_once_and_the_cache_read(unreachable: dict[str, Path]) -> None:
+    """Without HF_HUB_OFFLINE a Hub that cannot be reached costs one attempt, not huggingface_hub's five retries:
+    a cached file loads with nothing said, an uncached one fails in one line naming HF_HUB_OFFLINE and the cache."""
+    cached, missing = run_batch([("model", "info", "dpot:Ti", "--json"), ("model", "info", "dpot:S")])
+    assert cached.returncode == 0 and cached.stderr.strip() == "", cached.stderr[-2000:]
+    assert json.loads(cached.stdout)["hub"]["revision"] == MAIN
+    line = _one_error_line(missing)  # before: "Retrying in 1s [Retry 1/5]" ... five times, then the error
+    assert "hf://hzk17/DPOT/model_S.pth is not in the Hugging Face cache" in line and "could not be reached" in line
+    assert "HF_HUB_OFFLINE=1" in line and str(unreachable["cache"]) in line

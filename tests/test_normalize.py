@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from dpot_data.ingest import IngestOptions, ingest_files
 from dpot_data.synth.fno import solve_fno, write_mat_v5
-from dpot_train.checkpoint import export_released
+from dpot_train.checkpoint import export_released, read_checkpoint
 from dpot_train.cli import app
 from dpot_train.config import DataConfig, TrainConfig, load_config
 from dpot_train.data.datasets import read_manifest
@@ -159,18 +159,22 @@ def test_reference_convention_data_is_unchanged_bit_for_bit(fno_train_shards: Pa
 def test_checkpoint_and_its_export_score_the_same(units: dict[str, Path], kelvin_run: Path, tmp_path: Path,
                                                   fno_train_shards: Path) -> None:
     ckpt = kelvin_run / "checkpoints" / f"step-{STEPS:08d}.pt"
-    export = tmp_path / "weights.pth"
+    export, tensors = tmp_path / "weights.pth", tmp_path / "weights.safetensors"
     export_released(ckpt, export)
+    export_released(ckpt, tensors)  # the same entries as a safetensors file (metadata beside the tensors)
     name = read_manifest(str(units["kelvin"]))[0].name
     recorded = torch.load(ckpt, weights_only=True)["train_config"]["data"]["norm_stats"]
     assert torch.load(export, weights_only=True)["normalization"] == {"normalize": "auto", "stats": recorded}
     assert torch.load(export, weights_only=True)["recipe"] == "dpot"  # the run's recipe, beside the weights
+    assert read_checkpoint(tensors)["normalization"] == {"normalize": "auto", "stats": recorded}
+    assert read_checkpoint(tensors)["recipe"] == "dpot"
     for shards in (units["kelvin"], fno_train_shards):
         a = evaluate_checkpoint(str(ckpt), [str(shards)], rollout_steps=2, device="cpu")
-        b = evaluate_checkpoint(str(export), [str(shards)], rollout_steps=2, device="cpu",
-                                allow_convention_mismatch=True)  # released format on canonical data: said so
-        assert a["recipe"] == b["recipe"] == "dpot"  # as trained, whichever file holds the weights
-        assert a["datasets"] == b["datasets"] and a["normalization"] == b["normalization"]
+        for weights in (export, tensors):
+            b = evaluate_checkpoint(str(weights), [str(shards)], rollout_steps=2, device="cpu",
+                                    allow_convention_mismatch=True)  # released format on canonical data: said so
+            assert a["recipe"] == b["recipe"] == "dpot"  # as trained, whichever file holds the weights
+            assert a["datasets"] == b["datasets"] and a["normalization"] == b["normalization"]
     # the run's statistics, not those of a manifest ingested again with other values under the same name
     again = evaluate_checkpoint(str(export), [str(units["anomaly"])], rollout_steps=2, device="cpu",
                                 allow_convention_mismatch=True)
