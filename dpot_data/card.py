@@ -7,12 +7,16 @@ which licence, how it is laid out and how it was made.
 else train, trajectory, one panel per channel) and writes them, then the card, each atomically. Everything the card
 says comes from the manifest, the catalog (manifests/catalog.yaml, `sources` and `datasets`) and dpot_data.units;
 nothing depends on when the card is written, so `ingest --card` and a later `dpot-data card` write the same card.
+Every text taken from the manifest (names, units, attributes, paths, the command) goes in through `_cell` / `_code`
+(dpot_format.text: one line, bounded, escaped for Markdown and HTML); raw inputs are named by file name and sha256 and
+the command's absolute paths by file name, so a published card shows no folder of the machine that made it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -26,13 +30,16 @@ from dpot_format import io as fio
 from dpot_format.errors import FormatError
 from dpot_format.layout import space_order
 from dpot_format.names import MANIFEST_NAME, SPLITS
+from dpot_format.text import NAME_LIMIT, TEXT_LIMIT, bound, file_name, md, md_code_block, public_command, strip_dirs
 
 CARD_NAME = "README.md"
 PREVIEW_FOLDER = "card"
 NOT_GIVEN = "not given"
 NOT_RECORDED = "not recorded"
+SKIPPED_SHOWN = 100  # entries of `skipped` the card lists
 TASK_CATEGORIES = ["time-series-forecasting", "other"]
 # Hugging Face's size buckets (number of examples: here trajectories)
+_PLAIN = re.compile(r"[\w.:/+=#@,-]{1,100}")  # shown as inline code as it is
 _SIZES = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
           (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M")]
 
@@ -62,9 +69,36 @@ def size_category(trajectories: int) -> str:
     return "n>100M"
 
 
-def _cell(value: object) -> str:
-    """A Markdown table cell: pipes escaped, on one line."""
-    return str(value).replace("|", "\\|").replace("\n", " ")
+def _cell(value: object, limit: int = NAME_LIMIT) -> str:
+    """Text from the manifest as Markdown (a table cell or inline text): one line, cut to `limit` characters,
+    HTML and Markdown syntax escaped (dpot_format.text.md)."""
+    return md(value, limit)
+
+
+def _code(value: object) -> str:
+    """A short identifier from the manifest as inline code; anything else as escaped text (`_cell`)."""
+    text = str(value)
+    return f"`{text}`" if _PLAIN.fullmatch(text) else _cell(text)
+
+
+def _tag(value: object) -> str:
+    """A Hub tag from a manifest's text: lower case, runs of other characters than [a-z0-9_.-] as "-", bounded."""
+    return bound(re.sub(r"[^a-z0-9_.-]+", "-", str(value)[:4 * NAME_LIMIT].lower()).strip("-") or "unknown")
+
+
+def _params(entry: Mapping[str, Any]) -> str:
+    """The PDE parameters on one line: each text inside (a NetCDF attribute) cut to NAME_LIMIT characters, the
+    whole line to TEXT_LIMIT, escaped."""
+    def cut(v: object) -> object:
+        if isinstance(v, dict):
+            return {bound(k): cut(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [cut(x) for x in v]
+        return bound(v) if isinstance(v, str) else v
+
+    text = ", ".join(f"{bound(k)} = {v if isinstance(v, (str, int, float)) else json.dumps(v, ensure_ascii=False)}"
+                     for k, v in cut(entry.get("parameters") or {}).items())
+    return _cell(text, TEXT_LIMIT)
 
 
 def _number(value: object) -> str:
@@ -89,7 +123,7 @@ def _front_matter(manifest: Mapping[str, Any], catalog: Catalog | None) -> dict[
     for entry in entries:
         _, facts = _facts(entry, catalog)
         licences.add(facts.license if facts is not None and facts.license else "unknown")
-    sources = sorted({str(e["source"]) for e in entries})
+    sources = sorted({_tag(e["source"]) for e in entries})
     configs = []
     for entry in entries:
         files = [{"split": s, "path": [sh["path"] for sh in entry["shards"] if sh["split"] == s]} for s in SPLITS]
@@ -116,15 +150,14 @@ def _source_section(entry: Mapping[str, Any], catalog: Catalog | None) -> list[s
     out = ["### Source", ""]
     out.append(f"- Equation: {equation or NOT_GIVEN}")
     if facts is not None:
-        out.append(f"- Source: {facts.title} (`{entry['source']}`), {facts.homepage}")
+        out.append(f"- Source: {facts.title} ({_code(entry['source'])}), {facts.homepage}")
     else:
-        out.append(f"- Source: `{entry['source']}` (no catalog facts for this source)")
+        out.append(f"- Source: {_code(entry['source'])} (no catalog facts for this source)")
     if found is not None:
         dpot = f", DPOT's `{found.dpot_name}`" if found.dpot_name else ""
         url = f"; published at {found.download['url']}" if found.download else ""
         out.append(f"- Catalog dataset: `{found.name}`{dpot}{url}")
-    params = ", ".join(f"{k} = {_cell(v if isinstance(v, (str, int, float)) else json.dumps(v, ensure_ascii=False))}"
-                       for k, v in (entry.get("parameters") or {}).items())
+    params = _params(entry)
     out.append(f"- PDE parameters: {params or 'none recorded'}")
     if facts is not None and facts.license:
         out.append(f"- Licence: {facts.license} (stated in {facts.license_stated})")
@@ -152,10 +185,10 @@ def _layout_lines(entry: Mapping[str, Any]) -> list[str]:
     resample = entry.get("resample") or {}
     return [
         "### Layout", "",
-        f"- Grid: {shape} ({', '.join(dims)}), native {native}; resampled with `{resample.get('fields', 'none')}` "
-        f"(mask `{resample.get('mask', 'none')}`)",
+        f"- Grid: {shape} ({', '.join(dims)}), native {native}; resampled with "
+        f"{_code(resample.get('fields', 'none'))} (mask {_code(resample.get('mask', 'none'))})",
         f"- Axis order: a stored trajectory is ({stored}), its mask ({', '.join(d.upper() for d in dims)}); the model "
-        f"reads space as ({model}) (convention `{convention.get('name')}`, model_layout `{layout}`)",
+        f"reads space as ({model}) (convention {_code(convention.get('name'))}, model_layout {_code(layout)})",
         f"- Frames per trajectory: {entry['frames']}" + (f" (pieces of {entry['segment']} frames)"
                                                           if entry.get("segment") else ""),
         f"- dt: {dt if dt is not None else 'unknown'}",
@@ -189,8 +222,8 @@ def _mask_lines(entry: Mapping[str, Any], preview: Preview | None) -> list[str]:
 def _split_lines(entry: Mapping[str, Any]) -> list[str]:
     """Trajectories, shards and bytes per split, and the rule that made the split."""
     counts = entry["splits"]["counts"]
-    out = ["### Splits", "", f"Rule: {_cell(entry['splits'].get('rule', NOT_GIVEN))} (seed "
-                             f"{entry['splits'].get('seed', NOT_GIVEN)}).", "",
+    out = ["### Splits", "", f"Rule: {_cell(entry['splits'].get('rule', NOT_GIVEN), TEXT_LIMIT)} (seed "
+                             f"{_cell(entry['splits'].get('seed', NOT_GIVEN))}).", "",
            "| split | trajectories | shards | bytes |", "|---|---|---|---|"]
     for split in SPLITS:
         shards = [s for s in entry["shards"] if s["split"] == split]
@@ -207,15 +240,16 @@ def _stats_lines(entry: Mapping[str, Any]) -> list[str]:
     out = ["### Statistics", ""]
     if not stats:
         return out + ["The manifest records no statistics (ingested with `--no-stats`).", ""]
-    out += [f"Over the {stats.get('trajectories')} {stats.get('split', 'train')} trajectories, "
-            f"{stats.get('cells', 'all cells')}, {stats.get('dtype', 'float64')}, ddof {stats.get('ddof', 0)}; "
+    out += [f"Over the {_cell(stats.get('trajectories'))} {_cell(stats.get('split', 'train'))} trajectories, "
+            f"{_cell(stats.get('cells', 'all cells'))}, {_cell(stats.get('dtype', 'float64'))}, ddof "
+            f"{_cell(stats.get('ddof', 0))}; "
             "`dt` rows are differences between consecutive frames.", "",
             "| channel | of | count | mean | std | rms | min | max |", "|---|---|---|---|---|---|---|---|"]
     for family, label in (("fields", "value"), ("diff", "dt")):
         for name in stats.get("channels", []):
             v = stats.get(family, {}).get(name, {})
             nums = " | ".join(_number(v.get(k)) for k in ("mean", "std", "rms", "min", "max"))
-            out.append(f"| {_cell(name)} | {label} | {v.get('count', '-')} | {nums} |")
+            out.append(f"| {_cell(name)} | {label} | {_cell(v.get('count', '-'))} | {nums} |")
     return out + [""]
 
 
@@ -224,16 +258,17 @@ def _checksum_lines(entry: Mapping[str, Any]) -> list[str]:
     out = ["### Checksums", "", "`dpot-data verify` re-hashes every file listed here.", ""]
     if entry["shards"]:
         out += ["| shard | split | samples | bytes | sha256 |", "|---|---|---|---|---|"]
-        out += [f"| {_cell(s['path'])} | {s['split']} | {s['samples']} | {s['bytes']} | {s['sha256']} |"
+        out += [f"| {_cell(s['path'], TEXT_LIMIT)} | {_cell(s['split'])} | {s['samples']} | {s['bytes']} | "
+                f"{s['sha256']} |"
                 for s in entry["shards"]]
     else:
         out.append("No WebDataset shards (written with `--format zarr`).")
     z = entry.get("zarr")
     if z:
-        out += ["", f"Zarr store `{_cell(z['path'])}`, group `{_cell(z['group'])}`, codec "
-                    f"`{z.get('codec', 'zstd (schema version 1)')}`; sha256 of each array's uncompressed C-order "
+        out += ["", f"Zarr store {_code(z['path'])}, group {_code(z['group'])}, codec "
+                    f"{_code(z.get('codec', 'zstd (schema version 1)'))}; sha256 of each array's uncompressed C-order "
                     "bytes:", "", "| array | sha256 |", "|---|---|"]
-        out += [f"| {_cell(name)} | {digest} |" for name, digest in z["arrays"].items()]
+        out += [f"| {_cell(name)} | {_cell(digest)} |" for name, digest in z["arrays"].items()]
     return out + [""]
 
 
@@ -242,23 +277,28 @@ def _provenance_lines(manifest: Mapping[str, Any], entry: Mapping[str, Any]) -> 
     tool = manifest.get("tool") or {}
     command = str(manifest.get("command") or "").strip()
     out = ["### Provenance", "",
-           f"- Written by {tool.get('name', 'dpot')} {tool.get('version', NOT_RECORDED)} on "
-           f"{manifest.get('created', NOT_RECORDED)}"]
+           f"- Written by {_cell(tool.get('name', 'dpot'))} {_cell(tool.get('version', NOT_RECORDED))} on "
+           f"{_cell(manifest.get('created', NOT_RECORDED))}"]
     reader = (entry.get("provenance") or {}).get("reader")
     if reader:
-        out.append(f"- Reader: `{reader}` version {(entry.get('provenance') or {}).get('reader_version', '?')}")
+        out.append(f"- Reader: {_code(reader)} version "
+                   f"{_cell((entry.get('provenance') or {}).get('reader_version', '?'))}")
     if command:
-        out += ["- Ingest command:", "", "```bash", command, "```"]
+        out += ["- Ingest command (absolute paths by file name):", "",
+                *md_code_block(public_command(command), "bash", TEXT_LIMIT)]
     else:
         out.append(f"- Ingest command: {NOT_RECORDED}")
     inputs = entry.get("inputs") or []
     if inputs:
-        out += ["", "| raw input | bytes | sha256 |", "|---|---|---|"]
-        out += [f"| {_cell(i['path'])} | {i['bytes']} | {i['sha256']} |" for i in inputs]
+        out += ["", "| raw input (file name) | bytes | sha256 |", "|---|---|---|"]
+        out += [f"| {_cell(file_name(i['path']))} | {i['bytes']} | {i['sha256']} |" for i in inputs]
     skipped = entry.get("skipped") or []
     if skipped:
         out += ["", f"Left out at ingest ({len(skipped)}):", ""]
-        out += [f"- {_cell(s['what'])}: {_cell(s['reason'])}" for s in skipped]
+        out += [f"- {_cell(strip_dirs(s['what']))}: {_cell(strip_dirs(s['reason']), 4 * NAME_LIMIT)}"
+                for s in skipped[:SKIPPED_SHOWN]]
+        if len(skipped) > SKIPPED_SHOWN:
+            out.append(f"- and {len(skipped) - SKIPPED_SHOWN} more ({MANIFEST_NAME} lists them)")
     return out + [""]
 
 
@@ -266,7 +306,7 @@ def _preview_lines(entry: Mapping[str, Any], preview: Preview | None) -> list[st
     out = ["### Preview", ""]
     if preview is None:
         return out + ["No trajectory to draw.", ""]
-    which = f"{preview.split} trajectory {preview.index}" + (f" (`{_cell(preview.sample_id)}`)"
+    which = f"{preview.split} trajectory {preview.index}" + (f" ({_code(strip_dirs(preview.sample_id))})"
                                                               if preview.sample_id else "")
     return out + [f"![first frame of {entry['name']}]({preview.path})", "",
                   f"The first frame of {which}, one panel per channel; solid cells blank, outlined in black.", ""]
@@ -284,7 +324,7 @@ def card_text(manifest: Mapping[str, Any], catalog: Catalog | None = None,
     lines = ["---", front.rstrip("\n"), "---", "", f"# {title}", ""]
     for entry in entries:
         found, facts = _facts(entry, catalog)
-        what = facts.title if facts is not None else f"`{entry['source']}` data"
+        what = facts.title if facts is not None else f"{_code(entry['source'])} data"
         counts = ", ".join(f"{s} {n}" for s, n in entry["splits"]["counts"].items() if n)
         lines += [f"## {entry['name']}", "",
                   f"{entry['trajectories']} trajectories ({counts}) of {what}, {entry['frames']} frames each on a "

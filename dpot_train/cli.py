@@ -86,11 +86,12 @@ def report_cmd(
                                "the runs: each paper row, each run's ratio to it and its sign."),
 ) -> None:
     """One table of datasets x runs (the model's rollout L2RE), persistence, the horizon columns, and with --paper
-    the paper's figures; prints the Markdown form and writes --out."""
+    the paper's figures; prints the Markdown form and writes --out (a picture not embedded: one line each on
+    stderr)."""
     from dpot_train.report import write_report
 
     try:
-        path, text = write_report(list(evals), out, paper=paper)
+        path, text = write_report(list(evals), out, paper=paper, warn=lambda line: typer.echo(line, err=True))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc

@@ -1,27 +1,42 @@
 """`dpot-train report EVAL.json... [--paper] --out report.md|report.html`: one table of datasets x runs, the paper's
 published figures beside them, and the rollout-horizon columns.
 
-Each run is an eval.json of `dpot-train evaluate` or of a finished `launch`. The figure per run and dataset is the
-model's rollout L2RE (eval.json `model.rollout_l2re`). With `paper`, the figures of dpot_train/paper/dpot_icml2024.yaml
-are matched to the runs' datasets by catalog name (a manifest writes "." as "p"), and each run's ratio to each paper
-row is given with its sign: "-" the run's error is lower (better), "+" higher. The HTML form embeds the pictures of
-`evaluate --plot` that eval.json lists.
+Each run is an eval.json of `dpot-train evaluate` or of a finished `launch` (its `schema` checked: a major version
+this module does not read is refused). The figure per run and dataset is the model's rollout L2RE (eval.json
+`model.rollout_l2re`). With `paper`, the figures of dpot_train/paper/dpot_icml2024.yaml are matched to the runs'
+datasets by catalog name (a manifest writes "." as "p"), and each run's ratio to each paper row is given with its
+sign: "-" the run's error is lower (better), "+" higher. The HTML form embeds the pictures of `evaluate --plot`
+that eval.json lists, only those under the eval.json's own folder, named as evaluate names them and holding PNG,
+GIF or JPEG bytes; every other entry is named as refused or missing. Every text taken from an eval.json is bounded
+and escaped (dpot_format.text); runs are named by their path relative to the report.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
+from dpot_format.text import bound, file_name, html_text, md, relative_name
+
 HORIZONS = (20, 50, 100, 200, 500)
 PAPER_FILE = "dpot_icml2024.yaml"
+SCHEMA_NAME = "dpot-eval"
+# eval.json major versions this report reads -> the highest minor version it knows of each (docs/training.md)
+SCHEMA_READS = {2: 0}
+OUT_SUFFIXES = (".md", ".html")
+# the first bytes of each picture kind the HTML embeds, by file suffix, and its MIME subtype
+PICTURES = {".png": ("png", (b"\x89PNG\r\n\x1a\n",)), ".gif": ("gif", (b"GIF87a", b"GIF89a")),
+            ".jpg": ("jpeg", (b"\xff\xd8\xff",)), ".jpeg": ("jpeg", (b"\xff\xd8\xff",))}
+MAX_PICTURE_BYTES = 64 << 20
+_SCHEMA = re.compile(r"^dpot-eval/(\d+)(?:\.(\d+))?$")
 
 
 @dataclass
@@ -31,23 +46,45 @@ class Run:
     label: str
     path: Path
     result: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def folder(self) -> Path:
+        """The eval.json's own folder, resolved: the only place its pictures are embedded from."""
+        return self.path.resolve().parent
 
     def score(self, dataset: str) -> float | None:
-        """The model's rollout L2RE on `dataset`, None where the run did not evaluate it."""
+        """The model's rollout L2RE on `dataset`, None where the run did not evaluate it (or scored nothing)."""
         r = self.result.get("datasets", {}).get(dataset)
-        return None if r is None else float(r["model"]["rollout_l2re"])
+        v = None if r is None else r["model"].get("rollout_l2re")
+        return None if v is None else float(v)
+
+
+@dataclass
+class Picture:
+    """One entry of a run's `plots`: the run's label, how the report names it (relative to the eval.json's
+    folder, else its file name), the file to embed and its MIME subtype, or why it is not shown."""
+
+    run: str
+    name: str
+    path: Path | None = None
+    kind: str = ""
+    problem: str | None = None
 
 
 @dataclass
 class Report:
-    """The report's content, rendered as Markdown or HTML."""
+    """The report's content, rendered as Markdown or HTML. Every text from an input is bounded here and escaped
+    when rendered."""
 
     runs: list[Run]
     datasets: list[str]
     paper: dict[str, Any] | None = None
     sections: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    images: list[Path] = field(default_factory=list)
+    pictures: list[Picture] = field(default_factory=list)
+    run_paths: dict[str, str] = field(default_factory=dict)  # label -> the eval.json relative to the report
+    warnings: list[str] = field(default_factory=list)  # one line each, for stderr
 
 
 def load_paper() -> dict[str, Any]:
@@ -56,25 +93,75 @@ def load_paper() -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
+def check_out(out: str | Path) -> str:
+    """The form `--out` asks for by its suffix ("md" or "html"); ValueError (one line) for any other suffix."""
+    suffix = Path(out).suffix.lower()
+    if suffix not in OUT_SUFFIXES:
+        raise ValueError(f"--out {out}: expected a file name ending in .md (Markdown) or .html (HTML, pictures "
+                         "embedded)")
+    return suffix[1:]
+
+
+def check_schema(path: Path, result: dict[str, Any]) -> str | None:
+    """ValueError (one line) when eval.json's `schema` is missing or a major version this report does not read;
+    a one-line warning (without the file) when its minor version is newer than this report knows (what it adds is
+    left out)."""
+    reads = " or ".join(f"{SCHEMA_NAME}/{m}" for m in sorted(SCHEMA_READS))
+    schema = result.get("schema")
+    found = _SCHEMA.match(schema) if isinstance(schema, str) else None
+    if found is None:
+        said = "no 'schema'" if schema is None else f"schema {bound(json.dumps(schema), 60)}"
+        raise ValueError(f"{path}: {said}; expected an eval.json of `dpot-train evaluate` (schema {reads})")
+    major, minor = int(found.group(1)), int(found.group(2) or 0)
+    if major not in SCHEMA_READS:
+        raise ValueError(f"{path}: schema {schema}; this version of dpot-train reads {reads} (evaluate the "
+                         "checkpoint again with it)")
+    if minor > SCHEMA_READS[major]:
+        return (f"schema {schema} is newer than {SCHEMA_NAME}/{major}.{SCHEMA_READS[major]} this version knows; "
+                "the fields it adds are left out")
+    return None
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def check_figures(path: Path, result: dict[str, Any]) -> None:
+    """ValueError (one line) naming the first figure the report reads that is not a number (or null)."""
+    for name, entry in result["datasets"].items():
+        where = f"{path}: datasets.{bound(name, 60)}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("model"), dict):
+            raise ValueError(f"{where}: expected an object with 'model' figures")
+        for who in ("model", "persistence"):
+            figures = entry.get(who) or {}
+            if not isinstance(figures, dict) or not _number(figures.get("rollout_l2re")):
+                raise ValueError(f"{where}.{who}.rollout_l2re: expected a number or null")
+        per_step = entry["model"].get("l2re_per_step")
+        if per_step is not None and not (isinstance(per_step, list) and all(_number(v) for v in per_step)):
+            raise ValueError(f"{where}.model.l2re_per_step: expected a list of numbers")
+
+
 def load_runs(paths: list[str | Path]) -> list[Run]:
-    """Read each eval.json; ValueError naming the file when it is not one. Labels: the run folder's name (the
-    file's stem when that repeats), numbered when still ambiguous."""
+    """Read each eval.json; ValueError naming the file when it is not one of a schema this report reads. Labels:
+    the run folder's name (the file's stem when that repeats), numbered when still ambiguous, bounded."""
     runs: list[Run] = []
     for p in paths:
         path = Path(p)
         try:
             result = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: not a readable eval.json ({exc})") from None
         if not isinstance(result, dict) or not isinstance(result.get("datasets"), dict):
             raise ValueError(f"{path}: not an eval.json of `dpot-train evaluate` (no 'datasets' object)")
-        runs.append(Run(path.parent.name or path.stem, path, result))
+        warning = check_schema(path, result)
+        check_figures(path, result)
+        runs.append(Run(bound(path.parent.name or path.stem), path, result, [warning] if warning else []))
     seen: dict[str, int] = {}
     for run in runs:
         seen[run.label] = seen.get(run.label, 0) + 1
     for i, run in enumerate(runs):
         if seen[run.label] > 1:
-            run.label = f"{run.label}/{run.path.stem}#{i + 1}"
+            run.label = f"{run.label}/{bound(run.path.stem)}#{i + 1}"
     return runs
 
 
@@ -94,29 +181,90 @@ def _column_value(run: Run, datasets: list[str]) -> float | None:
     return None if any(v is None for v in vals) else sum(vals) / len(vals)  # type: ignore[arg-type]
 
 
-def build(runs: list[Run], paper: bool = False) -> Report:
-    """The report of `runs`: their table, the horizon columns where the rollouts reach them, and with `paper` the
-    paper's rows for every column a run's datasets fill."""
+def _picture(run: Run, entry: Any) -> Picture:
+    """Check one entry of a run's `plots`: a regular file under the eval.json's own folder (symlinks resolved),
+    named as `evaluate --plot` names a picture of one of the run's datasets (DATASET_KIND.png|gif|jpg), whose
+    first bytes are those of its kind and whose size is bounded."""
+    if not isinstance(entry, str) or not entry:
+        return Picture(run.label, bound(json.dumps(entry), 40), problem="refused: not a file path")
+    root = run.folder
+    try:
+        listed = Path(entry) if os.path.isabs(entry) else root / entry
+        resolved = listed.resolve()
+    except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop
+        return Picture(run.label, bound(file_name(entry), 200), problem="refused: not a file path")
+    inside = resolved.is_relative_to(root)
+    pic = Picture(run.label, bound(resolved.relative_to(root).as_posix() if inside else file_name(entry), 200))
+    try:
+        pic.problem = _picture_problem(listed, resolved, inside, run.result["datasets"])
+    except OSError as exc:
+        pic.problem = f"refused: cannot be read ({exc.strerror or exc})"
+    if pic.problem is None:
+        pic.path, pic.kind = resolved, PICTURES[resolved.suffix.lower()][0]
+    return pic
+
+
+def _picture_problem(listed: Path, resolved: Path, inside: bool, datasets: dict[str, Any]) -> str | None:
+    """Why a listed picture is not shown (None: it is shown); see `_picture`."""
+    if not os.path.lexists(listed):
+        return "missing: no file where eval.json lists it (moved or deleted)"
+    if not inside:
+        return "refused: not under the folder of its eval.json"
+    if not resolved.is_file():
+        return "refused: not a regular file"
+    if not _picture_name(resolved.name, datasets):
+        return "refused: not named as a picture of evaluate --plot (DATASET_KIND.png, .gif or .jpg)"
+    if resolved.stat().st_size > MAX_PICTURE_BYTES:
+        return f"refused: larger than {MAX_PICTURE_BYTES >> 20} MiB"
+    kind, magic = PICTURES[resolved.suffix.lower()]
+    with open(resolved, "rb") as f:
+        head = f.read(16)
+    return None if head.startswith(magic) else f"refused: not a {kind.upper()} file"
+
+
+def _picture_name(name: str, datasets: dict[str, Any]) -> bool:
+    """Whether `name` is DATASET_KIND.SUFFIX for one of `datasets`, KIND a lower-case word, SUFFIX a picture's."""
+    stem, dot, suffix = name.rpartition(".")
+    dataset, _, kind = stem.rpartition("_")
+    return bool(dot) and f".{suffix.lower()}" in PICTURES and dataset in datasets and kind.isalpha() and \
+        kind.islower()
+
+
+def build(runs: list[Run], paper: bool = False, base: str | Path | None = None) -> Report:
+    """The report of `runs`: their table, the horizon columns where the rollouts reach them, the pictures their
+    eval.json lists (checked, not read), and with `paper` the paper's rows for every column a run's datasets fill.
+    `base`: the folder the report is written to (runs are named relative to it; default the working folder)."""
     datasets = sorted({d for r in runs for d in r.result["datasets"]})
     rep = Report(runs, datasets)
-    header = ["dataset"] + [f"{r.label} ({r.result.get('recipe', '?')})" for r in runs]
-    rows = [[d] + [_fmt(r.score(d)) for r in runs] for d in datasets]
+    base = Path.cwd() if base is None else Path(base)
+    rep.run_paths = {r.label: relative_name(r.path, base) for r in runs}
+    header = ["dataset"] + [f"{r.label} ({bound(r.result.get('recipe', '?'), 40)})" for r in runs]
+    rows = [[bound(d)] + [_fmt(r.score(d)) for r in runs] for d in datasets]
     rep.sections.append(("Rollout L2RE of the model (lower is better)", header, rows))
     rep.sections.append(("Persistence baseline, rollout L2RE", ["dataset"] + [r.label for r in runs],
-                         [[d] + [_fmt(r.result["datasets"][d]["persistence"]["rollout_l2re"]
-                                      if d in r.result["datasets"] else None) for r in runs] for d in datasets]))
+                         [[bound(d)] + [_fmt((r.result["datasets"][d].get("persistence") or {}).get("rollout_l2re")
+                                             if d in r.result["datasets"] else None) for r in runs]
+                          for d in datasets]))
     horizon_rows = []
     for d in datasets:
         for r in runs:
             per_step = r.result["datasets"].get(d, {}).get("model", {}).get("l2re_per_step")
             if per_step and any(h <= len(per_step) for h in HORIZONS):
-                horizon_rows.append([d, r.label] + [_fmt(per_step[h - 1]) if h <= len(per_step) else "–"
-                                                    for h in HORIZONS])
+                horizon_rows.append([bound(d), r.label] + [_fmt(per_step[h - 1]) if h <= len(per_step) else "–"
+                                                           for h in HORIZONS])
     if horizon_rows:
         rep.sections.append(("Rollout L2RE at horizon (steps after the inputs)",
                              ["dataset", "run"] + [str(h) for h in HORIZONS], horizon_rows))
     for r in runs:
-        rep.images += [Path(p) if Path(p).is_absolute() else r.path.parent / p for p in r.result.get("plots", [])]
+        rep.warnings += [f"{r.path}: {w}" for w in r.warnings]
+        rep.notes += [f"{rep.run_paths[r.label]}: {w}" for w in r.warnings]
+        plots = r.result.get("plots") or []
+        for entry in plots if isinstance(plots, list) else [plots]:
+            pic = _picture(r, entry)
+            rep.pictures.append(pic)
+            if pic.problem is not None:
+                rep.warnings.append(f"{r.path}: plots: {bound(entry, 300)}: {pic.problem}")
+                rep.notes.append(f"Picture of run {r.label} not shown: {pic.name}: {pic.problem}")
     if paper:
         _paper_sections(rep, load_paper())
     return rep
@@ -152,54 +300,82 @@ def _paper_sections(rep: Report, doc: dict[str, Any]) -> None:
                          f"({', '.join(c['name'] for c in doc['columns'])}).")
     if any(r.result.get("recipe") != "reference" for r in rep.runs):
         rep.notes.append("Runs evaluated with the dpot recipe score valid channels on fluid cells; the paper's figures "
-                         "are the reference recipe's (`evaluate --recipe reference`).")
+                         "are the reference recipe's (evaluate --recipe reference).")
     rep.notes += [f"Caveat: {c}" for c in doc.get("caveats", [])]
     if not doc.get("horizons"):
         rep.notes.append("The paper's horizon and downstream tables are not shipped (no readable source was found).")
 
 
 def to_markdown(rep: Report) -> str:
-    """The report as GitHub Markdown."""
-    out = ["# Evaluation report", "", "Runs: " + ", ".join(f"`{r.label}` ({r.path})" for r in rep.runs), ""]
+    """The report as GitHub Markdown; every text escaped (dpot_format.text.md), so a table keeps its rows."""
+    runs = ", ".join(f"{md(r.label, None)} ({md(rep.run_paths.get(r.label, r.path.name), None)})" for r in rep.runs)
+    out = ["# Evaluation report", "", "Runs: " + runs, ""]
     for title, header, rows in rep.sections:
-        out += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        out += ["| " + " | ".join(row) + " |" for row in rows]
+        out += [f"## {md(title, None)}", "", "| " + " | ".join(md(h, None) for h in header) + " |",
+                "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(md(c, None) for c in row) + " |" for row in rows]
         out.append("")
-    out += [f"- {n}" for n in rep.notes]
+    out += [f"- {md(n, None)}" for n in rep.notes]
     return "\n".join(out).rstrip() + "\n"
 
 
+def _embedded(pic: Picture) -> str | None:
+    """The picture's file as a data: URL, None when it cannot be read now or is no longer what was checked."""
+    try:
+        with open(pic.path, "rb") as f:  # type: ignore[arg-type]
+            data = f.read(MAX_PICTURE_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_PICTURE_BYTES or not data.startswith(PICTURES[pic.path.suffix.lower()][1]):  # type: ignore
+        return None
+    return f"data:image/{pic.kind};base64,{base64.b64encode(data).decode('ascii')}"
+
+
 def to_html(rep: Report) -> str:
-    """The report as one self-contained HTML page, pictures embedded (base64 PNG / GIF)."""
-    e = html.escape
+    """The report as one self-contained HTML page, every text escaped (dpot_format.text.html_text); the pictures
+    that passed the checks embedded (base64 PNG / GIF / JPEG) under their run, the others named."""
+    e = html_text
+    runs = ", ".join(f"{e(r.label, None)} ({e(rep.run_paths.get(r.label, r.path.name), None)})" for r in rep.runs)
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>Evaluation report</title>",
            "<style>table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"
-           "td:first-child{text-align:left}</style></head><body><h1>Evaluation report</h1>"]
+           "td:first-child{text-align:left}</style></head><body><h1>Evaluation report</h1>",
+           f"<p>Runs: {runs}</p>"]
     for title, header, rows in rep.sections:
-        out.append(f"<h2>{e(title)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-        out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows]
+        out.append(f"<h2>{e(title, None)}</h2><table><tr>" + "".join(f"<th>{e(h, None)}</th>" for h in header)
+                   + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{e(c, None)}</td>" for c in row) + "</tr>" for row in rows]
         out.append("</table>")
     if rep.notes:
-        out.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in rep.notes) + "</ul>")
-    for img in rep.images:
-        if img.is_file():
-            kind = "gif" if img.suffix.lower() == ".gif" else "png"
-            data = base64.b64encode(img.read_bytes()).decode("ascii")
-            out.append(f"<figure><img src='data:image/{kind};base64,{data}'><figcaption>{e(img.name)}"
-                       "</figcaption></figure>")
+        out.append("<ul>" + "".join(f"<li>{e(n, None)}</li>" for n in rep.notes) + "</ul>")
+    for run in rep.runs:
+        shown = [p for p in rep.pictures if p.run == run.label and p.path is not None]
+        if shown:
+            out.append(f"<h2>Pictures of run {e(run.label, None)} "
+                       f"({e(rep.run_paths.get(run.label, run.path.name), None)})</h2>")
+        for pic in shown:
+            caption = f"{e(run.label, None)}: {e(pic.name, None)}"
+            url = _embedded(pic)
+            out.append(f"<figure><img src='{url}' alt='{caption}'><figcaption>{caption}</figcaption></figure>"
+                       if url is not None else
+                       f"<p>{caption}: not shown (could not be read again, or changed since it was checked)</p>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
 
-def write_report(paths: list[str | Path], out: str | Path, paper: bool = False) -> tuple[Path, str]:
-    """Build the report of `paths` and write it atomically to `out` (.html: HTML; else Markdown); returns the path
-    and the Markdown text."""
+def write_report(paths: list[str | Path], out: str | Path, paper: bool = False,
+                 warn: Callable[[str], None] | None = None) -> tuple[Path, str]:
+    """Build the report of `paths` and write it atomically to `out` (.md: Markdown, .html: HTML; ValueError for
+    another suffix, before anything is read); returns the path and the Markdown text. `warn` gets each one-line
+    warning (a newer minor schema, a picture refused or missing)."""
     from dpot_format.io import atomic_write
 
-    rep = build(load_runs(paths), paper=paper)
+    form = check_out(out)
     out = Path(out)
-    md = to_markdown(rep)
-    text = to_html(rep) if out.suffix.lower() in (".html", ".htm") else md
+    rep = build(load_runs(paths), paper=paper, base=out.absolute().parent)
+    for line in rep.warnings:
+        (warn or (lambda _line: None))(line)
+    markdown = to_markdown(rep)
+    text = to_html(rep) if form == "html" else markdown
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, text.encode("utf-8"))
-    return out, md
+    return out, markdown

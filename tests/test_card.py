@@ -115,7 +115,9 @@ def test_the_ingest_command_and_version_are_in_the_card(out: Path) -> None:
     text = (out / CARD_NAME).read_text(encoding="utf-8")
     manifest = _manifest(out)
     assert manifest["command"].startswith("dpot-data ingest --dataset pdebench-cfd-m1-eta0.1 ")
-    assert f"```bash\n{manifest['command']}\n```" in text
+    raw = str(out.parent / "raw")  # the input was named by its absolute path: the card names it by its file name
+    assert raw in manifest["command"] and str(out.parent) not in text
+    assert f"```bash\n{manifest['command'].replace(raw + '/', '')}\n```" in text
     assert f"- Written by dpot {manifest['tool']['version']} on {manifest['created']}" in text
 
 
@@ -254,3 +256,67 @@ def test_a_card_folder_that_cannot_be_written_is_refused_in_one_line(out: Path, 
     line = _one_line_error(_cli("card", str(copy)))
     assert "card" in line and "cannot be written" in line
     assert (copy / "card").read_text(encoding="utf-8").startswith("a file") and not (copy / CARD_NAME).exists()
+
+
+def _table(text: str, header: str) -> list[str]:
+    """The rows of the Markdown table that starts with `header` (its header and separator included)."""
+    block = text.split(header, 1)[1].split("\n\n", 1)[0]
+    return [header] + [ln for ln in block.splitlines() if ln]
+
+
+def test_every_text_from_the_manifest_is_escaped_bounded_and_names_no_machine_folder(out: Path) -> None:
+    manifest = _manifest(out)
+    entry = manifest["datasets"][0]
+    hostile = ["<script>alert(1)</script>", "a|b\n# heading", "<img src=x onerror=alert(2)>" + "u" * 1_000_000]
+    entry["channels"][: len(hostile)] = hostile
+    entry["stats"]["channels"] = list(hostile)
+    entry["stats"]["fields"] = entry["stats"]["diff"] = {}
+    entry["source"] = "<b onmouseover=alert(3)>pdebench</b>"
+    entry["parameters"] = {"variables": {"T": {"units": "<i>K</i>" + "K" * 1_000_000, "long_name": "x\n# title"}}}
+    entry["inputs"] = [{"path": "/home/alice/private/raw data/heat.nc", "bytes": 12, "sha256": "ab" * 32}]
+    entry["skipped"] = [{"what": "/home/alice/private/bad.nc: sample 3", "reason": "NaN in /home/alice/x.nc"}] * 500
+    manifest["command"] = ("dpot-data ingest xarray '/home/alice/private/raw data/heat.nc' --out=/home/alice/out "
+                           "--name '```<script>'")
+    text = card_text(manifest, load_catalog())
+    assert len(text.encode()) < 40_000  # megabyte attributes are cut (NAME_LIMIT characters, then an ellipsis)
+    fenced = "````bash\ndpot-data ingest xarray heat.nc --out=out --name '```<script>'\n````"
+    assert fenced in text  # a code block shows its text as it is: its fence is longer than any run of backticks
+    for raw in ("<script", "<img", "<b ", "<i>", "/home/alice", "private"):
+        assert raw not in text.replace(fenced, ""), raw
+    assert not [ln for ln in text.splitlines() if ln.startswith("#") and ("heading" in ln or "title" in ln)]
+    channels = _table(text, "| channel | units | holds |")
+    assert len(channels) == 2 + len(entry["channels"])
+    assert channels[2].startswith("| &lt;script&gt;alert(1)&lt;/script&gt; | ") and channels[3].startswith(
+        "| a\\|b # heading | ")
+    assert all(len(re.findall(r"(?<!\\)\|", ln)) == 4 for ln in channels)  # no row gains a cell
+    assert "| heat.nc | 12 | " + "ab" * 32 + " |" in text  # the raw input by file name and sha256
+    assert "- and 400 more (manifest.json lists them)" in text and "- bad.nc: sample 3: NaN in x.nc" in text
+
+
+def test_own_netcdf_with_html_and_huge_attributes_gets_a_small_escaped_card(tmp_path: Path) -> None:
+    import hashlib
+
+    import xarray as xr
+
+    from dpot_data.synth.gridded import write_user_netcdf
+
+    ds = xr.open_dataset(write_user_netcdf(tmp_path / "synth", samples=3, frames=5, ny=12, nx=16, obstacle=2)).load()
+    name = "<img src=x onerror=alert(1)>"
+    ds = ds.rename({"temperature": name})
+    ds[name].attrs.update(units="<script>alert(2)</script>" + "K" * 1_000_000, long_name="a | b\n# heading")
+    ds["x"].attrs["units"] = "m" * 1_000_000
+    raw = tmp_path / "raw" / "heat.nc"
+    raw.parent.mkdir()
+    ds.to_netcdf(raw, engine="h5netcdf")
+    proc = subprocess.run([str(BIN / "dpot-data"), "ingest", "xarray", str(raw), "--out", str(tmp_path / "out"),
+                           "--resolution", "0", "--split", "0.7", "--no-progress", "--card"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "out" / CARD_NAME).read_text(encoding="utf-8")
+    assert len(text.encode()) < 16_000
+    assert "<script" not in text and "<img" not in text and str(tmp_path) not in text
+    assert "| &lt;img src=x onerror=alert(1)&gt; | " in text and "&lt;script&gt;alert(2)&lt;/script&gt;KKK" in text
+    assert "K" * 100 not in text and "m" * 100 not in text and "a \\| b # heading" in text
+    digest = hashlib.sha256(raw.read_bytes()).hexdigest()
+    assert f"| heat.nc | {raw.stat().st_size} | {digest} |" in text
+    assert "dpot-data ingest xarray heat.nc --out out " in text

@@ -4,6 +4,7 @@ signs and its caveats; the HTML form; one-line errors. Also the 3D picture (mid-
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,8 @@ def test_report_table_horizons_and_paper(tmp_path: Path) -> None:
 
 def test_report_cli_html_and_errors(tmp_path: Path) -> None:
     a = _eval(tmp_path / "run" / "eval.json", {"fno-ns-v1e-3": 0.01})
-    png = tmp_path / "run" / "pic.png"
+    png = tmp_path / "run" / "plots" / "fno-ns-v1e-3_fields.png"  # as `evaluate --plot` names it
+    png.parent.mkdir()
     png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 20)
     doc = json.loads(a.read_text())
     doc["plots"] = [str(png)]
@@ -131,3 +133,157 @@ def test_predictions_path_that_is_not_a_store_is_refused(tmp_path: Path) -> None
     assert r.exit_code == 2 and r.output.strip() == (f"error: --predictions {keep}: exists and is not a Zarr store; "
                                                      "name a new path (a store written before is replaced)")
     assert (keep / "notes.txt").read_text() == "mine"
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + b"picture" * 4
+DS = "fno-ns-v1e-3"
+
+
+def _with(path: Path, **fields: object) -> Path:
+    doc = json.loads(path.read_text())
+    doc.update(fields)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _report(*args: str):  # noqa: ANN202 - click Result
+    return CliRunner().invoke(app, ["report", *args])
+
+
+def test_html_embeds_only_pictures_of_the_runs_own_folder(tmp_path: Path) -> None:
+    import base64
+
+    run = tmp_path / "runs" / "a"
+    a = _eval(run / "eval.json", {DS: 0.01})
+    plots = run / "plots"
+    plots.mkdir()
+    (plots / f"{DS}_fields.png").write_bytes(PNG)  # the one picture to embed
+    secret = tmp_path / "x"  # ../../x from the run folder: a file of the reader's, outside the run
+    secret.write_bytes(b"SECRET-BYTES-" * 10)
+    outside_png = tmp_path / "mine.png"
+    outside_png.write_bytes(PNG + b"PRIVATE-PICTURE")
+    (plots / f"{DS}_error.png").symlink_to(outside_png)  # a link out of the folder
+    (plots / f"{DS}_spectrum.png").write_bytes(b"NOT-A-PICTURE" * 5)  # named as a picture, holding text
+    (plots / "private.png").write_bytes(PNG + b"OTHER-PICTURE")  # a PNG, but no picture of `evaluate --plot`
+    listed = ["/etc/passwd", "../../x", str(plots / f"{DS}_fields.png"), f"plots/{DS}_error.png",
+              f"plots/{DS}_spectrum.png", "plots/private.png"]
+    _with(a, plots=listed)
+    r = _report(str(a), "--out", str(tmp_path / "r.html"))
+    assert r.exit_code == 0, r.output
+    html = (tmp_path / "r.html").read_text()
+    assert html.count("data:image/") == 1 and base64.b64encode(PNG).decode() in html
+    leaked = [Path("/etc/passwd").read_bytes(), secret.read_bytes(), outside_png.read_bytes(),
+              (plots / f"{DS}_spectrum.png").read_bytes(), (plots / "private.png").read_bytes()]
+    for data in leaked:
+        assert base64.b64encode(data).decode() not in html
+    assert "root:" not in html and "SECRET" not in html and "PRIVATE" not in html and "NOT-A-PICTURE" not in html
+    assert "<figcaption>a: plots/fno-ns-v1e-3_fields.png</figcaption>" in html  # labelled with its run
+    warned = r.stderr.strip().splitlines()
+    assert len(warned) == 5 and all(line.startswith(f"{a}: plots: ") for line in warned)
+    assert f"{a}: plots: /etc/passwd: refused: not under the folder of its eval.json" in warned
+    assert f"{a}: plots: ../../x: refused: not under the folder of its eval.json" in warned
+    assert f"{a}: plots: plots/{DS}_error.png: refused: not under the folder of its eval.json" in warned
+    assert f"{a}: plots: plots/{DS}_spectrum.png: refused: not a PNG file" in warned
+    assert any(line.startswith(f"{a}: plots: plots/private.png: refused: not named as a picture") for line in warned)
+    for name in ("passwd", "x", f"{DS}_error.png", f"plots/{DS}_spectrum.png", "plots/private.png"):
+        assert f"Picture of run a not shown: {name}: " in r.stdout  # the Markdown's notes name each
+    assert "Picture of run a not shown: passwd: refused" in html
+
+
+def test_moved_pictures_are_named_missing(tmp_path: Path) -> None:
+    import shutil
+
+    a = _eval(tmp_path / "old" / "run" / "eval.json", {DS: 0.01})
+    (a.parent / "plots").mkdir()
+    pictures = [a.parent / "plots" / f"{DS}_{kind}.png" for kind in ("fields", "error")]
+    for p in pictures:
+        p.write_bytes(PNG)
+    _with(a, plots=[str(p) for p in pictures])  # absolute, as evaluate writes them
+    shutil.move(str(tmp_path / "old"), str(tmp_path / "new"))
+    moved = tmp_path / "new" / "run" / "eval.json"
+    r = _report(str(moved), "--out", str(tmp_path / "new" / "r.html"))
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip().splitlines() == [
+        f"{moved}: plots: {p}: missing: no file where eval.json lists it (moved or deleted)" for p in pictures]
+    html = (tmp_path / "new" / "r.html").read_text()
+    assert "data:image/" not in html
+    for kind in ("fields", "error"):
+        assert f"Picture of run run not shown: {DS}_{kind}.png: missing" in html
+    assert str(tmp_path) not in html
+
+
+def test_every_text_from_an_eval_json_is_escaped_and_bounded(tmp_path: Path) -> None:
+    names = ["<script>alert(1)</script>", "<img src=x onerror=alert(2)>", "a|b|c", "d\n# heading", "z" * 5000]
+    a = _eval(tmp_path / "run" / "eval.json", {n: 0.1 * (i + 1) for i, n in enumerate(names)}, steps=25,
+              recipe="<script>r</script>|\n# recipe")
+    doc = json.loads(a.read_text())
+    for entry in doc["datasets"].values():
+        entry["channels"] = ["<b onmouseover=alert(3)>u</b>", "v|w\n## x"]
+    a.write_text(json.dumps(doc))
+    for out in ("r.md", "r.html"):
+        r = _report(str(a), "--out", str(tmp_path / out))
+        assert r.exit_code == 0, r.output
+        text = (tmp_path / out).read_text()
+        assert "<script" not in text and "<img" not in text and "<b " not in text and "z" * 101 not in text
+        assert not [ln for ln in text.splitlines() if ln.lstrip().startswith("#") and "heading" in ln]
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "z" * 99 + "…" in text
+        if out == "r.md":
+            assert text == r.stdout.rsplit("\nwrote ", 1)[0]  # what was printed is what was written
+            for title in ("Rollout L2RE of the model", "Persistence baseline", "Rollout L2RE at horizon"):
+                section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+                rows = [ln for ln in section.splitlines() if ln.startswith("|")]
+                cells = {len(re.findall(r"(?<!\\)\|", ln)) for ln in rows}  # unescaped pipes: the cell borders
+                assert len(rows) == 2 + len(names) and cells == {len(rows[1]) // 4 + 1}, rows
+            assert "| a\\|b\\|c | 0.3 |" in text and "d # heading" in text
+        else:
+            first = text.split("<table>", 1)[1].split("</table>", 1)[0]
+            assert first.count("<tr>") == 1 + len(names)
+            assert "&lt;script&gt;r&lt;/script&gt;| # recipe" in text
+
+
+def test_schema_and_out_suffix_are_checked(tmp_path: Path) -> None:
+    from dpot_train.evaluate import EVAL_SCHEMA
+    from dpot_train.report import check_schema
+
+    assert check_schema(Path("e.json"), {"schema": EVAL_SCHEMA}) is None  # what evaluate writes is read
+    a = _eval(tmp_path / "run" / "eval.json", {DS: 0.01})
+    for schema, said in (("dpot-eval/1", "schema dpot-eval/1; this version of dpot-train reads dpot-eval/2"),
+                         ("dpot-eval/9", "schema dpot-eval/9; this version of dpot-train reads dpot-eval/2"),
+                         (None, "no 'schema'; expected an eval.json of `dpot-train evaluate` (schema dpot-eval/2)"),
+                         ("other/2", 'schema "other/2"; expected an eval.json of `dpot-train evaluate`')):
+        doc = json.loads(a.read_text())
+        doc["schema"] = schema
+        if schema is None:
+            del doc["schema"]
+        bad = tmp_path / f"bad-{str(schema).replace('/', '-')}.json"
+        bad.write_text(json.dumps(doc))
+        r = _report(str(bad), "--out", str(tmp_path / "r.md"))
+        assert r.exit_code == 2 and r.output.strip().startswith(f"error: {bad}: {said}"), r.output
+        assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "r.md").exists()
+    newer = _with(a, schema="dpot-eval/2.7")
+    r = _report(str(newer), "--out", str(tmp_path / "r.md"))
+    assert r.exit_code == 0 and r.stderr.strip() == (f"{newer}: schema dpot-eval/2.7 is newer than dpot-eval/2.0 "
+                                                     "this version knows; the fields it adds are left out")
+    assert "- run/eval.json: schema dpot-eval/2.7 is newer" in (tmp_path / "r.md").read_text()  # noted, relative
+    r = _report(str(a), "--out", str(tmp_path / "x.pdf"))
+    assert r.exit_code == 2 and r.output.strip() == (f"error: --out {tmp_path / 'x.pdf'}: expected a file name "
+                                                     "ending in .md (Markdown) or .html (HTML, pictures embedded)")
+    assert not (tmp_path / "x.pdf").exists()
+    _with(a, schema="dpot-eval/2", datasets={DS: {"model": {"rollout_l2re": "<b>"}, "persistence": {}}})
+    r = _report(str(a), "--out", str(tmp_path / "r.md"))
+    assert r.exit_code == 2 and r.output.strip() == (f"error: {a}: datasets.{DS}.model.rollout_l2re: expected a "
+                                                     "number or null")
+
+
+def test_report_names_runs_relative_to_itself(tmp_path: Path) -> None:
+    a = _eval(tmp_path / "runs" / "a" / "eval.json", {DS: 0.01})
+    b = _eval(tmp_path / "runs" / "b" / "eval.json", {DS: 0.02})
+    (a.parent / f"{DS}_fields.png").write_bytes(PNG)
+    _with(a, plots=[str(a.parent / f"{DS}_fields.png")])
+    for out in ("report/r.md", "report/r.html"):
+        r = _report(str(a), str(b), "--paper", "--out", str(tmp_path / out))
+        assert r.exit_code == 0, r.output
+        text = (tmp_path / out).read_text()
+        assert str(tmp_path) not in text and str(tmp_path) not in r.stdout.rsplit("\nwrote ", 1)[0]
+        assert "Runs: a (../runs/a/eval.json), b (../runs/b/eval.json)" in text.replace("<p>", "")
+    assert "<h2>Pictures of run a (../runs/a/eval.json)</h2>" in text
