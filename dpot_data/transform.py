@@ -10,6 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
+from dpot_format.resample import fluid_resample, nearest_index
+
 FIELD_METHODS = ("fourier", "bilinear", "bilinear-antialias", "bicubic")
 MASK_METHODS = ("nearest", "area-threshold")
 ANTIALIASED = ("bilinear-antialias", "bicubic")  # these low-pass filter when they shrink a grid
@@ -120,9 +122,7 @@ def resample_fields(x: np.ndarray, shape: Sequence[int], method: str) -> np.ndar
     raise ValueError(f"unknown resample method {method!r}: expected one of {FIELD_METHODS}")
 
 
-def _nearest_index(n: int, m: int) -> np.ndarray:
-    """Source index of each of m target cells (cell-centre nearest neighbour, like align_corners=False)."""
-    return np.minimum(((np.arange(m) + 0.5) * n / m).astype(np.int64), n - 1)
+_nearest_index = nearest_index  # cell-centre nearest neighbour: one rule with the mask-aware resampling
 
 
 def resample_mask_nearest(mask: np.ndarray, shape: Sequence[int]) -> np.ndarray:
@@ -163,6 +163,61 @@ def resample_mask(mask: np.ndarray, shape: Sequence[int], method: str = "nearest
     if method == "area-threshold":
         return resample_mask_area(mask, shape)
     raise ValueError(f"unknown mask resample method {method!r}: expected one of {MASK_METHODS}")
+
+
+def fluid_kernel(method: str) -> str:
+    """The linear method trajectories with solid cells are resampled with: `bilinear` stays `bilinear`; the others
+    become `bilinear-antialias` (bicubic and spectral weights go negative, and would leave the fluid range)."""
+    return "bilinear" if method == "bilinear" else "bilinear-antialias"
+
+
+def resample_trajectories(fields: np.ndarray, mask: np.ndarray, shape: Sequence[int], method: str,
+                          mask_method: str, swap: bool = False, fluid_rule: bool = True
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Trajectories (b, T, C, *S) and masks (b, *S) on the target grid: `method` and `mask_method` for those
+    without a solid cell (exactly as `resample_fields` and `resample_mask`), the mask-aware rule
+    (`dpot_format.resample.fluid_resample`, kernel `fluid_kernel(method)`) for those with one, one trajectory at a
+    time, unless `fluid_rule` is False. `swap`: interpolate fields with the last two axes swapped (the model's 2D
+    orientation)."""
+    shape = tuple(int(s) for s in shape)
+    nd = len(shape)
+    solid = (np.asarray(mask) == 0).reshape(len(mask), -1).any(axis=1)
+    if not fluid_rule or tuple(fields.shape[-nd:]) == shape:
+        solid[:] = False
+    m = resample_mask(mask, shape, mask_method)
+    if solid.all():
+        f = np.empty((*fields.shape[:-nd], *shape), dtype=np.float32)
+    elif swap:
+        f = np.swapaxes(resample_fields(np.swapaxes(fields, -1, -2), shape[::-1], method), -1, -2)
+    else:
+        f = resample_fields(fields, shape, method)
+    if not solid.any():
+        return f, m
+    f, m = np.array(f, dtype=np.float32), np.array(m, dtype=np.uint8)  # writable (a plain result may be a view)
+    for i in np.flatnonzero(solid):
+        f[i], m[i] = _fluid_trajectory(fields[i], mask[i], shape, fluid_kernel(method), mask_method, swap)
+    return f, m
+
+
+def _fluid_trajectory(fields: np.ndarray, mask: np.ndarray, shape: tuple[int, ...], kernel_method: str,
+                      mask_method: str, swap: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One trajectory (T, C, *S) with solid cells and its mask (*S) by the mask-aware rule, on the grid `shape`."""
+    import torch
+
+    nd = len(shape)
+    src, fluid = np.asarray(fields, dtype=np.float32), np.asarray(mask) != 0
+    if swap:
+        src, fluid, shape = np.swapaxes(src, -1, -2), np.swapaxes(fluid, -1, -2), shape[::-1]
+
+    def kernel(t: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(_interp(t.numpy(), shape, "bilinear",
+                                                             kernel_method == "bilinear-antialias")))
+
+    flat = torch.from_numpy(np.ascontiguousarray(src).reshape(1, -1, *src.shape[-nd:]))
+    out, out_mask = fluid_resample(flat, torch.from_numpy(np.ascontiguousarray(fluid))[None], shape, kernel,
+                                   mask_method)
+    f, m = out.numpy().reshape(*src.shape[:-nd], *shape), out_mask.numpy()[0].astype(np.uint8)
+    return (np.swapaxes(f, -1, -2), np.swapaxes(m, -1, -2)) if swap else (f, m)
 
 
 def pad_channels(fields: np.ndarray, n: int, fill: float, axis: int = 2) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ from dpot_train.config import DataConfig
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import TrajectoryReader
 from dpot_train.data.stream import EpochPlans, StreamSpec, make_sample, rank_slice
-from dpot_train.data.windows import resize_frames, resize_mask
+from dpot_train.data.windows import resize_window, takes_fluid_rule
 
 __all__ = ["WindowDataset", "open_dataset"]
 
@@ -124,8 +124,9 @@ class WindowDataset(IterableDataset):
         x, y = torch.from_numpy(sample["x"].copy()), torch.from_numpy(sample["y"].copy())
         mask = torch.from_numpy(sample["mask"].copy())
         if self.res > 0:
-            x, y = resize_frames(x[None], self.res)[0], resize_frames(y[None], self.res)[0]
-            mask = resize_mask(mask[None], self.res)[0]
+            rule = takes_fluid_rule(self.spec.datasets[sample["dataset"]])
+            x = resize_window(x[None], mask[None], self.res, rule)[0][0]
+            y, mask = (a[0] for a in resize_window(y[None], mask[None], self.res, rule))
         return {"x": x, "y": y, "mask": mask, "channel_valid": torch.from_numpy(sample["channel_valid"]),
                 "dataset": sample["dataset"], "id": sample["id"], "position": sample["position"],
                 "t0": sample["t0"]}

@@ -13,7 +13,7 @@ from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
 from dpot_train.data.readers import TrajRef, indexed_trajectories
-from dpot_train.data.windows import model_shape, resize_frames, resize_mask, to_model_layout, to_model_mask
+from dpot_train.data.windows import model_shape, resize_window, takes_fluid_rule, to_model_layout, to_model_mask
 from dpot_train.eval_metrics import DatasetSuite
 from dpot_train.eval_predictions import PredictionSink
 from dpot_train.eval_stream import STREAM_STEPS, score_streamed
@@ -151,11 +151,9 @@ def _read_batch(reader: Any, chunk: list[TrajRef], ds: DatasetInfo, t0: int, len
     """Frames [t0, t0 + length) of the trajectories `chunk` in the model layout (B, *S, T, C), resized to `res`,
     and their fluid-cell mask (B, *S)."""
     arrays = [reader.read(r, t0, length) for r in chunk]
-    frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout)
-                                                      for f, _ in arrays])), res)
-    mask = resize_mask(torch.from_numpy(np.stack([to_model_mask(m, ds.model_layout)
-                                                  for _, m in arrays]).astype(bool)), res)
-    return frames, mask
+    return resize_window(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout) for f, _ in arrays])),
+                         torch.from_numpy(np.stack([to_model_mask(m, ds.model_layout)
+                                                    for _, m in arrays]).astype(bool)), res, takes_fluid_rule(ds))
 
 
 def _model_grid(ds: Any, res: int = 0) -> tuple[tuple[int, ...], list[int]]:
@@ -179,9 +177,7 @@ def _reference_scores(predict: Any, ds: Any, reader: Any, refs: list[TrajRef], t
     found: dict[str, list[torch.Tensor]] = {k: [] for k in ("model_rollout", "model_step", "persistence_rollout",
                                                             "persistence_step")}
     for i in range(0, len(refs), batch_size):
-        chunk = refs[i:i + batch_size]
-        frames = resize_frames(torch.from_numpy(np.stack([to_model_layout(reader.read(r, 0, t_in + steps)[0],
-                                                                          ds.model_layout) for r in chunk])), res)
+        frames, _ = _read_batch(reader, refs[i:i + batch_size], ds, 0, t_in + steps, res)
         for name, fn in (("model", predict), ("persistence", persistence)):
             whole, per_step = reference_rollout_errors(fn, frames, t_in, steps, cells, channels)
             found[f"{name}_rollout"].append(whole)

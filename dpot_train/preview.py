@@ -18,7 +18,7 @@ import torch
 from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DataError
 from dpot_train.data.prepare import data_reader, load_datasets, norm_table
-from dpot_train.data.windows import resize_frames, resize_mask, to_model_layout, to_model_mask
+from dpot_train.data.windows import resize_window, takes_fluid_rule, to_model_layout, to_model_mask
 from dpot_train.normalize import Stats, normalize_array
 
 
@@ -66,8 +66,8 @@ def window(manifest: str | Path, dataset: str | None = None, split: str = "test"
     x = to_model_layout(normalize_array(fields, stats, axis=1), ds.model_layout)  # stored (T, C, ...): C on axis 1
     mask = to_model_mask(stored_mask, ds.model_layout).astype(bool)
     if res > 0:
-        x = resize_frames(torch.from_numpy(x)[None], res)[0].numpy()
-        mask = resize_mask(torch.from_numpy(mask)[None], res)[0].numpy()
+        x, mask = (a[0].numpy() for a in resize_window(torch.from_numpy(x)[None], torch.from_numpy(mask)[None], res,
+                                                      takes_fluid_rule(ds)))
     return x, mask, stats
 
 

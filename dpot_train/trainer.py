@@ -25,7 +25,7 @@ from dpot_train.config import TrainConfig, resolve_epochs
 from dpot_train.data.prepare import data_reader, norm_table, prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import StreamSpec, WindowStream
-from dpot_train.data.windows import inject_noise, resize_frames, resize_mask
+from dpot_train.data.windows import fluid_rule_samples, inject_noise, resize_window
 from dpot_train.metrics import per_sample_loss
 from dpot_train.schedule import one_cycle
 from dpot_train.finetune import finetune_model, recipe_line
@@ -229,11 +229,15 @@ def train_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimi
                batch: dict[str, Any], device: torch.device, trainable: list[torch.nn.Parameter]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimiser step on a batch: resize to the run's grid, add the noise, predict, loss, clip, step. Returns
-    the loss, the per-sample losses and the gradient norm, left on the device."""
+    the loss, the per-sample losses and the gradient norm, left on the device. The batch's "fluid_rule" (the
+    loop's `fluid_rule_samples`) names the samples the mask-aware resize applies to; absent: every sample with a
+    solid cell."""
     reference = cfg.recipe == "reference"
+    fluid_rule = batch.get("fluid_rule", True)
     x, y, mask, cv = (batch[k].to(device, non_blocking=True) for k in ("x", "y", "mask", "channel_valid"))
     if cfg.data.res > 0:  # the run's grid (the reference resizes in its loader, before the noise)
-        x, y, mask = resize_frames(x, cfg.data.res), resize_frames(y, cfg.data.res), resize_mask(mask, cfg.data.res)
+        x, _ = resize_window(x, mask, cfg.data.res, fluid_rule)
+        y, mask = resize_window(y, mask, cfg.data.res, fluid_rule)
     if reference:  # the reference's noise touches every channel and cell
         x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed)
     else:
@@ -304,6 +308,8 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     try:
         while step < cfg.steps:
             batch = next(it)
+            if cfg.data.res > 0:  # which samples' solid cells take the mask-aware resize, decided on the CPU
+                batch["fluid_rule"] = fluid_rule_samples(spec.datasets, batch["dataset"], batch["mask"])
             loss, per_sample, grad_norm = train_step(cfg, ddp_model, opt, sched, batch, info.device, trainable)
             step, position = step + 1, position + cfg.batch_size
             guard.add(step, per_sample, grad_norm, batch)

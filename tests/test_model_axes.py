@@ -85,14 +85,27 @@ def _stored(out: Path) -> tuple[np.ndarray, np.ndarray, str]:
 
 def _expected_at(stored_fields: np.ndarray, stored_mask: np.ndarray, res: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Written out here, independently of dpot_train: the stored (T, C, Z, Y, X) as (X, Y, Z, T, C) and the mask as
-    (X, Y, Z), resized to res^3 (trilinear, align_corners False; nearest: source index floor(i * n / res))."""
+    (X, Y, Z), resized to res^3 by the mask-aware rule (docs/format.md): trilinear (align_corners False) of each
+    kind's cells over that kind's weight, clamped to its range per frame and channel; a cell is fluid where the
+    source cell nearest its centre (index floor((i + 0.5) n / res)) is fluid."""
     f = torch.from_numpy(np.transpose(stored_fields, (4, 3, 2, 0, 1)).copy())
     x, y, z, t, c = f.shape
-    f = F.interpolate(f.reshape(x, y, z, t * c).permute(3, 0, 1, 2)[None], size=(res,) * 3, mode="trilinear",
-                      align_corners=False)[0].permute(1, 2, 3, 0).reshape(res, res, res, t, c)
-    m = stored_mask.T.astype(bool)  # (X, Y, Z)
-    idx = [np.arange(res) * n // res for n in m.shape]
-    return f, torch.from_numpy(m[np.ix_(*idx)].copy())
+    m = torch.from_numpy(stored_mask.T.astype(bool).copy())  # (X, Y, Z)
+    cf = f.reshape(x, y, z, t * c).permute(3, 0, 1, 2).double()  # (K, X, Y, Z)
+
+    def tri(a: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(a[None], size=(res,) * 3, mode="trilinear", align_corners=False)[0]
+
+    idx = [np.minimum(((np.arange(res) + 0.5) * n / res).astype(int), n - 1) for n in m.shape]
+    fluid = torch.from_numpy(m.numpy()[np.ix_(*idx)].copy())
+    out = torch.zeros(t * c, res, res, res, dtype=torch.float64)
+    for kind, target in ((m, fluid), (~m, ~fluid)):
+        cells = cf[:, kind]  # (K, cells of this kind)
+        mean = tri(cf * kind) / tri(kind[None].double()).clamp_min(1e-300)
+        mean = torch.minimum(torch.maximum(mean, cells.min(1).values[:, None, None, None]),
+                             cells.max(1).values[:, None, None, None])
+        out = torch.where(target, mean, out)
+    return out.permute(1, 2, 3, 0).reshape(res, res, res, t, c).float(), fluid
 
 
 def test_one_rule_orders_fields_and_masks_alike() -> None:
@@ -232,8 +245,8 @@ def test_the_loss_of_a_launched_run_sees_mask_and_fields_in_one_order(obstacle_o
         torch.testing.assert_close(true[b], want_x[..., 2:, :], rtol=0, atol=1e-3)
         assert torch.equal(mask[b], want_mask)
     solid = torch.zeros(RES, RES, RES, dtype=torch.bool)  # the obstacle in the model's (X, Y, Z), resized by nearest
-    if source == "xarray":  # x 5-7, y 2-3 -> 3-5, z 0-1 -> 0-3
-        solid[5:8, 3:6, 0:4] = True
+    if source == "xarray":  # x 5-7, y 2-3 -> 3-4, z 0-1 -> 0-3
+        solid[5:8, 3:5, 0:4] = True
     else:  # x 2-3, y 2 -> 3, z 1 -> 2-3
         solid[2:4, 3, 2:4] = True
     assert all(torch.equal(~m, solid) for m in mask)

@@ -77,12 +77,20 @@ def test_netcdf_units_long_names_and_periodicity_reach_the_store(netcdf, tmp_pat
     assert entry["parameters"] == params
 
 
-def test_netcdf_at_128_equals_the_reference_bilinear_of_the_same_array(netcdf, tmp_path):
+def test_netcdf_at_128_is_the_reference_bilinear_away_from_land_and_sea_values_near_it(netcdf, tmp_path):
     result, _ = _read([netcdf])
     entry, group = _ingest(result, tmp_path / "out", resolution=128)
-    src = np.nan_to_num(_source(netcdf), nan=0.0)
+    src = _source(netcdf)
     assert entry["resample"]["fields"] == "bilinear" and group["fields"].shape == (2, 4, 4, 128, 128)
-    np.testing.assert_array_equal(group["fields"][:, :, :2], resample_bilinear(src, (128, 128)))
+    fields, mask = group["fields"][:, :, :2], group["mask"][:]
+    land = np.isnan(src[0, 0, 0]).astype(np.float32)
+    coast = resample_bilinear(land[None], (128, 128))[0] > 0  # target cells with a land cell among their sources
+    plain = resample_bilinear(np.nan_to_num(src, nan=0.0), (128, 128))
+    np.testing.assert_allclose(fields[..., ~coast], plain[..., ~coast], rtol=1e-6)
+    sea = np.broadcast_to(mask[:, None, None] == 1, fields.shape)  # near the coast: sea values only (format.md)
+    lo, hi = np.nanmin(src, axis=(-2, -1), keepdims=True), np.nanmax(src, axis=(-2, -1), keepdims=True)
+    assert np.all(np.where(sea, fields >= lo, True)) and np.all(np.where(sea, fields <= hi, True))
+    assert np.all(fields[~sea] == 0)
 
 
 def test_zarr_store_written_by_xarray(tmp_path):

@@ -12,8 +12,9 @@ import numpy as np
 from dpot_data import stats as st
 from dpot_data.ingest.plan import IngestPlan, Piece
 from dpot_data.ingest.scheduler import compute_in_task
-from dpot_data.transform import pad_channels, resample_fields, resample_mask
+from dpot_data.transform import pad_channels, resample_mask, resample_trajectories
 from dpot_data.writers.zarr_store import EncodedRows, encode_rows, write_rows
+from dpot_format.resample import keeps_reference_resize
 
 
 @dataclass
@@ -36,6 +37,7 @@ class BlockTask:
     group_dir: str | None = None  # store the encoded chunks in this staged Zarr group folder from the task
     spill_dir: str | None = None  # hand fields and mask to the writer as a file in this folder (cluster workers)
     identity: Any = None  # the inputs as recorded when the job was resolved (InputIdentity): compared after each read
+    reference_resize: bool = False  # keep the reference's plain resize for solid cells too (keeps_reference_resize)
 
     @classmethod
     def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool, codec: str) -> "BlockTask":
@@ -43,7 +45,9 @@ class BlockTask:
         starts = [0, *p.rows_per_block()[:-1]]
         return cls(data["fields"].data, data["mask"].data, p.pieces, p.frames, p.grid.target, p.grid.method,
                    p.grid.mask_method, len(p.channels), float(fill), stats, p.model_layout,
-                   codec if "zarr" in p.formats else None, {i0: row for (i0, _), row in zip(p.blocks, starts)})
+                   codec if "zarr" in p.formats else None, {i0: row for (i0, _), row in zip(p.blocks, starts)},
+                   reference_resize=keeps_reference_resize(p.entry.get("source"),
+                                                           p.entry.get("convention", {}).get("name")))
 
 
 @dataclass
@@ -97,16 +101,14 @@ def _cut(task: BlockTask, raw: np.ndarray, mask: np.ndarray, pieces: list[Piece]
 
 
 def _resample(task: BlockTask, f: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Fields and mask on the target grid. Fields are interpolated on the grid as the model sees it (H, W), so that
-    float32 rounding matches the reference's."""
-    if task.method != "none":
-        if task.model_layout == "xy" and len(task.shape) == 2 and task.method != "fourier":
-            f = np.swapaxes(resample_fields(np.swapaxes(f, -1, -2), task.shape[::-1], task.method), -1, -2)
-        else:
-            f = resample_fields(f, task.shape, task.method)
-    if task.mask_method != "none":
-        m = resample_mask(m, task.shape, task.mask_method)
-    return f, m
+    """Fields and mask on the target grid (trajectories with solid cells by the mask-aware rule unless the task
+    keeps the reference's resize). Fields are interpolated on the grid as the model sees it (H, W), so that float32
+    rounding matches the reference's."""
+    if task.method == "none":
+        return f, (m if task.mask_method == "none" else resample_mask(m, task.shape, task.mask_method))
+    swap = task.model_layout == "xy" and len(task.shape) == 2 and task.method != "fourier"
+    return resample_trajectories(f, m, task.shape, task.method, task.mask_method, swap=swap,
+                                 fluid_rule=not task.reference_resize)
 
 
 def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:

@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from dpot_format.layout import space_order
+from dpot_format.resample import fluid_resample, keeps_reference_resize
 
 
 def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
@@ -112,6 +114,56 @@ def resize_mask(mask: torch.Tensor, res: int) -> torch.Tensor:
         return mask
     out = F.interpolate(mask[:, None].float(), size=(res,) * nd, mode="nearest")
     return out[:, 0].to(mask.dtype)
+
+
+def resize_window(frames: torch.Tensor, mask: torch.Tensor, res: int, fluid_rule: bool | torch.Tensor = True
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, *S, T, C) frames and their (B, *S) fluid mask resized to `res` per axis: `resize_frames` and
+    `resize_mask`, except for samples with solid cells, which take the mask-aware rule
+    (`dpot_format.resample.fluid_resample`, the same bi/trilinear kernel). `fluid_rule`: True: every sample with a
+    solid cell; False: none (the reference's resize, `keeps_reference_resize`); a (B,) bool CPU tensor: those
+    samples (`fluid_rule_samples`, computed before a batch moves to the device, so that no step waits on it)."""
+    nd = mask.ndim - 1
+    shape = (res,) * nd
+    if res <= 0 or tuple(mask.shape[1:]) == shape or fluid_rule is False:
+        return resize_frames(frames, res), resize_mask(mask, res)
+    pick = (solid_samples(mask) if fluid_rule is True else fluid_rule.cpu()).nonzero()[:, 0]
+    if len(pick) < len(mask):  # some samples keep the plain resize (computed for all: bit for bit as before)
+        out, out_mask = resize_frames(frames, res), resize_mask(mask, res)
+    else:
+        out = frames.new_empty((len(mask), *shape, *frames.shape[-2:]))
+        out_mask = mask.new_empty((len(mask), *shape))
+    if len(pick) == 0:
+        return out, out_mask
+    t, c = frames.shape[-2], frames.shape[-1]
+
+    def kernel(a: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(a, size=shape, mode="trilinear" if nd == 3 else "bilinear", align_corners=False)
+
+    pick = pick.to(frames.device)
+    cf = frames.index_select(0, pick).float().flatten(-2).movedim(-1, 1)  # (b, T*C, *S)
+    got, got_mask = fluid_resample(cf, mask.index_select(0, pick), shape, kernel)
+    out[pick] = got.movedim(1, -1).unflatten(-1, (t, c)).to(out.dtype)
+    out_mask[pick] = got_mask.to(out_mask.dtype)
+    return out, out_mask
+
+
+def solid_samples(mask: torch.Tensor) -> torch.Tensor:
+    """(B, *S) fluid mask -> (B,) bool: the samples with at least one solid cell."""
+    return (mask == 0).flatten(1).any(1)
+
+
+def takes_fluid_rule(ds: Any) -> bool:
+    """Whether a dataset's solid cells take the mask-aware rule when resized: every dataset but the paper's sources
+    under `dpot-reference`, which keep the reference's resize (`keeps_reference_resize`)."""
+    return not keeps_reference_resize(ds.entry.get("source"), ds.convention.get("name"))
+
+
+def fluid_rule_samples(datasets: list[Any], index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) bool on the CPU: the samples of a batch (dataset `index` into `datasets`, fluid `mask` (B, *S) on the
+    CPU) that `resize_window` resizes by the mask-aware rule: a solid cell, in a dataset that `takes_fluid_rule`."""
+    table = torch.tensor([takes_fluid_rule(d) for d in datasets], dtype=torch.bool)
+    return table[index.cpu()] & solid_samples(mask.cpu())
 
 
 def noise_seed(seed: int, position: int) -> int:
