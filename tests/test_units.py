@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 import zarr
 from typer.testing import CliRunner
@@ -149,3 +150,139 @@ def test_a_bad_boundary_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
         "error: --boundary: expected periodic, non-periodic or per axis AXIS=periodic|non-periodic with AXIS one of "
         "y, x (each at most once), got 'z=periodic'")
     assert not (tmp_path / "o").exists()
+
+
+# --- the evaluation: eval.json, the table and the pictures name the units --------------------------------------
+
+T_IN = 2
+
+
+class _Damped(torch.nn.Module):
+    """A deterministic stand-in model: 0.9 x the last frame plus 0.1 x the first."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.9 * x[..., -1:, :] + 0.1 * x[..., :1, :]
+
+
+@pytest.fixture(scope="module")
+def scored(heat: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """The heat test split evaluated with the stand-in model, its rollouts written to a predictions store."""
+    from dpot_train.config import DataConfig
+    from dpot_train.eval_predictions import PredictionWriter
+    from dpot_train.evaluate import evaluate_model
+
+    writer = PredictionWriter(tmp_path_factory.mktemp("scored") / "pred.zarr")
+    result = evaluate_model(_Damped(), DataConfig(manifests=[str(heat)], t_in=T_IN, t_out=1, normalize="none"),
+                            sink=writer)
+    return result, writer.close()
+
+
+def _group(store: Path) -> xr.Dataset:
+    return xr.open_zarr(str(store), group="heat")
+
+
+def test_eval_json_gives_the_rmse_in_the_channels_unit(scored: tuple[dict, Path], capsys: pytest.CaptureFixture
+                                                       ) -> None:
+    from dpot_train.evaluate import print_table
+
+    result, store = scored
+    r = result["datasets"]["heat"]
+    assert r["units"] == {"temperature": "K"}
+    g = _group(store)
+    pred, true = (g[k].sel(channel="temperature").values.astype(np.float64) for k in ("prediction", "truth"))
+    fluid = g["mask"].values[:, None]  # (trajectory, 1, y, x)
+    sq = np.where(fluid, (pred - true) ** 2, 0.0)
+    n = fluid.sum(axis=(2, 3))  # fluid cells per trajectory
+    per_step = np.sqrt(sq.sum(axis=(2, 3)) / n)  # (trajectory, step)
+    whole = np.sqrt(sq.sum(axis=(1, 2, 3)) / (n[:, 0] * pred.shape[1]))
+    channel = r["model"]["channels"]["temperature"]
+    np.testing.assert_allclose(channel["rmse_per_step"], per_step.mean(axis=0), rtol=1e-6)
+    assert channel["rmse"] == pytest.approx(whole.mean(), rel=1e-6) and 0.1 < channel["rmse"] < 10  # kelvin
+    print_table(result)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "temperature [K]" in ln]
+    assert len(lines) == 1 and f"{channel['rmse']:.4g}" in lines[0]  # the RMSE table: the channel, unit and value
+    assert f"{r['persistence']['channels']['temperature']['rmse']:.4g}" in lines[0]
+
+
+def test_the_predictions_store_carries_times_coordinates_and_units(scored: tuple[dict, Path]) -> None:
+    g = _group(scored[1])
+    np.testing.assert_allclose(g["time"].values, np.arange(T_IN, FRAMES) * DT)
+    assert g["time"].attrs["units"] == "s" and g["x"].attrs["units"] == g["y"].attrs["units"] == "m"
+    np.testing.assert_allclose(g["x"].values, np.arange(NX) * SPACING)
+    assert g["prediction"].attrs["units"] == "K" and g["truth"].attrs["channel_units"] == ["K", "1", "1", "1"]
+
+
+def test_evaluation_fields_picture_names_units_times_and_fluid_ranges(scored: tuple[dict, Path]) -> None:
+    from dpot_train.eval_plots import fields_figure
+
+    g = _group(scored[1])
+    mask = g["mask"].values[0]
+    fig = fields_figure(g)
+    try:
+        panels = _image_axes(fig)
+        assert len(panels) == 9  # truth, prediction, error at steps 1, 2 and 4
+        assert [ax.get_title() for ax in panels[:3]] == ["truth, t = 1 s (step 1)", "truth, t = 1.5 s (step 2)",
+                                                         "truth, t = 2.5 s (step 4)"]
+        assert _colour_bar_labels(fig) == ["temperature [K]", "temperature [K]", "temperature error [K]"]
+        drawn = np.stack([_check_panel(ax, mask) for ax in panels]).reshape(3, 3, NY, NX)
+        fluid_values = drawn[:2, :, mask == 1]
+        values = (float(fluid_values.min()), float(fluid_values.max()))
+        assert 289 < values[0] < values[1] < 297  # kelvin: the stored 0 of the obstacle is not in the range
+        assert all(ax.images[0].get_clim() == pytest.approx(values) for ax in panels[:6])
+        top = float(np.abs(drawn[2][:, mask == 1]).max())
+        assert all(ax.images[0].get_clim() == pytest.approx((-top, top)) for ax in panels[6:])
+    finally:
+        plt.close(fig)
+
+
+def test_evaluation_spectrum_picture_has_units_dataset_and_several_steps(scored: tuple[dict, Path]) -> None:
+    from dpot_train.eval_plots import spectra_figure
+
+    fig = spectra_figure(_group(scored[1]))
+    try:
+        assert "heat" in fig.get_suptitle()
+        assert [ax.get_ylabel() for ax in fig.axes] == ["mean |FFT|² / cells [K²]"] * 2
+        gids = {line.get_gid() for ax in fig.axes for line in ax.get_lines()}
+        assert gids == {f"temperature/{kind}/{s}" for kind in ("truth", "prediction", "error") for s in (1, 2, 4)}
+    finally:
+        plt.close(fig)
+
+
+def test_the_rollout_gif_keeps_one_colour_scale_per_channel_over_the_whole_rollout(scored: tuple[dict, Path],
+                                                                                   tmp_path: Path) -> None:
+    from PIL import Image
+
+    from dpot_train.eval_plots import write_video
+
+    g = _group(scored[1])
+    video = write_video(g, tmp_path / "rollout.gif")
+    steps = FRAMES - T_IN
+    assert Image.open(tmp_path / "rollout.gif").n_frames == steps
+    assert video.colour_bars == ["temperature [K]", "temperature [K]", "temperature error [K]"]
+    fluid = g["mask"].values[0].astype(bool)
+    pred, true = (g[k].isel(trajectory=0).sel(channel="temperature").values for k in ("prediction", "truth"))
+    both = np.stack([pred, true])[:, :, fluid]
+    whole = (float(both.min()), float(both.max()))  # every step's truth and prediction, fluid cells only
+    top = float(np.abs(pred - true)[:, fluid].max())
+    for key, want in (("temperature/truth", whole), ("temperature/prediction", whole),
+                      ("temperature/error", (-top, top))):
+        assert len(video.limits[key]) == steps and set(video.limits[key]) == {video.limits[key][0]}
+        assert video.limits[key][0] == pytest.approx(want, rel=1e-6)
+
+
+def test_evaluate_says_where_it_wrote_pictures_and_predictions(heat: Path, tmp_path: Path) -> None:
+    from dpot_train.cli import app as train_app
+    from dpot_train.model import build_model
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "tiny.pth"
+    torch.save({"model": build_model("tiny", img_size=16, in_timesteps=T_IN).state_dict()}, ckpt)
+    plots, store = tmp_path / "plots", tmp_path / "pred.zarr"
+    result = CliRunner().invoke(train_app, ["evaluate", str(ckpt), "--manifest", str(heat), "--recipe", "dpot",
+                                            "--res", "16", "--out", str(tmp_path / "eval.json"), "--plot",
+                                            str(plots), "--predictions", str(store)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"wrote {store}: prediction, truth and mask per dataset (xarray.open_zarr(PATH, group=DATASET))" in lines
+    assert f"wrote 3 pictures to {plots}: heat_fields.png, heat_error.png, heat_spectrum.png" in lines
+    assert json.loads((tmp_path / "eval.json").read_text())["datasets"]["heat"]["units"] == {"temperature": "K"}
