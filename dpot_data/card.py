@@ -25,7 +25,9 @@ import yaml
 
 from dpot_data.catalog import Catalog, Entry, SourceFacts, load_catalog
 from dpot_data.errors import InputError
-from dpot_data.units import DIMENSIONLESS, channel_units
+from dpot_data.units import DIMENSIONLESS
+from dpot_format.display import colour_scale, data_axes, draw_field, fluid_range
+from dpot_format.units import entry_units, stated_label, time_symbol
 from dpot_format import io as fio
 from dpot_format.errors import FormatError
 from dpot_format.layout import space_order
@@ -54,6 +56,7 @@ class Preview:
     index: int
     sample_id: str | None
     fluid: float
+    time: str = "frame 0"  # the frame's time as the picture's titles give it: `t = 0 s`, or `frame 0`
 
 
 def preview_path(dataset: str) -> str:
@@ -182,16 +185,18 @@ def _layout_lines(entry: Mapping[str, Any]) -> list[str]:
     model = ", ".join(dims[i].upper() for i in space_order(len(dims), layout))
     stored = ", ".join(["T", "C", *(d.upper() for d in dims)])
     dt = entry.get("dt")
+    units = entry_units(entry)
+    step = f"{dt} {time_symbol(units['time']) or ''}".rstrip() if dt is not None else "unknown"
     resample = entry.get("resample") or {}
     return [
         "### Layout", "",
-        f"- Grid: {shape} ({', '.join(dims)}), native {native}; resampled with "
-        f"{_code(resample.get('fields', 'none'))} (mask {_code(resample.get('mask', 'none'))})",
+        f"- Grid: {shape} ({', '.join(_cell(stated_label(d, units[d])) for d in dims)}), native {native}; resampled "
+        f"with {_code(resample.get('fields', 'none'))} (mask {_code(resample.get('mask', 'none'))})",
         f"- Axis order: a stored trajectory is ({stored}), its mask ({', '.join(d.upper() for d in dims)}); the model "
         f"reads space as ({model}) (convention {_code(convention.get('name'))}, model_layout {_code(layout)})",
         f"- Frames per trajectory: {entry['frames']}" + (f" (pieces of {entry['segment']} frames)"
                                                           if entry.get("segment") else ""),
-        f"- dt: {dt if dt is not None else 'unknown'}",
+        f"- dt: {step}",
         f"- Boundary: {entry['boundary']}",
         "",
     ]
@@ -201,12 +206,12 @@ def _channel_lines(entry: Mapping[str, Any]) -> list[str]:
     """One row per stored channel: name, units, whether it holds data or padding."""
     channels = [str(c) for c in entry["channels"]]
     valid = [bool(v) for v in entry["channel_valid"]]
-    units = channel_units(str(entry["source"]), channels, valid)
+    units = entry_units(entry)["channels"]
     out = ["### Channels", "", "| channel | units | holds |", "|---|---|---|"]
     for name, unit, ok in zip(channels, units, valid):
         holds = "data" if ok else f"padding (constant {entry['fill_value']})"
         out.append(f"| {_cell(name)} | {_cell(unit)} | {holds} |")
-    return out + ["", "Units are the publisher's where it states them, `unknown` where it states none, "
+    return out + ["", "Units are the raw file's or the publisher's where they state them, `unknown` where none does, "
                       f"`{DIMENSIONLESS}` for what is dimensionless by construction.", ""]
 
 
@@ -309,7 +314,15 @@ def _preview_lines(entry: Mapping[str, Any], preview: Preview | None) -> list[st
     which = f"{preview.split} trajectory {preview.index}" + (f" ({_code(strip_dirs(preview.sample_id))})"
                                                               if preview.sample_id else "")
     return out + [f"![first frame of {entry['name']}]({preview.path})", "",
-                  f"The first frame of {which}, one panel per channel; solid cells blank, outlined in black.", ""]
+                  f"The first frame of {which}, at {preview.time}, one panel per channel: {_data_channels(entry)}; "
+                  "solid cells grey, outlined in black.", ""]
+
+
+def _data_channels(entry: Mapping[str, Any]) -> str:
+    """The data channels with their units: `temperature [K]`, `u [m/s], v [m/s]`."""
+    units = entry_units(entry)["channels"]
+    return ", ".join(_cell(stated_label(str(c), u)) for c, u, ok in zip(entry["channels"], units, entry["channel_valid"])
+                     if ok)
 
 
 def card_text(manifest: Mapping[str, Any], catalog: Catalog | None = None,
@@ -327,7 +340,8 @@ def card_text(manifest: Mapping[str, Any], catalog: Catalog | None = None,
         what = facts.title if facts is not None else f"{_code(entry['source'])} data"
         counts = ", ".join(f"{s} {n}" for s, n in entry["splits"]["counts"].items() if n)
         lines += [f"## {entry['name']}", "",
-                  f"{entry['trajectories']} trajectories ({counts}) of {what}, {entry['frames']} frames each on a "
+                  f"{entry['trajectories']} trajectories ({counts}) of {what} ({_data_channels(entry)}), "
+                  f"{entry['frames']} frames each on a "
                   f"{'x'.join(map(str, entry['grid']['shape']))} grid, written by `dpot-data ingest` as WebDataset "
                   "shards and a Zarr store (the dpot shard format: docs/format.md). Read the paths from "
                   f"`{MANIFEST_NAME}`, never assume them.", ""]
@@ -372,9 +386,10 @@ def _first_sample(view: Any) -> tuple[str, Any] | None:
     return None
 
 
-def render_preview(view: Any, dpi: int = 80) -> tuple[bytes, Preview] | None:
-    """The PNG of the first frame of a dataset's first test (else train) trajectory, one panel per valid channel
-    (3D: the middle z slice), and what it shows; None when the dataset stores no trajectory."""
+def preview_figure(view: Any) -> tuple[Any, Preview] | None:
+    """The matplotlib figure of the first frame of a dataset's first test (else train) trajectory, one panel per
+    valid channel (3D: the middle z slice) in the data's coordinates, each with a colour bar naming the channel and
+    its unit, and what it shows; None when the dataset stores no trajectory. The caller closes the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -388,41 +403,37 @@ def render_preview(view: Any, dpi: int = 80) -> tuple[bytes, Preview] | None:
     if fields.ndim == 5:
         fields, mask = fields[:, :, fields.shape[2] // 2], mask[mask.shape[0] // 2]
     entry = view.entry
-    channels = [str(c) for c in entry["channels"]]
-    valid = [bool(v) for v in entry["channel_valid"]]
-    units = channel_units(str(entry["source"]), channels, valid)
-    shown = [c for c, ok in enumerate(valid) if ok] or [0]
+    axes_of = data_axes(entry, view.zarr_group())
+    plane = axes_of.plane(entry["grid"]["dims"])
+    shown = [c for c, ok in enumerate(entry["channel_valid"]) if ok] or [0]
     fluid = mask.astype(bool)
-    fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.0), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.4 * len(shown), 3.2), squeeze=False, constrained_layout=True)
+    for ax, c in zip(axes[0], shown):
+        vmin, vmax, cmap = colour_scale(*fluid_range(fields[0, c], fluid))
+        image = draw_field(ax, fields[0, c], fluid, plane, vmin, vmax, cmap)
+        ax.set_title(axes_of.title(0), fontsize=9)
+        fig.colorbar(image, ax=ax, shrink=0.85).set_label(axes_of.channel_label(entry["channels"], c), fontsize=8)
+    index = int(sample.meta.get("index", 0))
+    fig.suptitle(f"{entry['name']}: {split} trajectory {index}", fontsize=9)
+    sample_id = sample.meta.get("id")
+    return fig, Preview(preview_path(str(entry["name"])), split, index, None if sample_id is None else str(sample_id),
+                        float(fluid.mean()), axes_of.title(0))
+
+
+def render_preview(view: Any, dpi: int = 80) -> tuple[bytes, Preview] | None:
+    """The PNG of `preview_figure` and what it shows; None when the dataset stores no trajectory."""
+    import matplotlib.pyplot as plt
+
+    drawn = preview_figure(view)
+    if drawn is None:
+        return None
+    fig, preview = drawn
     try:
-        for ax, c in zip(axes[0], shown):
-            frame = fields[0, c]
-            values = frame[fluid] if fluid.any() else frame.ravel()
-            values = values[np.isfinite(values)]
-            lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
-            if lo == hi:
-                lo, hi = lo - 0.5, hi + 0.5
-            cmap = "viridis"
-            if lo < 0 < hi:  # signed: a diverging map centred on zero, as `inspect --plot` draws it
-                hi = max(-lo, hi)
-                lo, cmap = -hi, "RdBu_r"
-            image = ax.imshow(np.where(fluid, frame, np.nan), origin="lower", cmap=cmap, vmin=lo, vmax=hi,
-                              interpolation="nearest")
-            if not fluid.all():
-                ax.contour(fluid.astype(float), levels=[0.5], colors="k", linewidths=0.8, origin="lower")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(f"{channels[c]} [{units[c]}]", fontsize=9)
-            fig.colorbar(image, ax=ax, shrink=0.85)
-        index = int(sample.meta.get("index", 0))
-        fig.suptitle(f"{entry['name']}: {split} trajectory {index}, frame 0", fontsize=9)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     finally:
         plt.close(fig)
-    sample_id = sample.meta.get("id")
-    return buf.getvalue(), Preview(preview_path(str(entry["name"])), split, index,
-                                   None if sample_id is None else str(sample_id), float(fluid.mean()))
+    return buf.getvalue(), preview
 
 
 def _write(root: str, rel: str, data: bytes) -> str:

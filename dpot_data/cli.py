@@ -476,8 +476,12 @@ _ingest_command("xarray", "Your own grid data: NetCDF, HDF5, Zarr stores (anythi
                                                "(default: guessed; none: one trajectory per file)."),
                     "axes": typer.Option(None, "--axes", help="Axis order of .npy/.npz arrays and of HDF5 datasets "
                                          "without dimension names: letters N (sample), T, C, Z, Y, X, e.g. NTYXC."),
-                    "periodic": typer.Option(None, "--periodic/--non-periodic", help="Override the periodicity found "
-                                             "in the coordinates (default: periodic when every spatial axis is)."),
+                    "boundary": typer.Option(None, "--boundary", help="The boundary the file cannot state: periodic "
+                                             "or non-periodic (every axis), or per axis, e.g. x=periodic,y=non-periodic "
+                                             "(default: from the coordinates; periodic when every spatial axis is). "
+                                             "Recorded in the manifest; chooses the resampling as a stated one does."),
+                    "periodic": typer.Option(None, "--periodic/--non-periodic", hidden=True,
+                                             help="The same as --boundary periodic / non-periodic."),
                     "window": typer.Option(None, "--window", help="Cut every trajectory into samples of this many "
                                            "consecutive frames (one long run streams in bounded memory; the frames "
                                            "past the last whole window are left out)."),

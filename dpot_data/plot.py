@@ -1,5 +1,6 @@
 """`inspect --plot`: a PNG grid of frames (first, middle, last) of a few trajectories per dataset, one row per valid
-channel with its name and colour bar, the geometry mask outlined; the picture to look at before spending GPU time."""
+channel with a colour bar naming it and its unit, frames titled with their time, axes in the file's coordinates, the
+geometry mask outlined; the picture to look at before spending GPU time (dpot_format.display)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpot_data.output import DatasetView, datasets  # noqa: E402
+from dpot_format.display import Plane, colour_scale, data_axes, draw_field, fluid_range  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -40,15 +42,30 @@ def frame_indices(frames: int) -> list[int]:
     return sorted({0, (frames - 1) // 2, frames - 1})
 
 
-def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, np.ndarray, list[int]]]:
-    """(label, frames of one channel (t, *space), mask, frame indices) for each plotted row of one dataset."""
+@dataclass(frozen=True)
+class _Row:
+    """One plotted row: the trajectory's name, the channel with its unit, its picked frames (t, y, x), the mask, a
+    title per frame (its time) and the axes the frames are drawn on."""
+
+    name: str
+    channel: str
+    frames: np.ndarray
+    mask: np.ndarray
+    titles: list[str]
+    plane: Plane
+
+
+def _rows(view: DatasetView, opts: PlotOptions) -> list[_Row]:
+    """The plotted rows of one dataset: per trajectory, one per valid channel."""
     entry = view.entry
     n = int(entry.get("trajectories", 0))
     channels = list(entry["channels"])
-    valid = view.channel_valid
+    group = view.zarr_group()
+    axes = data_axes(entry, group)
+    dims = list(entry["grid"]["dims"])
     rows = []
-    if view.zarr_group() is not None:  # one chunk read per trajectory, spread over the dataset
-        samples = (view.trajectory(i) for i in pick_trajectories(n, opts.trajectories))
+    if group is not None:  # one chunk read per trajectory, spread over the dataset
+        samples = (view.trajectory(i, group=group) for i in pick_trajectories(n, opts.trajectories))
     else:  # shards only: the first trajectories of the first shards, without streaming the whole dataset
         samples = itertools.islice(view.iter_shards(), max(opts.trajectories, 0))
     for sample in samples:
@@ -62,55 +79,41 @@ def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, n
         else:
             mask = sample.mask
         picks = frame_indices(fields.shape[0])
-        for c in np.flatnonzero(valid):
-            label = f"{view.name} #{index}{where}\n{channels[c]}"
-            rows.append((label, fields[picks, c], mask, picks))
+        plane = axes.plane(dims)
+        for c in np.flatnonzero(view.channel_valid):
+            rows.append(_Row(f"{view.name} #{index}{where}", axes.channel_label(channels, int(c)), fields[picks, c],
+                             mask, [axes.title(k) for k in picks], plane))
     return rows
 
 
 def build_figure(root: str, opts: PlotOptions = PlotOptions()) -> "plt.Figure":
-    """The matplotlib figure of the frame grid of the output folder (or URL) `root` (caller closes it)."""
+    """The matplotlib figure of the frame grid of the output folder (or URL) `root` (caller closes it): one row per
+    trajectory and valid channel, one colour scale per row over its frames' fluid cells."""
     views = [v for v in datasets(root) if opts.datasets is None or v.name in set(opts.datasets)]
     if not views:
         raise ValueError(f"{root}: no dataset to plot (asked for {list(opts.datasets or [])})")
     rows = [row for view in views for row in _rows(view, opts)]
     if not rows:
         raise ValueError(f"{root}: the datasets hold no trajectories to plot")
-    n_cols = max(len(r[3]) for r in rows)
+    n_cols = max(len(r.titles) for r in rows)
     fig, axes = plt.subplots(
-        len(rows), n_cols, figsize=(2.6 * n_cols + 0.9, 2.3 * len(rows)), squeeze=False, constrained_layout=True
+        len(rows), n_cols, figsize=(2.8 * n_cols + 1.2, 2.6 * len(rows)), squeeze=False, constrained_layout=True
     )
-    for r, (label, frames, mask, picks) in enumerate(rows):
-        fluid = mask.astype(bool)
-        shown = frames[:, fluid] if fluid.any() else frames.reshape(len(frames), -1)
-        finite = shown[np.isfinite(shown)]
-        vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        if vmin == vmax:
-            vmin, vmax = vmin - 0.5, vmax + 0.5
-        if vmin < 0 < vmax:  # signed field: diverging map centred on zero
-            vmax = max(-vmin, vmax)
-            vmin, cmap = -vmax, "RdBu_r"
-        else:
-            cmap = "viridis"
+    for r, row in enumerate(rows):
+        fluid = row.mask.astype(bool)
+        vmin, vmax, cmap = colour_scale(*fluid_range(row.frames, fluid[None]))
         image = None
         for col in range(n_cols):
             ax = axes[r, col]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if col >= len(picks):
+            if col >= len(row.titles):
                 ax.axis("off")
                 continue
-            data = np.where(fluid, frames[col], np.nan)
-            image = ax.imshow(data, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-            if not fluid.all():
-                ax.contour(fluid.astype(float), levels=[0.5], colors="k", linewidths=0.8, origin="lower")
-            ax.set_title(f"t = frame {picks[col]}", fontsize=8)
-            if col == 0:
-                ax.set_ylabel(label, fontsize=8)
+            image = draw_field(ax, row.frames[col], fluid, row.plane, vmin, vmax, cmap)
+            ax.set_title(f"{row.name}, {row.titles[col]}", fontsize=8)
         if image is not None:
-            bar = fig.colorbar(image, ax=list(axes[r, : len(picks)]), shrink=0.9, pad=0.02)
-            bar.set_label(label.split("\n")[-1], fontsize=8)
-    fig.suptitle(f"{root}: first, middle and last frame; solid cells blank, outlined in black", fontsize=9)
+            bar = fig.colorbar(image, ax=list(axes[r, : len(row.titles)]), shrink=0.9, pad=0.02)
+            bar.set_label(row.channel, fontsize=8)
+    fig.suptitle(f"{root}: first, middle and last frame; solid cells grey, outlined in black", fontsize=9)
     return fig
 
 

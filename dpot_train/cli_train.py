@@ -306,3 +306,9 @@ def evaluate_cmd(
     normalised = sorted(k for k, v in result["normalization"]["stats"].items() if v is not None)
     typer.echo(f"wrote {out}: L2RE per dataset, model vs the persistence baseline "
                f"({result['recipe']} recipe, {split} split; normalised: {', '.join(normalised) or 'none'})")
+    if "predictions" in result:
+        typer.echo(f"wrote {result['predictions']}: prediction, truth and mask per dataset "
+                   "(xarray.open_zarr(PATH, group=DATASET))")
+    if "plots" in result:
+        typer.echo(f"wrote {len(result['plots'])} pictures to {plot}: "
+                   f"{', '.join(Path(p).name for p in result['plots'])}")

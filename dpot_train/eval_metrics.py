@@ -1,5 +1,6 @@
-"""The evaluation's metric suite beyond the two L2RE scalars: per-step L2RE, The Well's NRMSE / VRMSE and binned
-spectral MSE per channel and step, MPP's one-step NRMSE; accumulated batch by batch (and chunk of steps by chunk of
+"""The evaluation's metric suite beyond the two L2RE scalars: per-step L2RE, the RMSE per channel in the data's units
+(per frame and over the rollout), The Well's NRMSE / VRMSE and binned spectral MSE per channel and step, MPP's
+one-step NRMSE; accumulated batch by batch (and chunk of steps by chunk of
 steps), so that a long rollout is never held whole.
 
 Tensors are in the model layout (B, *S, T, C) with S the spatial axes; `mask` is (B, *S), True on fluid cells.
@@ -135,6 +136,8 @@ class SuiteAccumulator:
         self.nrmse_sum = np.zeros((steps, v))
         self.vrmse_sum = np.zeros((steps, v))
         self.spectral_sum = np.zeros((SPECTRAL_BINS, v))
+        self.rmse_sum = np.zeros((steps, v))  # RMSE of each frame, in the channel's units
+        self.rollout_rmse_sum = np.zeros(v)  # RMSE over the whole rollout (all steps' fluid cells)
         self.one_step_sum = 0.0
         self.one_step_frames = 0
         self.constant = np.zeros(v, dtype=bool)
@@ -167,6 +170,9 @@ class SuiteAccumulator:
         self.nrmse_sum[t0:t1] += torch.sqrt((sse / n) / (sst / n + WELL_EPS)).sum(dim=0).numpy()
         self.vrmse_sum[t0:t1] += torch.sqrt((sse / n) / (var + WELL_EPS)).sum(dim=0).numpy()
         self.spectral_sum += spectral_mse(pred, true, mask).sum(dim=(0, 1)).cpu().numpy()
+        self.rmse_sum[t0:t1] += torch.sqrt(sse / n).sum(dim=0).numpy()
+        if t1 == self.steps:  # the batch's rollout is complete: its RMSE over every step
+            self.rollout_rmse_sum += torch.sqrt(self._run_sse / (n[:, 0] * self.steps)).sum(dim=0).numpy()
         self.constant |= constant_frames(true, mask).any(dim=0).any(dim=0).cpu().numpy()
         self._next = t1
 
@@ -190,7 +196,9 @@ class SuiteAccumulator:
             "one_step_nrmse": self.one_step_sum / max(self.one_step_frames, 1),
             "l2re_per_step": (self.l2re_sum / n).tolist(),
             "frame_l2re_per_step": (self.frame_l2re_sum / n).tolist(),
-            "channels": {name: {"nrmse_per_step": (self.nrmse_sum[:, i] / n).tolist(),
+            "channels": {name: {"rmse": float(self.rollout_rmse_sum[i] / n),
+                                "rmse_per_step": (self.rmse_sum[:, i] / n).tolist(),
+                                "nrmse_per_step": (self.nrmse_sum[:, i] / n).tolist(),
                                 "vrmse_per_step": (self.vrmse_sum[:, i] / n).tolist(),
                                 "spectral_mse_per_bin": (self.spectral_sum[:, i] / (n * steps)).tolist()}
                          for i, name in enumerate(self.names)},

@@ -6,19 +6,30 @@
                         error a symmetric one; solid cells outlined; 3D data: the mid-plane of the first stored axis
   DATASET_error.png     L2RE per step of the model and of the persistence baseline (each frame alone, solid; the
                         rollout up to that step, dashed)
-  DATASET_spectrum.png  isotropic power spectra of truth and prediction at the last step, per channel
-  DATASET_rollout.gif   (--video) truth, prediction and error of the first valid channel over the rollout
+  DATASET_spectrum.png  isotropic power spectra of truth and prediction, and of the error, at the first, middle and
+                        last step, per channel
+  DATASET_rollout.gif   (--video) truth, prediction and error of every valid channel over the rollout, one colour
+                        scale per channel and kind for the whole rollout
+Every picture says what it shows as dpot_format.display does for the data: colour bars named with the channel and
+its unit (`temperature [K]`), axes in the dataset's coordinates (`x [m]`), titles with the step's time (`t = 5.5 s`)
+where the dataset states times, colour ranges over fluid cells only (solid cells grey, outside the scale).
 Arrays are shown in the manifest's stored orientation (the last axis x to the right, the one before it upwards).
-Every function returns the arrays its artists hold, read back from the figure, so that tests compare them with
-the predictions.
+The `*_figure` functions return the matplotlib figure (the caller closes it); the `plot_*` functions save it and
+return the arrays its artists hold, read back from the figure, so that tests compare them with the predictions.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dpot_format.display import Plane, colour_scale, draw_field, error_scale, fluid_range, plane_of, time_title
+from dpot_format.units import UNKNOWN, label
+
+KINDS = ("truth", "prediction", "error")
 
 
 def _pyplot() -> Any:
@@ -42,49 +53,91 @@ def picked_steps(steps: int) -> list[int]:
     return sorted({0, (steps - 1) // 2, steps - 1})
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What the pictures of one predictions group name: its valid channels with their units, the time of each step
+    (None: the dataset states no times) and the plane the fields are drawn on."""
+
+    dataset: str
+    channels: list[str]
+    units: dict[str, str]
+    times: np.ndarray | None
+    time_unit: str | None
+    plane: Plane
+
+    def label(self, channel: str, kind: str = "") -> str:
+        """`temperature [K]`, `temperature error [K]`."""
+        return label(f"{channel} error" if kind == "error" else channel, self.units.get(channel, UNKNOWN))
+
+    def when(self, step: int) -> str:
+        """Rollout step `step` (0-based) as a title says it: `t = 5.5 s (step 1)`, or `step 1`."""
+        if self.times is None:
+            return f"step {step + 1}"
+        return f"{time_title(step, self.times, self.time_unit)} (step {step + 1})"
+
+
+def shown(group: Any) -> Shown:
+    """The Shown of a predictions group (an xarray Dataset): units and coordinates as eval_predictions stores them;
+    a store without them (written before they were) gives unknown units, step numbers and cell indices."""
+    names = group["channel"].values.tolist()
+    valid = [c for c, v in zip(names, group.attrs["channel_valid"]) if v]
+    per_channel = group["prediction"].attrs.get("channel_units") or [UNKNOWN] * len(names)
+    units = {c: str(u) for c, u in zip(names, per_channel)}
+    spatial = [str(d) for d in group["mask"].dims[1:]][-2:]
+    coords = {d: np.asarray(group[d].values, dtype=np.float64) for d in spatial if d in group.coords}
+    axis_units = {d: str(group[d].attrs.get("units", UNKNOWN)) for d in coords}
+    times = np.asarray(group["time"].values, dtype=np.float64) if "time" in group.coords else None
+    time_unit = str(group["time"].attrs.get("units", UNKNOWN)) if times is not None else None
+    return Shown(str(group.attrs.get("dataset", "")), valid, units, times, time_unit,
+                 plane_of(spatial, coords, axis_units))
+
+
+def fields_figure(group: Any, trajectory: int = 0) -> Any:
+    """The figure of DATASET_fields.png: per valid channel three rows (truth, prediction, error), one column per
+    picked step; truth and prediction on one colour scale over their fluid cells, the error on a symmetric one."""
+    plt = _pyplot()
+    info = shown(group)
+    steps = picked_steps(group.sizes["step"])
+    traj = group.isel(trajectory=trajectory)
+    mask = _plane(np.asarray(traj["mask"].values)).astype(bool)
+    fig, axes = plt.subplots(3 * len(info.channels), len(steps), figsize=(3.4 * len(steps) + 1.0,
+                                                                          2.7 * 3 * len(info.channels)),
+                             squeeze=False, constrained_layout=True)
+    for ci, ch in enumerate(info.channels):
+        pick = traj.sel(channel=ch).isel(step=steps)
+        truth = np.stack([_plane(a) for a in np.asarray(pick["truth"].values)])
+        pred = np.stack([_plane(a) for a in np.asarray(pick["prediction"].values)])
+        lo, hi = fluid_range(np.stack([truth, pred]), mask)
+        scales = (colour_scale(lo, hi), colour_scale(lo, hi), error_scale(pred - truth, mask))
+        for ki, (kind, values) in enumerate(zip(KINDS, (truth, pred, pred - truth))):
+            row = axes[3 * ci + ki]
+            for si, s in enumerate(steps):
+                image = draw_field(row[si], values[si], mask, info.plane, *scales[ki])
+                row[si].set_title(f"{kind}, {info.when(s)}", fontsize=8)
+            fig.colorbar(image, ax=list(row), shrink=0.9, pad=0.02).set_label(info.label(ch, kind), fontsize=8)
+    fig.suptitle(f"{info.dataset}: trajectory {traj['trajectory'].item()}; solid cells grey, outlined in black",
+                 fontsize=10)
+    return fig
+
+
 def plot_fields(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.ndarray]:
     """DATASET_fields.png of one dataset's predictions group (an xarray Dataset); returns {"CHANNEL/KIND/STEP":
     the array drawn} with KIND truth, prediction or error and STEP the 1-based rollout step."""
     plt = _pyplot()
-    valid = [c for c, v in zip(group["channel"].values.tolist(), group.attrs["channel_valid"]) if v]
-    steps = picked_steps(group.sizes["step"])
-    traj = group.isel(trajectory=trajectory)
-    mask = _plane(np.asarray(traj["mask"].values))
-    fig, axes = plt.subplots(3 * len(valid), len(steps), figsize=(3.2 * len(steps), 2.6 * 3 * len(valid)),
-                             squeeze=False)
-    for ci, ch in enumerate(valid):
-        pick = traj.sel(channel=ch).isel(step=steps)
-        truth = np.stack([_plane(a) for a in np.asarray(pick["truth"].values)])
-        pred = np.stack([_plane(a) for a in np.asarray(pick["prediction"].values)])
-        err = pred - truth
-        fluid = np.broadcast_to(mask, truth.shape)
-        lo = float(min(truth[fluid].min(), pred[fluid].min())) if fluid.any() else 0.0
-        hi = float(max(truth[fluid].max(), pred[fluid].max())) if fluid.any() else 1.0
-        e = float(np.abs(err[fluid]).max()) if fluid.any() else 1.0
-        for si, s in enumerate(steps):
-            for ki, (kind, a, vmin, vmax, cmap) in enumerate((("truth", truth[si], lo, hi, "viridis"),
-                                                               ("prediction", pred[si], lo, hi, "viridis"),
-                                                               ("error", err[si], -e or -1.0, e or 1.0, "RdBu_r"))):
-                ax = axes[3 * ci + ki, si]
-                shown = np.ma.masked_where(~mask, a)
-                im = ax.imshow(shown, origin="lower", vmin=vmin, vmax=vmax, cmap=cmap, interpolation="nearest")
-                if not mask.all():
-                    ax.contour(mask.astype(float), levels=[0.5], colors="k", linewidths=0.8)
-                ax.set_title(f"{ch} {kind}, step {s + 1}", fontsize=8)
-                ax.set_xticks([])
-                ax.set_yticks([])
-                if si == len(steps) - 1:
-                    fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle(f"{group.attrs['dataset']}: trajectory {traj['trajectory'].item()}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=80)
-    drawn = {}
-    for ci, ch in enumerate(valid):
-        for si, s in enumerate(steps):
-            for ki, kind in enumerate(("truth", "prediction", "error")):
-                drawn[f"{ch}/{kind}/{s + 1}"] = np.ma.getdata(axes[3 * ci + ki, si].images[0].get_array()).copy()
-    plt.close(fig)
-    return drawn
+    fig = fields_figure(group, trajectory)
+    try:
+        fig.savefig(out, dpi=80)
+        info, steps = shown(group), picked_steps(group.sizes["step"])
+        panels = [ax for ax in fig.axes if ax.images]
+        drawn = {}
+        for ci, ch in enumerate(info.channels):
+            for ki, kind in enumerate(KINDS):
+                for si, s in enumerate(steps):
+                    ax = panels[(3 * ci + ki) * len(steps) + si]
+                    drawn[f"{ch}/{kind}/{s + 1}"] = np.ma.getdata(ax.images[0].get_array()).copy()
+        return drawn
+    finally:
+        plt.close(fig)
 
 
 def plot_error_curve(dataset: str, scores: dict[str, Any], out: Path) -> dict[str, np.ndarray]:
@@ -120,62 +173,138 @@ def power_spectrum(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(len(sums))[keep], sums[keep] / counts[keep]
 
 
-def plot_spectra(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.ndarray]:
-    """DATASET_spectrum.png: spectra of truth and prediction at the last step; returns {"CHANNEL/KIND": y drawn}."""
+def fluctuation(a: np.ndarray, fluid: np.ndarray) -> np.ndarray:
+    """A field's departure from its mean over fluid cells, 0 on solid cells: what its spectrum should show (a
+    293 K field with a 0 K obstacle would otherwise show the obstacle's edges)."""
+    a = np.asarray(a, dtype=np.float64)
+    fluid = np.broadcast_to(np.asarray(fluid, dtype=bool), a.shape)
+    return np.where(fluid, a - a[fluid].mean(), 0.0) if fluid.any() else np.zeros_like(a)
+
+
+def spectra_figure(group: Any, trajectory: int = 0) -> Any:
+    """The figure of DATASET_spectrum.png: per valid channel, the power spectra of truth (solid) and prediction
+    (dashed) above, and of the error below, at the first, middle and last step (one colour each)."""
     plt = _pyplot()
-    valid = [c for c, v in zip(group["channel"].values.tolist(), group.attrs["channel_valid"]) if v]
-    last = group.isel(trajectory=trajectory, step=group.sizes["step"] - 1)
-    fig, axes = plt.subplots(1, len(valid), figsize=(4 * len(valid), 3.5), squeeze=False)
-    for ci, ch in enumerate(valid):
-        ax = axes[0, ci]
-        for kind, style in (("truth", "-"), ("prediction", "--")):
-            k, p = power_spectrum(np.asarray(last[kind].sel(channel=ch).values, dtype=np.float64))
-            ax.loglog(k[1:], p[1:], style, label=kind, gid=f"{ch}/{kind}")
-        ax.set_title(f"{ch}, step {group.sizes['step']}", fontsize=9)
-        ax.set_xlabel("|k|")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=80)
-    drawn = {line.get_gid(): np.asarray(line.get_ydata()) for ax in axes[0] for line in ax.get_lines()}
-    plt.close(fig)
-    return drawn
+    info = shown(group)
+    steps = picked_steps(group.sizes["step"])
+    traj = group.isel(trajectory=trajectory)
+    fluid = np.asarray(traj["mask"].values).astype(bool)
+    fig, axes = plt.subplots(2, len(info.channels), figsize=(max(6.0, 4.6 * len(info.channels)), 7.0),
+                             squeeze=False, constrained_layout=True)
+    for ci, ch in enumerate(info.channels):
+        power = squared(info.units.get(ch, UNKNOWN))
+        for si, s in enumerate(steps):
+            at = traj.sel(channel=ch).isel(step=s)
+            truth, pred = np.asarray(at["truth"].values), np.asarray(at["prediction"].values)
+            for row, kind, values, style in ((0, "truth", truth, "-"), (0, "prediction", pred, "--"),
+                                             (1, "error", pred - truth, "-")):
+                k, p = power_spectrum(fluctuation(values, fluid))
+                axes[row, ci].loglog(k[1:], p[1:], style, color=f"C{si}", gid=f"{ch}/{kind}/{s + 1}",
+                                     label=f"{kind}, {info.when(s)}")
+        for row, what in ((0, f"{ch}: truth (solid), prediction (dashed)"), (1, f"{ch}: error (prediction - truth)")):
+            ax = axes[row, ci]
+            ax.set_title(what, fontsize=9)
+            ax.set_xlabel("|k| [cycles per domain]", fontsize=8)
+            ax.set_ylabel(f"mean |FFT|² / cells [{power}]", fontsize=8)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{info.dataset}: power spectra, trajectory {traj['trajectory'].item()}\n(fluid cells less their "
+                 "mean, solid cells 0)", fontsize=9)
+    return fig
 
 
-def write_video(group: Any, out: Path, trajectory: int = 0, fps: int = 4) -> list[np.ndarray]:
-    """DATASET_rollout.gif of the first valid channel (matplotlib's PillowWriter); frames are read from the store
-    one step at a time. Returns the prediction planes drawn, one per step."""
+def squared(unit: str) -> str:
+    """The unit of a power spectrum of a quantity in `unit`: K -> K², m s-1 -> (m s-1)²; 1 and unknown as they are."""
+    if unit in (UNKNOWN, "1"):
+        return unit
+    return f"({unit})²" if any(c in unit for c in " /*.") else f"{unit}²"
+
+
+def plot_spectra(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.ndarray]:
+    """DATASET_spectrum.png (spectra_figure); returns {"CHANNEL/KIND/STEP": the y values drawn}, KIND truth,
+    prediction or error, STEP 1-based."""
+    plt = _pyplot()
+    fig = spectra_figure(group, trajectory)
+    try:
+        fig.savefig(out, dpi=80)
+        return {line.get_gid(): np.asarray(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()}
+    finally:
+        plt.close(fig)
+
+
+def rollout_scales(traj: Any, channels: list[str], mask: np.ndarray) -> dict[str, tuple[float, float, str]]:
+    """{"CHANNEL/KIND": (vmin, vmax, colour map)} over the whole rollout of one trajectory (its fluid cells), read
+    one step at a time: truth and prediction share one scale per channel, the error a symmetric one."""
+    ranges: dict[str, list[float]] = {}
+    for s in range(traj.sizes["step"]):
+        at = traj.isel(step=s)
+        for ch in channels:
+            t = _plane(np.asarray(at["truth"].sel(channel=ch).values))
+            p = _plane(np.asarray(at["prediction"].sel(channel=ch).values))
+            lo, hi = fluid_range(np.stack([t, p]), mask)
+            e_lo, e_hi = fluid_range(p - t, mask)
+            r, e = ranges.setdefault(ch, [lo, hi]), ranges.setdefault(f"{ch}/error", [e_lo, e_hi])
+            r[:] = [min(r[0], lo), max(r[1], hi)]
+            e[:] = [min(e[0], e_lo), max(e[1], e_hi)]
+    out = {}
+    for ch in channels:
+        scale = colour_scale(*ranges[ch])
+        top = max(abs(v) for v in ranges[f"{ch}/error"])
+        out.update({f"{ch}/truth": scale, f"{ch}/prediction": scale,
+                    f"{ch}/error": (-(top or 1.0), top or 1.0, "RdBu_r")})
+    return out
+
+
+@dataclass
+class Video:
+    """What write_video drew: per "CHANNEL/KIND" the plane of each step and the colour limits it was drawn with."""
+
+    drawn: dict[str, list[np.ndarray]]
+    limits: dict[str, list[tuple[float, float]]]
+    colour_bars: list[str]  # their labels, `temperature [K]`, one per panel
+
+
+def write_video(group: Any, out: Path, trajectory: int = 0, fps: int = 4) -> Video:
+    """DATASET_rollout.gif (matplotlib's PillowWriter): one row per valid channel (truth, prediction, error), each
+    with its colour bar and one colour scale for the whole rollout (rollout_scales); frames are read from the store
+    one step at a time."""
     plt = _pyplot()
     from matplotlib.animation import FuncAnimation, PillowWriter
 
-    ch = [c for c, v in zip(group["channel"].values.tolist(), group.attrs["channel_valid"]) if v][0]
-    traj = group.isel(trajectory=trajectory).sel(channel=ch)
-    mask = _plane(np.asarray(traj["mask"].values))
-    first = _plane(np.asarray(traj["truth"].isel(step=0).values))
-    lo, hi = float(first[mask].min()), float(first[mask].max())
-    hi = hi if hi > lo else lo + 1.0
-    fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
-    ims = [ax.imshow(np.zeros_like(first), origin="lower", vmin=v0, vmax=v1, cmap=cm, interpolation="nearest")
-           for ax, (v0, v1, cm) in zip(axes, ((lo, hi, "viridis"), (lo, hi, "viridis"),
-                                              (-(hi - lo) / 2, (hi - lo) / 2, "RdBu_r")))]
-    for ax in axes:
-        ax.set_xticks([])
-        ax.set_yticks([])
-    drawn: list[np.ndarray] = []
+    info = shown(group)
+    traj = group.isel(trajectory=trajectory)
+    mask = _plane(np.asarray(traj["mask"].values)).astype(bool)
+    scales = rollout_scales(traj, info.channels, mask)
+    blank = np.zeros(mask.shape)
+    fig, axes = plt.subplots(len(info.channels), 3, figsize=(10.5, 3.1 * len(info.channels)), squeeze=False,
+                             constrained_layout=True)
+    images = {}
+    for ci, ch in enumerate(info.channels):
+        for ki, kind in enumerate(KINDS):
+            key = f"{ch}/{kind}"
+            images[key] = draw_field(axes[ci, ki], blank, mask, info.plane, *scales[key])
+            fig.colorbar(images[key], ax=axes[ci, ki], shrink=0.85).set_label(info.label(ch, kind), fontsize=8)
+    video = Video({k: [] for k in images}, {k: [] for k in images}, [])
 
     def frame(s: int) -> list[Any]:
-        t = _plane(np.asarray(traj["truth"].isel(step=s).values))
-        p = _plane(np.asarray(traj["prediction"].isel(step=s).values))
-        for im, a in zip(ims, (t, p, p - t)):
-            im.set_data(np.ma.masked_where(~mask, a))
-        for ax, kind in zip(axes, ("truth", "prediction", "error")):
-            ax.set_title(f"{ch} {kind}, step {s + 1}", fontsize=8)
-        drawn.append(np.ma.getdata(ims[1].get_array()).copy())
-        return ims
+        at = traj.isel(step=s)
+        for ci, ch in enumerate(info.channels):
+            t = _plane(np.asarray(at["truth"].sel(channel=ch).values))
+            p = _plane(np.asarray(at["prediction"].sel(channel=ch).values))
+            for ki, (kind, a) in enumerate(zip(KINDS, (t, p, p - t))):
+                key = f"{ch}/{kind}"
+                images[key].set_data(np.ma.masked_where(~mask | ~np.isfinite(a), a))
+                axes[ci, ki].set_title(f"{kind}, {info.when(s)}", fontsize=8)
+                video.drawn[key].append(np.ma.getdata(images[key].get_array()).copy())
+                video.limits[key].append(tuple(float(v) for v in images[key].get_clim()))
+        return list(images.values())
 
+    fig.suptitle(f"{info.dataset}: trajectory {traj['trajectory'].item()}", fontsize=10)
     anim = FuncAnimation(fig, frame, frames=group.sizes["step"], blit=False)
-    anim.save(str(out), writer=PillowWriter(fps=fps), dpi=60)
+    anim.save(str(out), writer=PillowWriter(fps=fps), dpi=80)
+    bars = [ax.get_ylabel() for ax in fig.axes if not ax.images]
     plt.close(fig)
-    return drawn[-group.sizes["step"]:]
+    n = group.sizes["step"]  # the animation may draw the first frame more than once: keep the last pass
+    return Video({k: v[-n:] for k, v in video.drawn.items()}, {k: v[-n:] for k, v in video.limits.items()}, bars)
 
 
 def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, video: bool = False
@@ -199,4 +328,3 @@ def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, 
             write_video(group, path)
             written.append(path)
     return written
-

@@ -4,8 +4,10 @@ One group per dataset (`xarray.open_zarr(PATH, group=DATASET)`), with variables
   prediction, truth  (trajectory, step, channel, *spatial)  float32
   mask               (trajectory, *spatial)                 bool, True on fluid cells
 and coordinates `trajectory` (ids "dataset:index"), `step` (1..R, frames after the t_in inputs), `frame` (the
-trajectory's frame index of each step) and `channel` (names; padded channels included, see the `channel_valid`
-attribute). The spatial axes are named and ordered as the manifest stores them (its `dims`, e.g. y, x), whatever
+trajectory's frame index of each step), `time` (the time of each step's frame, where the dataset states times) and
+`channel` (names; padded channels included, see the `channel_valid` attribute); the spatial coordinates where the
+dataset's Zarr store holds them. `prediction`, `truth` (`channel_units`, one per channel), `time` and the coordinates
+carry the data's CF `units` (dpot_format.units). The spatial axes are named and ordered as the manifest stores them (its `dims`, e.g. y, x), whatever
 orientation the model reads them in. Chunks hold one trajectory and at most STEP_CHUNK steps, and every batch is
 written as it is scored, so memory holds one batch however long the rollout. The store is written under a temporary
 name beside PATH and renamed at the end: a failed evaluation leaves no partial store at PATH.
@@ -23,7 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from dpot_format.display import DataAxes, data_axes, regrid
 from dpot_format.layout import space_order
+from dpot_format.units import fields_units
 
 STEP_CHUNK = 16
 
@@ -59,6 +63,30 @@ def mask_to_stored(mask: torch.Tensor, model_layout: str) -> np.ndarray:
     return out.contiguous().cpu().numpy()
 
 
+def dataset_axes(ds: Any) -> DataAxes:
+    """Times, coordinates and units of a dataset (its manifest entry, and its Zarr store's `time` and coordinate
+    arrays where it has one: three small reads)."""
+    group = None
+    if ds.zarr_url is not None and ds.zarr_group is not None:
+        import zarr
+
+        group = zarr.open_group(ds.zarr_url, mode="r", path=ds.zarr_group)
+    return data_axes(ds.entry, group)
+
+
+def step_coords(axes: DataAxes, spatial: list[str], shape: tuple[int, ...], t_in: int, steps: int
+                ) -> dict[str, Any]:
+    """The `time` of each rollout step (frames t_in ..) and the spatial coordinates (regridded when the evaluation
+    resized the grid), each with its units; only those the dataset states."""
+    out: dict[str, Any] = {}
+    if axes.times is not None and len(axes.times) >= t_in + steps:
+        out["time"] = ("step", axes.times[t_in:t_in + steps], {"units": axes.units["time"]})
+    for d, n in zip(spatial, shape):
+        if d in axes.coords:
+            out[d] = (d, regrid(axes.coords[d], n), {"units": axes.units[d]})
+    return out
+
+
 class PredictionWriter:
     """Writes the predictions store batch by batch; `close()` publishes it at `path` (an existing store there is
     replaced only then)."""
@@ -85,13 +113,17 @@ class PredictionWriter:
         spatial = [str(d) for d in ds.dims][-len(shape):]
         chunk = (1, min(steps, STEP_CHUNK), c, *shape)
         field = ("trajectory", "step", "channel", *spatial)
+        axes = dataset_axes(ds)
+        units = {"units": fields_units(axes.units["channels"], ds.channel_valid),
+                 "channel_units": axes.units["channels"]}
         tmpl = xr.Dataset(
-            {"prediction": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk)),
-             "truth": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk)),
+            {"prediction": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk), units),
+             "truth": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk), units),
              "mask": (("trajectory", *spatial), da.zeros((n, *shape), dtype=bool, chunks=(1, *shape)))},
             coords={"trajectory": np.array(g["ids"], dtype=object), "step": np.arange(1, steps + 1),
                     "frame": ("step", np.arange(g["t_in"], g["t_in"] + steps)),
-                    "channel": np.array(ds.channels, dtype=object)},  # variable-length UTF-8 strings
+                    "channel": np.array(ds.channels, dtype=object),  # variable-length UTF-8 strings
+                    **step_coords(axes, spatial, shape, g["t_in"], steps)},
             attrs={"dataset": ds.name, "t_in": g["t_in"], "model_layout": ds.model_layout,
                    "channel_valid": [bool(v) for v in ds.channel_valid],
                    "mask_meaning": "True on fluid cells; metrics count only these"})

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from dpot_format.units import entry_units, label
 from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
@@ -131,10 +132,17 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
             "persistence": {"one_step_l2re": vals["persistence_one_step"], "rollout_l2re": vals["persistence_rollout"],
                             **more["persistence"]},
         }
+        out["datasets"][ds.name]["units"] = _channel_units(ds)
         if not keep.all():  # left out of the means; none left: the metrics are null
             out["datasets"][ds.name]["unscored"] = (f"{int((~keep).sum())} of {len(refs)} trajectories have no fluid "
                                                     "cell in a valid channel: nothing to score, left out")
     return out
+
+
+def _channel_units(ds: DatasetInfo) -> dict[str, str]:
+    """The unit of each valid channel (dpot_format.units): RMSE is in it, the spectral MSE in its square."""
+    units = entry_units(ds.entry)["channels"]
+    return {c: u for c, u, ok in zip(ds.channels, units, ds.channel_valid) if ok}
 
 
 def _no_numbers(found: Any) -> Any:
@@ -212,6 +220,7 @@ def write_eval(result: dict[str, Any], path: str | Path) -> None:
 def print_table(result: dict[str, Any]) -> None:
     """Rich table: one row per dataset, model vs persistence, one-step and rollout L2RE."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     reference = result.get("recipe") == "reference"
@@ -230,6 +239,30 @@ def print_table(result: dict[str, Any]) -> None:
                       number(r["model"][first]), number(r["persistence"][first]),
                       number(r["model"]["rollout_l2re"]), number(r["persistence"]["rollout_l2re"]))
     Console(width=120).print(table)
+    rmse = rmse_rows(result)
+    if rmse:
+        table = Table(title=f"RMSE over the rollout in the data's units ({scored}; lower is better)")
+        for col in ("dataset", "channel [unit]", "model rollout RMSE", "persist rollout RMSE"):
+            table.add_column(escape(col), justify="left" if col in ("dataset", "channel [unit]") else "right")
+        for row in rmse:
+            table.add_row(*(escape(cell) for cell in row))
+        Console(width=120).print(table)
+
+
+def rmse_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(dataset, `channel [unit]`, model RMSE, persistence RMSE) of every valid channel scored with the dpot
+    recipe: the errors in the data's own units (`temperature [K]`)."""
+    def number(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.4g}"
+
+    rows = []
+    for name, r in result["datasets"].items():
+        units = r.get("units") or {}
+        for channel, scores in (r["model"].get("channels") or {}).items():
+            if "rmse" in scores:
+                rows.append((name, label(channel, units.get(channel)), number(scores["rmse"]),
+                             number(r["persistence"]["channels"][channel]["rmse"])))
+    return rows
 
 
 def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",

@@ -190,7 +190,7 @@ def test_own_xarray_data_gets_a_card_saying_not_given(tmp_path: Path) -> None:
     assert _front(text)["license"] == "unknown"
     fluid = float(re.search(r"; ([\d.]+)% of the cells of the previewed trajectory are fluid", text).group(1))
     assert 0 < fluid < 100  # the land block is solid
-    assert "| u | unknown | data |" in text  # the units of the Zarr store (dpot_data.units): none guessed
+    assert "| u | m s-1 | data |" in text  # the file's units (dpot_format.units), as the Zarr store has them
 
 
 def test_a_url_output_gets_its_card_through_fsspec() -> None:

@@ -28,11 +28,12 @@ def test_figure_has_named_channels_colour_bars_and_mask_outline(tmp_path: Path) 
     try:
         image_axes = [ax for ax in fig.axes if ax.images]
         assert len(image_axes) == 2 * 3 * 3  # 2 trajectories x 3 valid channels x 3 frames (pad3 left out)
-        labels = [ax.get_ylabel() for ax in image_axes if ax.get_ylabel()]
-        assert labels == ["toy #0\nu", "toy #0\nv", "toy #0\np", "toy #4\nu", "toy #4\nv", "toy #4\np"]
-        assert [ax.get_title() for ax in image_axes[:3]] == ["t = frame 0", "t = frame 2", "t = frame 5"]
-        colour_bars = [ax for ax in fig.axes if not ax.images and ax.get_ylabel() in ("u", "v", "p")]
-        assert len(colour_bars) == 6
+        titles = [ax.get_title() for ax in image_axes]
+        assert titles[:3] == ["toy #0, frame 0", "toy #0, frame 2", "toy #0, frame 5"]  # no times: frame indices
+        assert titles[9:12] == ["toy #4, frame 0", "toy #4, frame 2", "toy #4, frame 5"]
+        assert {(ax.get_xlabel(), ax.get_ylabel()) for ax in image_axes} == {("x [cell]", "y [cell]")}  # no coords
+        colour_bars = [ax.get_ylabel() for ax in fig.axes if not ax.images]
+        assert colour_bars == ["u [unknown]", "v [unknown]", "p [unknown]"] * 2  # the toy source states no units
         assert all(ax.collections for ax in image_axes)  # contour of the solid disc on every panel
         # the last frame of trajectory 4, channel v, is what is shown; solid cells are blank (NaN)
         shown = np.ma.filled(image_axes[3 * 3 + 3 + 2].images[0].get_array().astype(float), np.nan)
@@ -85,7 +86,7 @@ def test_plot_of_a_shards_only_output_reads_the_first_samples(tmp_path: Path) ->
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     fig = build_figure(str(tmp_path), PlotOptions(trajectories=2))
     try:
-        labels = [ax.get_ylabel() for ax in fig.axes if ax.images and ax.get_ylabel()]
-        assert labels == ["toy #0\nu", "toy #0\nv", "toy #0\np", "toy #1\nu", "toy #1\nv", "toy #1\np"]
+        titles = [ax.get_title() for ax in fig.axes if ax.images][::3]  # the first frame of each row
+        assert titles == ["toy #0, frame 0"] * 3 + ["toy #1, frame 0"] * 3
     finally:
         plt.close(fig)

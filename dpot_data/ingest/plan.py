@@ -256,7 +256,8 @@ def plan(result: ReadResult, opts: IngestOptions) -> IngestPlan:
     out.entry = _entry(result, opts, out, rule, segment, dt, short)
     check_limits(result, out.entry)
     out.warnings = _warnings(result, out, rule)
-    out.units = array_units(ds.attrs["source"], channels, channel_valid.tolist(), grid.dims, list(sample_params))
+    out.units = array_units(ds.attrs["source"], channels, channel_valid.tolist(), grid.dims, list(sample_params),
+                            ds.attrs.get("parameters"))
     return out
 
 

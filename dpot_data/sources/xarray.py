@@ -15,7 +15,8 @@ variable, e.g. py-pde's `times`; found by itself when the time dimension has no 
 frame indices and `dt` is None (unknown). Time coordinates must be finite and strictly increasing, spatial coordinates
 finite, and several inputs must agree on time steps, domain, units and periodicity (InputError naming the file and the
 variable). Units, long names, standard names and per-dimension periodicity go into `parameters`, hence into the
-store's attributes and the manifest; the dataset is periodic when every spatial dimension is (or `periodic=True`).
+store's attributes and the manifest; the dataset is periodic when every spatial dimension is; `boundary` states what a
+file cannot (py-pde's grids carry no periodicity), for every axis or per axis.
 
 Memory: a block task opens the input itself and reads only its trajectories (NetCDF/HDF5/Zarr slices, .npy memory
 maps); a `.npz` member is read whole by numpy, so large arrays belong in .npy, NetCDF or Zarr.
@@ -173,21 +174,48 @@ def _same_layout(ds: xr.Dataset, choice: Choice, first: tuple[int, ...], where: 
                                 f"{first_name} (--concat time), found {shape[0]} on {'x'.join(map(str, shape[3:]))}")
 
 
-def _attrs_of(ds: xr.Dataset, choice: Choice, periodic: bool | None) -> tuple[dict, str, dict]:
+def parse_boundary(boundary: str | None, periodic: bool | None, dims: Sequence[str]) -> dict[str, bool]:
+    """The periodicity the command line states, per canonical spatial dim: `--boundary periodic|non-periodic` (every
+    axis) or per axis `x=periodic,y=non-periodic` (axes not named keep the file's), or `--periodic/--non-periodic`
+    (every axis); {} when it states none. InputError naming the option otherwise."""
+    if boundary is not None and periodic is not None:
+        raise InputError("--boundary", "expected --boundary or --periodic/--non-periodic, not both")
+    if boundary is None:
+        return {} if periodic is None else {d: bool(periodic) for d in dims}
+    kinds = {"periodic": True, "non-periodic": False}
+    text = boundary.strip().lower()
+    if text in kinds:
+        return {d: kinds[text] for d in dims}
+    out: dict[str, bool] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        axis, _, kind = (v.strip() for v in part.partition("="))
+        if axis not in dims or kind not in kinds or axis in out:
+            raise InputError("--boundary", f"expected periodic, non-periodic or per axis AXIS=periodic|non-periodic "
+                                           f"with AXIS one of {', '.join(dims)} (each at most once), got {boundary!r}")
+        out[axis] = kinds[kind]
+    if not out:
+        raise InputError("--boundary", f"expected periodic, non-periodic or AXIS=KIND pairs, got {boundary!r}")
+    return out
+
+
+def _attrs_of(ds: xr.Dataset, choice: Choice, stated: dict[str, bool]) -> tuple[dict, str, dict]:
     """(parameters, boundary, provenance extras): units, long and standard names of variables and dimensions, and
-    the periodicity of each spatial dimension."""
+    the periodicity of each spatial dimension: the file's, or what the command line `stated` (parse_boundary),
+    recorded as `boundary_given`."""
     keep = ("units", "long_name", "standard_name")
     variables = {v: {k: str(ds[v].attrs[k]) for k in keep if k in ds[v].attrs} for v in choice.variables}
     canonical = ("z", "y", "x")[3 - len(choice.space):]
     dims = {}
     for d, c in zip(choice.space, canonical):
         attrs = ds[d].attrs if d in ds.variables else {}
-        dims[c] = {"name": d, "periodic": periodic_dim(ds, d), **{k: str(attrs[k]) for k in keep if k in attrs}}
+        dims[c] = {"name": d, "periodic": stated.get(c, periodic_dim(ds, d)),
+                   **{k: str(attrs[k]) for k in keep if k in attrs}}
     _times, time_units = time_values(ds, choice.time)
     dims["time"] = {"name": choice.time, **({"units": time_units} if time_units else {})}
-    all_periodic = all(dims[c]["periodic"] for c in canonical)
-    boundary = "periodic" if (all_periodic if periodic is None else periodic) else "non-periodic"
+    boundary = "periodic" if all(dims[c]["periodic"] for c in canonical) else "non-periodic"
     params = {"variables": variables, "dims": dims, "periodic_dims": [c for c in canonical if dims[c]["periodic"]]}
+    if stated:  # the file cannot say it (a py-pde grid): the command line did
+        params["boundary_given"] = {c: "periodic" if v else "non-periodic" for c, v in stated.items()}
     globals_ = {k: str(v) for k, v in ds.attrs.items() if isinstance(v, (str, int, float, np.number))}
     return params, boundary, {"global_attrs": dict(list(globals_.items())[:32])}
 
@@ -300,14 +328,14 @@ def _check_alike(openers: list[Opener], datasets: list[xr.Dataset], choice: Choi
     """Every input: finite spatial coordinates, and the first input's domain, units and periodicity (only the first's
     are recorded); InputError naming the file and the variable."""
     first_name = Path(openers[0].path).name
-    first, _b, _e = _attrs_of(datasets[0], choice, None)
+    first, _b, _e = _attrs_of(datasets[0], choice, {})
     for k, (op, ds) in enumerate(zip(openers, datasets)):
         for d in choice.space:
             if has_coordinate(ds, d):
                 check_coordinate(op.path, d, ds[d].values)
         if k == 0:
             continue
-        params, _b, _e = _attrs_of(ds, choice, None)
+        params, _b, _e = _attrs_of(ds, choice, {})
         for v in choice.variables:
             a, b = first["variables"][v].get("units"), params["variables"][v].get("units")
             if a != b:
@@ -358,13 +386,15 @@ def _open_all(paths: Sequence[str | Path], axes: str | None,
 def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str | Sequence[str] | None = None,
          time_dim: str | None = None, space_dims: str | Sequence[str] | None = None, sample_dim: str | None = None,
          axes: str | None = None, periodic: bool | None = None, concat: str = "sample", window: int | None = None,
-         block: int | None = None, time_var: str | None = None,
+         block: int | None = None, time_var: str | None = None, boundary: str | None = None,
          check_finite: bool | str = True, convention: str = "dpot-reference") -> ReadResult:
     """Open NetCDF / HDF5 / Zarr / .npy / .npz inputs lazily as one canonical dataset (module docstring).
 
     `variables`, `time_dim`, `space_dims` ((z,) y, x order), `sample_dim` choose what the guess would; `axes` names
     the axes of .npy/.npz arrays and of HDF5 datasets without dimension names (letters N, T, C, Z, Y, X); with a C
-    axis, `variables` names its components. `periodic` overrides the periodicity found in the coordinates.
+    axis, `variables` names its components. `boundary` ("periodic", "non-periodic", or per axis
+    "x=periodic,y=non-periodic") states the periodicity a file cannot (parse_boundary), recorded in `parameters`
+    (`boundary_given`) and used as a stated one would be; `periodic` True/False is the same for every axis.
     `concat`: several inputs are more trajectories ("sample") or more frames of the same trajectories ("time", in
     the order given, as xarray.open_mfdataset combines files split by time). `window` w: every trajectory becomes
     T // w samples of w consecutive frames (a long run, a reanalysis: one trajectory of any length streams in
@@ -382,11 +412,12 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, variables: str
         var_option = None if named or all(op.kind == "npy" for op in openers) else chosen_vars
         choice = choose(datasets[0], first, variables=var_option, time_dim=time_dim,
                         space_dims=_split_list(space_dims), sample_dim=sample_dim)
+        stated = parse_boundary(boundary, periodic, ("z", "y", "x")[3 - len(choice.space):])
         fields, mask, ids, files = _parts(openers, datasets, choice, block, concat, window)
         _check_alike(openers, datasets, choice)
         timed = [_input_times(op, ds, choice, time_var) for op, ds in zip(openers, datasets)]
         times, dt, starts = _times(openers, timed, concat, window, ids)
-        data = _dataset(datasets if concat == "time" else datasets[:1], choice, fields, mask, ids, periodic,
+        data = _dataset(datasets if concat == "time" else datasets[:1], choice, fields, mask, ids, stated,
                         (times, dt))
         time_from = next((n for _t, _u, n in timed if n is not None), None)
         if time_from is not None and time_from != choice.time:  # times from a variable: say which, with its units
@@ -440,12 +471,12 @@ def _times(openers: list[Opener], timed: list[tuple[np.ndarray | None, str | Non
 
 
 def _dataset(datasets: list[xr.Dataset], choice: Choice, fields: da.Array, mask: da.Array, ids: list[str],
-             periodic: bool | None, frame_times: tuple[np.ndarray | None, float | None]) -> xr.Dataset:
+             stated: dict[str, bool], frame_times: tuple[np.ndarray | None, float | None]) -> xr.Dataset:
     """The canonical dataset of the chosen variables (attrs: parameters with units, names and periodicity);
     `frame_times`: the stored times (None: frame indices) and dt (None: unknown), from `_times`."""
     ds = datasets[0]
     canonical = ("z", "y", "x")[3 - len(choice.space):]
-    params, boundary, extra = _attrs_of(ds, choice, periodic)
+    params, boundary, extra = _attrs_of(ds, choice, stated)
     times, dt = frame_times
     unknown = times is None
     times = np.arange(fields.shape[1], dtype=np.float64) if unknown else times
