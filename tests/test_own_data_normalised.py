@@ -122,3 +122,19 @@ def test_evaluation_normalises_own_data_and_scores_in_physical_units(heat: Path)
         assert 0 < scores["model"][key] < 0.05  # relative to a field of about 293 K: kelvin, not normalised units
     vrmse = [scores[who]["channels"]["temperature"]["vrmse_per_step"] for who in ("model", "persistence")]
     assert np.allclose(vrmse[0], vrmse[1], rtol=1e-3)
+
+
+def test_a_runs_record_keeps_what_it_trained_on(heat: Path, tmp_path: Path) -> None:
+    """A fresh decision normalises own data recorded as dpot-reference (by source); a run's recorded statistics
+    that do not name it (a run from before, which trained on it as stored) keep it as stored on --resume and in
+    evaluate, while an own-data entry they do not name is normalised."""
+    from dpot_train.data.datasets import read_manifest
+    from dpot_train.normalize import describe, manifest_stats, resolve
+
+    old = read_manifest(str(_as_recorded_before(heat, tmp_path / "old")))[0]
+    new = read_manifest(str(heat))[0]
+    assert resolve("auto", [old]) == {"heat": manifest_stats(old)}
+    assert resolve("auto", [old], {}) == {"heat": None}
+    assert resolve("auto", [new], {}) == {"heat": manifest_stats(new)}
+    assert describe("auto", [old], {"heat": None}, {}) == \
+        "normalise: heat: none (as stored, as its run's recorded statistics say)"
