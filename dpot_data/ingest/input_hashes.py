@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Mapping, Sequence
 
 from dpot_data.errors import InputError
@@ -112,18 +113,15 @@ class _Digests:
 
 
 def _folder_root(folder: str, files: Sequence[str], rest: Sequence[Mapping[str, Any]]) -> str | None:
-    """The folder the recorded inputs `rest` were read from, as `folder` mirrors it: the root whose recorded files
-    exist in `folder` at the same relative paths, most of them; None when none does."""
+    """The folder the recorded inputs `rest` were read from, as `folder` mirrors it: the root under which most of
+    them exist in `folder` at the same relative paths; None when none does. Linear in the files (each recorded path
+    is tried at each of its depths)."""
     present = {os.path.relpath(f, folder) for f in files}
-    roots = {str(e["path"])[:-len(rel) - 1] for e in rest for rel in present
-             if str(e["path"]).endswith(os.sep + rel)}
-    best, count = None, 0
-    for root in sorted(roots):
-        n = sum(os.path.relpath(str(e["path"]), root) in present for e in rest
-                if str(e["path"]).startswith(root + os.sep))
-        if n > count:
-            best, count = root, n
-    return best
+    votes: Counter[str] = Counter()
+    for e in rest:
+        parts = PurePath(str(e["path"])).parts
+        votes.update(str(PurePath(*parts[:k])) for k in range(1, len(parts)) if os.path.join(*parts[k:]) in present)
+    return max(sorted(votes), key=votes.__getitem__) if votes else None
 
 
 def content_differs(inputs: Sequence[str], recorded: Sequence[Mapping[str, Any]],
