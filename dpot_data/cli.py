@@ -421,11 +421,16 @@ def _run_corpus(files: List[str], out: str, options: object, dataset: Optional[s
                         catalog=catalog)
     for path in run.plan.unknown:
         typer.echo(f"warning: {path}: no catalog dataset has this file name; not ingested", err=True)
-    for missing in run.plan.missing:
-        expected = catalog.get(missing).files[0]
-        typer.echo(f"warning: pre-training dataset {missing}: no raw files found (expected "
-                   f"{expected}; `dpot-data catalog {missing}` says where it comes from)", err=True)
+    if run.plan.missing:
+        typer.echo(missing_line(run.plan.missing, len(catalog.pretrain())), err=True)
     return run.done, run.failed
+
+
+def missing_line(missing: List[str], pretrain: int) -> str:
+    """One warning line for the pre-training datasets a corpus folder has no raw files of (one line, not one each:
+    a folder of a few datasets is the usual case, not a problem)."""
+    return (f"warning: {len(missing)} of the {pretrain} pre-training datasets have no raw files here: "
+            f"{', '.join(missing)} (`dpot-data catalog NAME` names each one's files and where they come from)")
 
 
 def _report_ingest(runs: list, failed: list) -> None:

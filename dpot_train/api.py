@@ -7,6 +7,7 @@ the same checks, shard cache, mixture, window draws and normalisation; no noise 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,8 +19,14 @@ from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import TrajectoryReader
 from dpot_train.data.stream import EpochPlans, StreamSpec, make_sample, rank_slice
 from dpot_train.data.windows import resize_window, takes_fluid_rule
+from dpot_train.normalize import Stats, denormalize, describe
 
-__all__ = ["WindowDataset", "open_dataset"]
+__all__ = ["NormalizationNote", "WindowDataset", "open_dataset"]
+
+
+class NormalizationNote(UserWarning):
+    """What `open_dataset` normalises and with which statistics: one line (`dpot-train launch` prints the same),
+    so that a loop of one's own knows its units; `WindowDataset.denormalize` undoes it."""
 
 
 def _ddp_rank_world() -> tuple[int, int]:
@@ -63,6 +70,26 @@ class WindowDataset(IterableDataset):
     def names(self) -> list[str]:
         """Dataset names, in the order of the items' `dataset` index."""
         return [d.name for d in self.spec.datasets]
+
+    @property
+    def norm_stats(self) -> dict[str, Stats | None]:
+        """Per dataset name, the per-channel statistics its windows are normalised with ({"mean": [C], "std": [C]}),
+        None for a dataset handed as stored: what `denormalize` undoes."""
+        return {d.name: self.spec.norm.get(d.name) for d in self.spec.datasets}
+
+    def denormalize(self, x: torch.Tensor, dataset: int | str | torch.Tensor) -> torch.Tensor:
+        """`x` (..., C), normalised as this dataset's windows are (an item's `x` or `y`, or a model's prediction),
+        back in physical units: `x * std + mean` per channel, float32. `dataset`: the item's `dataset` index or the
+        dataset's name, or a batch's `dataset` tensor (B,) for a batch `x` (B, ..., C)."""
+        if isinstance(dataset, torch.Tensor) and dataset.ndim == 1:
+            tables = [_affine(self.norm_stats[self.names[int(k)]], x.shape[-1]) for k in dataset.tolist()]
+            mean, std = (torch.stack([t[i] for t in tables]).to(x.device) for i in (0, 1))
+            shape = (len(tables),) + (1,) * (x.ndim - 2) + (x.shape[-1],)
+            return x.float() * std.reshape(shape) + mean.reshape(shape)
+        name = dataset if isinstance(dataset, str) else self.names[int(dataset)]
+        if name not in self.norm_stats:
+            raise ValueError(f"denormalize: no dataset {name!r}; expected one of {self.names}")
+        return denormalize(x, self.norm_stats[name])
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch `epoch` of the stream next (shuffle=True; as DistributedSampler.set_epoch)."""
@@ -154,4 +181,12 @@ def open_dataset(manifest_or_url: str | Path | list[str | Path], split: str = "t
                      res=res, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit,
                      normalize=normalize, norm_stats=norm_stats)
     spec, reader = prepare_stream(cfg, seed)
+    warnings.warn(describe(normalize, spec.datasets, spec.norm, norm_stats), NormalizationNote, stacklevel=2)
     return WindowDataset(spec, reader, shuffle, res, epoch, global_batch, rank, world_size)
+
+
+def _affine(stats: Stats | None, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) float32 tensors (C,) of `stats`; (0, 1) for a dataset handed as stored."""
+    if stats is None:
+        return torch.zeros(channels), torch.ones(channels)
+    return (torch.tensor(stats["mean"], dtype=torch.float32), torch.tensor(stats["std"], dtype=torch.float32))

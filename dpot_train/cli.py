@@ -44,7 +44,7 @@ def preview_cmd(
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
     normalize: str = typer.Option("auto", "--normalize", help="Normalise per channel with the manifest's train "
-                                  "statistics as `launch --normalize` does: auto (datasets whose convention is not "
+                                  "statistics as `launch --normalize` does: auto (all but the paper's datasets under "
                                   "dpot-reference), manifest or none."),
 ) -> None:
     """Write exactly what the model is handed for one trajectory: (H, W, T, C) float32 ((X, Y, Z, T, C) for 3D),

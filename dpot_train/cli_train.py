@@ -125,8 +125,8 @@ def launch_cmd(
     allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
                                                    help="Fine-tune released weights on shards of another convention."),
     normalize: Optional[str] = typer.Option(None, "--normalize", help=_default(
-        "data.normalize", "Per-channel normalisation from the manifests' train statistics: auto (datasets whose "
-        "convention is not dpot-reference), manifest (every dataset) or none; recorded with the checkpoints.")),
+        "data.normalize", "Per-channel normalisation from the manifests' train statistics: auto (every dataset but "
+        "the paper's under dpot-reference), manifest (every dataset) or none; recorded with the checkpoints.")),
     device: Optional[str] = typer.Option(None, "--device", help=_default("device", "auto, cpu or cuda.")),
     rollout_steps: Optional[int] = typer.Option(None, "--rollout-steps",
                                                 help=_default("rollout_steps", "Rollout length of the final evaluation "

@@ -34,8 +34,8 @@ class DataConfig:
     verify_checksums: bool = True
     cache_dir: str | None = None  # shard cache for shards in object storage (docs/training.md); None: the default
     cache_limit: str | None = None  # its size bound ("200GiB"); None: 100 GiB
-    # per-channel normalisation from the manifests' train statistics (dpot_train/normalize.py): "auto" (datasets whose
-    # convention is not dpot-reference), "manifest" (every dataset) or "none"
+    # per-channel normalisation from the manifests' train statistics (dpot_train/normalize.py): "auto" (every dataset
+    # but the paper's sources under dpot-reference), "manifest" (every dataset) or "none"
     normalize: str = "auto"
     # the statistics the run normalises with, dataset name -> {mean: [C], std: [C]}: filled in by the run from the
     # manifests (None) and saved with every checkpoint, so that evaluation applies the same ones

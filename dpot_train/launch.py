@@ -37,7 +37,7 @@ from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
 from dpot_train.hub import is_reference
 from dpot_train.model_setup import data_overrides, fresh_config
-from dpot_train.normalize import applied
+from dpot_train.normalize import applied, describe
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
 from dpot_train.schedule import one_cycle
 from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
@@ -447,6 +447,7 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
     index = check_outputs(cfg.data, docs, cfg.progress)  # docs/format.md on every output, sha256 unless disabled
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility
+    normalise = describe(cfg.data.normalize, spec.datasets, spec.norm, cfg.data.norm_stats)  # said once all is checked
     cfg = replace(cfg, data=replace(cfg.data, norm_stats=applied(spec.norm)))  # the statistics, in config.yaml
     evaluation = indexed_trajectories(datasets, cfg.eval_split, index) if cfg.eval_at_end else {}
     cfg = resolve_epochs(cfg, spec.epoch_length)
@@ -463,6 +464,7 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
+    print(normalise, file=sys.stderr)
     cfg_path = run / "config.yaml"
     if not write:
         return cfg, cfg_path

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from dpot_format.conventions import OWN_DATA, REFERENCE
 from dpot_train.checkpoint import load_state_dict_file
 from dpot_train.model import families
 from dpot_train.model.weights import resize_pos_embed
@@ -40,11 +41,12 @@ def fresh_model(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) -
 
 
 def convention_problems(datasets: list[Any], checkpoint: str) -> list[str]:
-    """One line per dataset whose convention is not the one the released weights were trained on."""
+    """One line per dataset whose convention is not the one the released weights were trained on: dpot-reference,
+    or own-data (data the reference never saw, given the reference's orientation, padding and resampling)."""
     return [f"dataset {d.name!r} ({d.manifest}) follows the {d.convention.get('name')!r} convention, but the released "
             f"weights {checkpoint} were pre-trained on dpot-reference inputs (re-ingest with the default "
             "--convention dpot-reference, or pass --allow-convention-mismatch)"
-            for d in datasets if d.convention.get("name") != "dpot-reference"]
+            for d in datasets if d.convention.get("name") not in (REFERENCE, OWN_DATA)]
 
 
 Loaded = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]  # a checkpoint file's (state, config, hints)

@@ -7,9 +7,10 @@ train split, valid channels, fluid cells only: docs/format.md), so that solid ce
 them. Padded channels are left exactly as they are (mean 0, std 1), and a constant channel (std 0, or within float32
 rounding of its mean) is only centred, never divided by 0.
 
-`data.normalize` chooses, per dataset: `auto` (the default) normalises datasets whose convention is not
-`dpot-reference` and leaves `dpot-reference` ones exactly as the released checkpoints saw them; `manifest`
-normalises every dataset; `none` none. The statistics a run used are recorded in its config (`data.norm_stats`,
+`data.normalize` chooses, per dataset: `auto` (the default) normalises every dataset but the paper's sources under
+`dpot-reference` (dpot_format.conventions.is_paper_reference), which stay exactly as the released checkpoints saw
+them: your own data is normalised whatever convention its manifest records; `manifest` normalises every dataset;
+`none` none. The statistics a run used are recorded in its config (`data.norm_stats`,
 dataset name -> {"mean": [...], "std": [...]}, one value per channel, padded ones included) and saved with every
 checkpoint, so that evaluating it applies the same ones even after the manifest is re-ingested.
 """
@@ -22,8 +23,9 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 import torch
 
+from dpot_format.conventions import REFERENCE, is_paper_reference
+
 MODES = ("auto", "none", "manifest")
-REFERENCE = "dpot-reference"
 CONSTANT_RTOL = 1e-6  # a std at most this fraction of |mean| is float32 rounding of a constant channel
 
 Stats = dict[str, list[float]]  # {"mean": [C], "std": [C]}
@@ -47,10 +49,15 @@ def check_mode(mode: str, where: str = "normalize") -> str:
     return mode
 
 
-def wanted(mode: str, ds: _Dataset) -> bool:
-    """Whether `mode` normalises dataset `ds`: `auto` every dataset whose convention is not dpot-reference."""
+def wanted(mode: str, ds: _Dataset, recorded_run: bool = False) -> bool:
+    """Whether `mode` normalises dataset `ds`: `auto` every dataset but the paper's sources under dpot-reference
+    (decided by the manifest's source, not by the convention name alone). `recorded_run`: `ds` is absent from a
+    run's recorded statistics, which name every dataset the run normalised; a run recorded before the decision was
+    by source left every dpot-reference entry as stored (own data included), so such an entry stays as stored."""
     check_mode(mode)
-    return mode == "manifest" or (mode == "auto" and ds.convention.get("name") != REFERENCE)
+    if mode != "auto":
+        return mode == "manifest"
+    return ds.convention.get("name") != REFERENCE if recorded_run else not is_paper_reference(ds.entry)
 
 
 def manifest_stats(ds: _Dataset) -> Stats:
@@ -96,8 +103,10 @@ def checked_stats(stats: Any, ds: _Dataset, where: str) -> Stats:
 def resolve(mode: str, datasets: Sequence[_Dataset], recorded: Mapping[str, Any] | None = None
             ) -> dict[str, Stats | None]:
     """Per dataset, the statistics to normalise it with (None: left as it is): the `recorded` ones (a run's, by
-    dataset name) where they name it, else the manifest's where `mode` wants it."""
+    dataset name) where they name it, else the manifest's where `mode` wants it (`wanted`; `recorded` None: no
+    run's record, a fresh decision)."""
     check_mode(mode)
+    given = recorded is not None
     recorded = recorded or {}
     if mode == "none" and recorded:
         raise ValueError(f"data.norm_stats names {sorted(recorded)} but data.normalize is none")
@@ -106,8 +115,41 @@ def resolve(mode: str, datasets: Sequence[_Dataset], recorded: Mapping[str, Any]
         if ds.name in recorded:
             out[ds.name] = checked_stats(recorded[ds.name], ds, f"data.norm_stats.{ds.name}")
         else:
-            out[ds.name] = manifest_stats(ds) if wanted(mode, ds) else None
+            out[ds.name] = manifest_stats(ds) if wanted(mode, ds, given) else None
     return out
+
+
+def _unit(ds: _Dataset, channel: str) -> str:
+    """` <units>` of a channel where its manifest states them (the variables of `ingest xarray`), else ''."""
+    params = ds.entry.get("parameters")
+    variables = params.get("variables") if isinstance(params, Mapping) else None
+    var = variables.get(channel) if isinstance(variables, Mapping) else None
+    units = var.get("units") if isinstance(var, Mapping) else None
+    return f" {units}" if isinstance(units, str) and units.strip() else ""
+
+
+def describe(mode: str, datasets: Sequence[_Dataset], table: Mapping[str, Stats | None],
+             recorded: Mapping[str, Any] | None = None) -> str:
+    """One line naming, per dataset, what is normalised and with which statistics (`table`: `resolve`'s), e.g.
+    `normalise: heat per channel from its manifest's train statistics (temperature mean 293 K std 1.43 K);
+    pdebench-dr: none (...)`; `dpot-train launch` prints it and `open_dataset` warns it."""
+    parts: list[str] = []
+    kept: dict[str, list[str]] = {}  # why a dataset is handed as stored -> the datasets
+    for ds in datasets:
+        stats = table.get(ds.name)
+        if stats is None:
+            why = ("normalize none" if mode == "none" else
+                   "the paper's data under dpot-reference, as the released checkpoints saw it"
+                   if is_paper_reference(ds.entry) else "as stored, as its run's recorded statistics say")
+            kept.setdefault(why, []).append(ds.name)
+            continue
+        where = ("the recorded statistics (data.norm_stats)" if recorded and ds.name in recorded
+                 else "its manifest's train statistics")
+        channels = ", ".join(f"{c} mean {m:.5g}{_unit(ds, c)} std {d:.3g}{_unit(ds, c)}"
+                             for c, ok, m, d in zip(ds.channels, ds.channel_valid, stats["mean"], stats["std"]) if ok)
+        parts.append(f"{ds.name} per channel from {where} ({channels})")
+    parts += [f"{', '.join(names)}: none ({why})" for why, names in kept.items()]
+    return "normalise: " + "; ".join(parts)
 
 
 def applied(table: Mapping[str, Stats | None]) -> dict[str, Stats]:

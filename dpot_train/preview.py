@@ -4,7 +4,7 @@
 (the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32, or
 (X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on. It is normalised as a run
 with the same `normalize` setting normalises it (dpot_train.normalize: the manifest's train statistics; `auto`
-leaves dpot-reference datasets as stored), or with `norm_stats` given (a run's recorded statistics). `window`
+leaves the paper's datasets under dpot-reference as stored), or with `norm_stats` given (a run's recorded statistics). `window`
 adds the fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell for cell in the same order.
 """
 

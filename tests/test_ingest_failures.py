@@ -165,7 +165,7 @@ def test_a_url_output_and_a_local_folder_treat_a_second_dataset_alike(raw: Path,
     """Failure 3: the same job again leaves a complete output alone, at a URL exactly as in a local folder; another
     job (other inputs, another --name or --resolution) is refused in one line instead of being told "kept", and
     --overwrite replaces the output."""
-    other = write_fno_raw(tmp_path / "other", n=4, res=16, frames=4)  # same name, another folder: another input
+    other = write_fno_raw(tmp_path / "other", n=4, res=16, frames=4, seed=8)  # same name, other bytes: another input
     url, local = f"local://{tmp_path}/url", tmp_path / "local"
     for out in (url, local):
         run_ingest("fno", [raw], out, _opts(name="first"))

@@ -272,6 +272,7 @@ def test_launch_records_the_statistics_in_config_yaml_and_a_resume_keeps_them(un
     out = tmp_path / "run"
     r = train_runs.run(train_runs.launch_args(units["kelvin"], out, "--no-eval", steps=4, nproc=1))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "normalise: fno-ns-v1e-3 per channel from its manifest's train statistics (" in r.stderr
     saved = load_config(out / "config.yaml")
     assert saved.data.normalize == "auto"
     assert saved.data.norm_stats == {"fno-ns-v1e-3": manifest_stats(read_manifest(str(units["kelvin"]))[0])}
@@ -282,6 +283,7 @@ def test_launch_records_the_statistics_in_config_yaml_and_a_resume_keeps_them(un
     final.unlink()
     r = train_runs.run(train_runs.launch_args(units["kelvin"], out, "--no-eval", "--resume", steps=4, nproc=1))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "normalise: fno-ns-v1e-3 per channel from the recorded statistics (data.norm_stats) (" in r.stderr
     second = torch.load(final, weights_only=True)
     assert all(torch.equal(second["model"][k], v) for k, v in first["model"].items())
     r = train_runs.run(train_runs.launch_args(units["kelvin"], out, "--no-eval", "--resume", "--normalize", "none",

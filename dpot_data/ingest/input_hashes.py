@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, Sequence
+from pathlib import Path, PurePath
+from typing import Any, Mapping, Sequence
 
 from dpot_data.errors import InputError
 from dpot_format.io import sha256_file
@@ -85,3 +86,81 @@ class InputHashes:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _files_below(folder: str) -> list[str]:
+    """Every regular file below `folder` (links not followed into folders), sorted."""
+    out = []
+    for parent, dirs, files in os.walk(folder):
+        dirs.sort()
+        out.extend(os.path.join(parent, f) for f in sorted(files) if os.path.isfile(os.path.join(parent, f)))
+    return out
+
+
+class _Digests:
+    """sha256 of local files, each taken once (a pass over its bytes) and only when its size matches."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, str] = {}
+
+    def same(self, path: str, entry: Mapping[str, Any]) -> bool:
+        """Whether the file at `path` has the recorded input `entry`'s size and sha256."""
+        if os.path.getsize(path) != entry.get("bytes"):
+            return False
+        if path not in self._seen:
+            self._seen[path] = sha256_file(path)[0]
+        return self._seen[path] == entry.get("sha256")
+
+
+def _folder_root(folder: str, files: Sequence[str], rest: Sequence[Mapping[str, Any]]) -> str | None:
+    """The folder the recorded inputs `rest` were read from, as `folder` mirrors it: the root under which most of
+    them exist in `folder` at the same relative paths; None when none does. Linear in the files (each recorded path
+    is tried at each of its depths)."""
+    present = {os.path.relpath(f, folder) for f in files}
+    votes: Counter[str] = Counter()
+    for e in rest:
+        parts = PurePath(str(e["path"])).parts
+        votes.update(str(PurePath(*parts[:k])) for k in range(1, len(parts)) if os.path.join(*parts[k:]) in present)
+    return max(sorted(votes), key=votes.__getitem__) if votes else None
+
+
+def content_differs(inputs: Sequence[str], recorded: Sequence[Mapping[str, Any]],
+                    skipped: Sequence[str] = ()) -> str | None:
+    """Whether local inputs at paths a manifest does not record are, byte for byte, its recorded inputs `recorded`
+    (path, sha256, bytes; those not given at their own path) copied elsewhere: None when they are, else what
+    differs, naming a file. A file is matched by size, then sha256; a folder file by file at the same relative paths,
+    where a file the ingest did not read must lie under one of `skipped` (the manifest's skipped items, relative to
+    the folder: CFDBench's dam cases). Every recorded input must be matched."""
+    rest = list(recorded)
+    digests = _Digests()
+    for text in inputs:
+        if "://" in text:
+            return f"{text} is a URL, compared by name only"
+        if not os.path.exists(text):
+            return f"{text}: not found"
+        if os.path.isfile(text):
+            match = next((e for e in rest if digests.same(text, e)), None)
+            if match is None:
+                return f"{text}: no recorded input has its size and sha256"
+            rest.remove(match)
+            continue
+        files = _files_below(text) if os.path.isdir(text) else []
+        root = _folder_root(text, files, rest)
+        if root is None:
+            return f"{text}: holds none of the recorded inputs at their relative paths"
+        for e in [e for e in rest if str(e["path"]).startswith(root + os.sep)]:
+            copy = os.path.join(text, os.path.relpath(str(e["path"]), root))
+            if not os.path.isfile(copy):
+                continue  # left in `rest`: named below
+            if not digests.same(copy, e):
+                return f"{copy}: differs from the recorded {e['path']} (size or sha256)"
+            rest.remove(e)
+        known = {str(e["path"]) for e in recorded}
+        for f in files:
+            rel = os.path.relpath(f, text)
+            if os.path.join(root, rel) not in known and not any(
+                    rel == w or rel.startswith(w.rstrip("/") + "/") for w in skipped):
+                return f"{f}: not among the recorded inputs"
+    if rest:
+        return f"the recorded input {rest[0]['path']} has no byte-identical file among the inputs given"
+    return None

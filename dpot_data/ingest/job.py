@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from dpot_data import fs
 from dpot_data.errors import InputError
 from dpot_data.ingest.identity import InputIdentity
+from dpot_data.ingest.input_hashes import content_differs
 from dpot_data.ingest.options import PER_SOURCE as PER_SOURCE_RESOLUTION
 from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options, default_resolution
 from dpot_data.ingest.publish import existing_outcome
@@ -170,14 +171,28 @@ def resolve(source: str | None, paths: Sequence[str | os.PathLike[str]], out: st
 
 
 def another_jobs_output(manifest: Mapping[str, Any], inputs: Sequence[str], opts: IngestOptions) -> str | None:
-    """Why the complete output described by `manifest` is not what this job would write (inputs it was not made
-    from, or another --resolution), None when it is: such an output is never silently "kept" for another ingest."""
+    """Why the complete output described by `manifest` is not what this job would write (another --name or
+    --resolution, or inputs it was not made from: by path, else by their bytes), None when it is: such an output is
+    never silently "kept" for another ingest. Inputs at another path are hashed only when all else agrees."""
     datasets = list(manifest.get("datasets") or [])
-    recorded = [str(i.get("path", "")) for d in datasets for i in d.get("inputs") or []]
     names = ", ".join(str(d.get("name")) for d in datasets)
-    foreign = [t for t in inputs if not _recorded_input(t, recorded)]
-    if recorded and foreign:
+    entries = [i for d in datasets for i in d.get("inputs") or [] if isinstance(i, Mapping)]
+    recorded = [str(i.get("path", "")) for i in entries]
+    foreign = [t for t in inputs if not _recorded_input(t, recorded)] if recorded else []
+    if foreign and "://" in "".join(foreign):  # a URL is compared by name only
         return f"holds {names}, made from other inputs than {', '.join(foreign)}"
+    problem = _settings_problem(datasets, names, opts)
+    if problem is not None or not foreign:
+        return problem
+    given = [t for t in inputs if t not in foreign]  # at their recorded path: the rest must match by content
+    rest = [e for e in entries if not any(_recorded_input(t, [str(e.get("path", ""))]) for t in given)]
+    skipped = [str(s.get("what", "")) for d in datasets for s in d.get("skipped") or [] if isinstance(s, Mapping)]
+    why = content_differs(foreign, rest, skipped)
+    return None if why is None else f"holds {names}, made from other inputs than {', '.join(foreign)} ({why})"
+
+
+def _settings_problem(datasets: list[Any], names: str, opts: IngestOptions) -> str | None:
+    """Why the output's datasets are not what --name and --resolution ask for, None when they are."""
     if opts.name and opts.name not in [d.get("name") for d in datasets]:
         return f"holds {names}, not the dataset --name {opts.name} asks for"
     if opts.resolution == PER_SOURCE_RESOLUTION:
@@ -194,8 +209,8 @@ def another_jobs_output(manifest: Mapping[str, Any], inputs: Sequence[str], opts
 
 
 def _recorded_input(text: str, recorded: Sequence[str]) -> bool:
-    """Whether the input `text` (file, folder or URL) is one the manifest's inputs came from: the same path, or a
-    file under the same folder."""
+    """Whether the input `text` (file, folder or URL) is one the manifest's inputs came from by name: the same path,
+    or a file under the same folder (else `content_differs` compares its bytes)."""
     paths = [text.rstrip("/")] if "://" in text else list({os.path.abspath(text), os.path.realpath(text)})
     return any(r == p or r.startswith(p.rstrip("/") + "/") for r in recorded for p in paths)
 

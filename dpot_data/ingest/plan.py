@@ -19,6 +19,7 @@ from dpot_data.ingest.options import (MODEL_LAYOUTS, IngestOptions, check_option
 from dpot_data.sources.base import ReadResult, check_result
 from dpot_data.transform import ANTIALIASED, choose_method
 from dpot_data.units import array_units
+from dpot_format.conventions import recorded_name
 from dpot_format.manifest import limit_problems
 from dpot_format.names import DATASET_NAME, SPLITS
 
@@ -297,7 +298,8 @@ def _entry(result: ReadResult, opts: IngestOptions, p: IngestPlan, rule: str, se
         "resample": {"fields": p.grid.method, "mask": p.grid.mask_method, "antialias": bool(p.grid.antialias)},
         "splits": {"seed": int(opts.seed), "rule": rule, "counts": {s: p.count(s) for s in SPLITS},
                    "ids": {s: [x.id for x in p.pieces if x.split == s] for s in SPLITS}},
-        "convention": {"name": opts.convention, "model_layout": p.model_layout,
+        "convention": {"name": recorded_name(opts.convention, str(ds.attrs["source"])),
+                       "model_layout": p.model_layout,
                        "deviations": deviations(opts, p.grid.method, result.split is not None),
                        **{k: int(ds.attrs[k]) for k in ("pred_channels", "t_test")
                           if k in ds.attrs and opts.convention == "dpot-reference"}},
