@@ -10,15 +10,36 @@
   DATASET_rollout.gif   (--video) truth, prediction and error of the first valid channel over the rollout
 Arrays are shown in the manifest's stored orientation (the last axis x to the right, the one before it upwards).
 Every function returns the arrays its artists hold, read back from the figure, so that tests compare them with
-the predictions.
+the predictions. Each picture bears PLOT_MARK in its metadata (PNG `Software`, GIF comment) and is written under a
+temporary name, then renamed: a file in DIR named like a picture (PLOT_NAME) that does not bear it (a user's file, a
+link) is refused before the evaluation (`check_plot_folder`), never overwritten, and nothing is written through a link.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dpot_format.io import atomic_path
+from dpot_format.output import OutputError, check_folder, check_marked, marked_file_problem, remove_stale_in
+
+PLOT_MARK = "dpot-train evaluate --plot"
+PLOT_NAME = re.compile(r"^[a-z0-9_-]+_(fields\.png|error\.png|spectrum\.png|rollout\.gif)$")  # DATASET_<kind>
+SCRATCH_STEM = "dpot-predictions"  # `--plot` without --predictions: the store drawn from, DIR/.dpot-predictions.tmp-*
+_PNG = {"format": "png", "metadata": {"Software": PLOT_MARK}}
+
+
+def check_plot_folder(folder: str | Path) -> Path:
+    """Before the evaluation: `--plot DIR` is a folder or a new name (not a link or a file, not inside an ingest
+    output or a run's data), every file in it named like a picture bears PLOT_MARK, and the temporary names a killed
+    evaluation left in it are removed. OutputError (one line) naming what is refused."""
+    folder = check_folder(folder, "--plot")
+    check_marked(folder, PLOT_NAME, PLOT_MARK.encode(), "--plot")
+    remove_stale_in(folder, lambda stem: stem == SCRATCH_STEM or bool(PLOT_NAME.match(stem)))
+    return folder
 
 
 def _pyplot() -> Any:
@@ -77,7 +98,7 @@ def plot_fields(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.ndar
                     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle(f"{group.attrs['dataset']}: trajectory {traj['trajectory'].item()}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    fig.savefig(out, dpi=80, **_PNG)
     drawn = {}
     for ci, ch in enumerate(valid):
         for si, s in enumerate(steps):
@@ -101,7 +122,7 @@ def plot_error_curve(dataset: str, scores: dict[str, Any], out: Path) -> dict[st
     ax.set_title(f"{dataset}: error per step")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    fig.savefig(out, dpi=80, **_PNG)
     drawn = {line.get_gid(): np.asarray(line.get_ydata()) for line in ax.get_lines()}
     plt.close(fig)
     return drawn
@@ -135,7 +156,7 @@ def plot_spectra(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.nda
         ax.set_xlabel("|k|")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    fig.savefig(out, dpi=80, **_PNG)
     drawn = {line.get_gid(): np.asarray(line.get_ydata()) for ax in axes[0] for line in ax.get_lines()}
     plt.close(fig)
     return drawn
@@ -145,7 +166,7 @@ def write_video(group: Any, out: Path, trajectory: int = 0, fps: int = 4) -> lis
     """DATASET_rollout.gif of the first valid channel (matplotlib's PillowWriter); frames are read from the store
     one step at a time. Returns the prediction planes drawn, one per step."""
     plt = _pyplot()
-    from matplotlib.animation import FuncAnimation, PillowWriter
+    from matplotlib.animation import FuncAnimation
 
     ch = [c for c, v in zip(group["channel"].values.tolist(), group.attrs["channel_valid"]) if v][0]
     traj = group.isel(trajectory=trajectory).sel(channel=ch)
@@ -173,9 +194,31 @@ def write_video(group: Any, out: Path, trajectory: int = 0, fps: int = 4) -> lis
         return ims
 
     anim = FuncAnimation(fig, frame, frames=group.sizes["step"], blit=False)
-    anim.save(str(out), writer=PillowWriter(fps=fps), dpi=60)
+    anim.save(str(out), writer=_marked_gif(fps=fps), dpi=60)
     plt.close(fig)
     return drawn[-group.sizes["step"]:]
+
+
+def _marked_gif(fps: int) -> Any:
+    """matplotlib's PillowWriter, writing a GIF (whatever the file's name) that bears PLOT_MARK as its comment."""
+    from matplotlib.animation import PillowWriter
+
+    class MarkedGif(PillowWriter):
+        def finish(self) -> None:
+            self._frames[0].save(self.outfile, format="GIF", save_all=True, append_images=self._frames[1:],
+                                 duration=int(1000 / self.fps), loop=0, comment=PLOT_MARK.encode())
+
+    return MarkedGif(fps=fps)
+
+
+def _write_picture(path: Path, draw: Any) -> None:
+    """Draw into a new temporary file beside `path`, then rename it onto `path`, which must be missing or a picture
+    dpot drew (OutputError otherwise: checked again here, as a file may have appeared since the evaluation began)."""
+    problem = marked_file_problem(path, PLOT_MARK.encode())
+    if problem:
+        raise OutputError(f"--plot {path}", problem)
+    with atomic_path(path) as tmp:
+        draw(Path(tmp))
 
 
 def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, video: bool = False
@@ -184,7 +227,7 @@ def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, 
     written."""
     import xarray as xr
 
-    out_dir = Path(out_dir)
+    out_dir = check_plot_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for name, scores in result["datasets"].items():
@@ -192,11 +235,11 @@ def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, 
         for path, draw in ((out_dir / f"{name}_fields.png", lambda p: plot_fields(group, p)),
                            (out_dir / f"{name}_error.png", lambda p: plot_error_curve(name, scores, p)),
                            (out_dir / f"{name}_spectrum.png", lambda p: plot_spectra(group, p))):
-            draw(path)
+            _write_picture(path, draw)
             written.append(path)
         if video:
             path = out_dir / f"{name}_rollout.gif"
-            write_video(group, path)
+            _write_picture(path, lambda p: write_video(group, p))
             written.append(path)
     return written
 

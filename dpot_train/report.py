@@ -195,9 +195,10 @@ def write_report(paths: list[str | Path], out: str | Path, paper: bool = False) 
     """Build the report of `paths` and write it atomically to `out` (.html: HTML; else Markdown); returns the path
     and the Markdown text."""
     from dpot_format.io import atomic_write
+    from dpot_format.output import check_file
 
+    out = check_file(out, "--out", "report.md")  # the one output rule, before anything is read
     rep = build(load_runs(paths), paper=paper)
-    out = Path(out)
     md = to_markdown(rep)
     text = to_html(rep) if out.suffix.lower() in (".html", ".htm") else md
     out.parent.mkdir(parents=True, exist_ok=True)
