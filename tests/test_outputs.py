@@ -287,3 +287,32 @@ def test_a_staging_name_that_is_a_link_or_a_users_folder_is_refused_and_left_alo
     with pytest.raises(InputError, match="exists and is not a staging folder of dpot-data ingest"):
         run_ingest("fno", [raw], out, opts)
     assert (out / ".staging-toy" / "notes.txt").read_text() == "the user's"
+
+
+def test_inspect_plot_through_a_link_is_refused_and_writes_nothing_outside(fno_train_shards: Path,
+                                                                           tmp_path: Path) -> None:
+    from dpot_data.cli import app as data_app
+
+    outside, link = tmp_path / "outside.png", tmp_path / "frames.png"
+    outside.write_bytes(b"kept")
+    link.symlink_to(outside)
+    r = CliRunner().invoke(data_app, ["inspect", str(fno_train_shards), "--plot", str(link)])
+    assert _one_line(r) == (f"error: --plot {link}: is a symbolic link (to {str(outside)!r}); expected a regular "
+                            "file or a new name (dpot writes neither through a link nor onto a special file)")
+    assert outside.read_bytes() == b"kept" and os.path.islink(link)
+
+
+def test_no_output_goes_into_an_ingest_output_or_a_runs_own_files(fno_train_shards: Path, tmp_path: Path) -> None:
+    from dpot_format.output import check_file
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("steps: 2\n")
+    ev = _eval_json(tmp_path / "eval.json")
+    for target, why in ((fno_train_shards / "manifest.json", f"lies inside the ingest output {fno_train_shards}"),
+                        (run / "config.yaml", f"is part of the run {run} (its config.yaml"),
+                        (run / "checkpoints" / "w.pth", f"is part of the run {run} (its checkpoints")):
+        r = CliRunner().invoke(app, ["report", str(ev), "--out", str(target)])
+        assert _one_line(r).startswith(f"error: --out {target}: {why}")
+    assert (run / "config.yaml").read_text() == "steps: 2\n" and not (run / "checkpoints" / "w.pth").exists()
+    assert check_file(run / "report.md") == run / "report.md"  # a new file of the user's beside the run's own
