@@ -62,7 +62,7 @@ def pid_alive(pid: int) -> bool:
     """Whether a process `pid` runs on this machine (ours counts; a pid that cannot be one does not)."""
     if pid <= 0 or pid >= 2**31:
         return False
-    if pid == os.getpid():
+    if pid == os.getpid() or os.name != "posix":  # elsewhere signal 0 is no probe: nothing is taken for dead
         return True
     try:
         os.kill(pid, 0)
@@ -159,8 +159,8 @@ def _parent_problem(target: Path) -> str | None:
     """The first existing folder above `target` when it is not a folder."""
     parent = next((a for a in _located(target).parents if os.path.lexists(a)), None)
     if parent is not None and not parent.is_dir():
-        what = kind_of(parent)
-        return f"{parent} is {'a file' if what == 'a regular file' else what}, not a folder; expected a path in a folder"
+        what = "a file" if kind_of(parent) == "a regular file" else kind_of(parent)
+        return f"{parent} is {what}, not a folder; expected a path in a folder"
     return None
 
 
