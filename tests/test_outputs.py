@@ -169,7 +169,6 @@ def test_predictions_link_and_plot_file_are_refused_before_evaluating(fno_train_
     assert not (tmp_path / "e.json").exists()
 
 
-@pytest.mark.slow
 def test_a_second_evaluation_replaces_its_own_pictures_and_store_and_follows_no_link(fno_train_shards: Path,
                                                                                     tmp_path: Path) -> None:
     import xarray as xr
