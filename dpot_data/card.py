@@ -454,6 +454,22 @@ def _write(root: str, rel: str, data: bytes) -> str:
                                  "folder") from None
 
 
+def _check_targets(root: str, rels: list[str]) -> None:
+    """The one output rule (dpot_format.output) for the card's files in a local output, before anything is drawn:
+    none is a link, a folder or a special file, nor is the pictures' folder; InputError (one line) otherwise."""
+    if not fio.is_local(root):
+        return
+    from dpot_format.output import check_file, check_folder
+
+    base = fio.local_path(root)
+    try:
+        check_folder(fio.join(base, PREVIEW_FOLDER), None, home=base)
+        for rel in rels:
+            check_file(fio.join(base, rel), None, CARD_NAME, home=base)
+    except FormatError as exc:
+        raise InputError(exc.where or root, exc.expected) from None
+
+
 def write_card(root: str, catalog: Catalog | None = None) -> list[str]:
     """Write the card (README.md) and the preview pictures of the output at `root` (a folder holding
     manifest.json, or its URL) beside its manifest; returns what was written (pictures first, the card last).
@@ -473,6 +489,7 @@ def write_card(root: str, catalog: Catalog | None = None) -> list[str]:
         more = f" (and {len(problems) - 1} more; `dpot-data verify` lists them)" if len(problems) > 1 else ""
         raise InputError(root, f"fails the format's check, expected a valid ingest output: {problems[0]}{more}")
     views = [DatasetView(root, entry) for entry in manifest["datasets"]]
+    _check_targets(root, [CARD_NAME, *(preview_path(v.name) for v in views)])
     catalog = catalog if catalog is not None else load_catalog()
     written, previews = [], {}
     for view in views:

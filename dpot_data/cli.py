@@ -626,8 +626,12 @@ def inspect_command(
     from dpot_data.inspection import inspect_dir, render
     from dpot_format.errors import FormatError
 
-    roots = _output_roots(folder)
     try:
+        if plot is not None and "://" not in str(plot):
+            from dpot_format.output import check_file
+
+            check_file(plot, "--plot", "frames.png")  # the one output rule, before the output is inspected
+        roots = _output_roots(folder)
         reports = [inspect_dir(root, verify=verify) for root in roots]
     except (InputError, FormatError) as exc:
         raise _fail(exc) from None

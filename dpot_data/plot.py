@@ -129,8 +129,18 @@ def render(root: str, opts: PlotOptions = PlotOptions()) -> bytes:
 
 
 def plot_output(root: str, png: str, opts: PlotOptions = PlotOptions()) -> str:
-    """Write the frame grid of the output `root` to `png` (path or URL); returns where it was written."""
+    """Write the frame grid of the output `root` to `png` (path or URL); returns where it was written. A local `png`
+    passes the one output rule first (dpot_format.output.check_file: no link, device, FIFO or folder, nothing inside
+    an ingest output) and is written atomically."""
+    from dpot_format import io as fio
+    from dpot_format.output import check_file
+
+    if fio.is_local(str(png)):
+        check_file(fio.local_path(str(png)), "--plot", "frames.png")
     data = render(root, opts)
+    if fio.is_local(str(png)):
+        fio.atomic_write(fio.local_path(str(png)), data)
+        return str(png)
     import fsspec
 
     with fsspec.open(str(png), "wb") as f:

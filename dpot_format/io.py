@@ -89,15 +89,41 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _refuse_special_target(target: str) -> None:
+    """A device, FIFO or socket is never replaced by a rename onto it (FormatError): what a writer of files may
+    replace is a regular file (or a link, itself, never what it points to)."""
+    try:
+        mode = os.lstat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        raise FormatError(target, f"is {file_kind(mode)}; expected a regular file or a new name")
+
+
+def _create_temporary(tmp: str) -> None:
+    """Create the temporary file as a new regular file, never through a link at its name: whatever a killed writer
+    of the same pid left there (a file, a link) is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o666)
+    except FileExistsError:
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o666)
+    os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """`with atomic_path(p) as tmp:` write the file at `tmp` (by any means: a stream, scipy, h5py); on leaving the
     block it is fsynced and renamed to `p`, and the folder fsynced, so that a reader sees the old file or the whole
-    new one, never a part. The temporary file (`.<name>.tmp-<pid>` beside `p`) is removed when anything fails.
+    new one, never a part. The temporary file (`.<name>.tmp-<pid>` beside `p`) is created new, never through a link,
+    and removed when anything fails; a device, FIFO or socket at `p` is refused (FormatError), never replaced.
     The one atomic write of the project: `atomic_write` and every writer of whole files go through it."""
     target = local_path(os.fspath(path))
     folder, name = os.path.split(target)
     tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+    _refuse_special_target(target)
+    _create_temporary(tmp)
     try:
         yield tmp
         fd = os.open(tmp, os.O_RDONLY)

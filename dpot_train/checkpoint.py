@@ -424,8 +424,11 @@ def export_released(src: str | Path, dst: str | Path, fmt: str | None = None) ->
     normalisation (its mode and statistics, unless `none`) goes beside the weights as `normalization`
     (dpot_train.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the checkpoint.
     `fmt` (`export_format`): a torch file (.pth), or safetensors (the same entries, read without code execution)."""
+    from dpot_format.output import check_file
     from dpot_train.normalize import export_record
 
+    check_file(dst, "--out", "dpot_tiny.pth")  # the one output rule, before the checkpoint is read
+    check_file(record_path(dst), "--out", "dpot_tiny.pth")  # and the sha256 record written beside it
     content = read_checkpoint(src)
     state, config_dict, _ = parse_checkpoint(content, src)
     if config_dict is None:
@@ -488,9 +491,13 @@ def save_atomic(payload: dict[str, Any], path: Path) -> None:
     """torch.save to a temporary name in the same folder, fsync, write the sha256 record, rename: a reader never sees
     a partial file, and a file that changes afterwards no longer matches its record. On failure the temporary file is
     removed and CheckpointWriteError says why in one line."""
+    from dpot_format.output import remove_stale
+
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(path)  # what a killed write of this file (and of its record) left
+        remove_stale(record_path(path))
         with atomic_path(path) as tmp:  # fsync, rename, folder fsync; the temporary file removed on failure
             with open(tmp, "wb") as f:
                 writer = _HashingWriter(f)
@@ -575,7 +582,11 @@ def looks_complete(path: Path) -> bool:
 
 
 def prune(ckpt_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints (keep <= 0 keeps all); damaged files are never deleted."""
+    """Delete all but the newest `keep` complete checkpoints (keep <= 0 keeps all); damaged files are never deleted.
+    The temporary files a killed writer left in the folder (`.step-N.pt.tmp-<pid>`, its process gone) go too."""
+    from dpot_format.output import remove_stale_in
+
+    remove_stale_in(ckpt_dir)
     if keep <= 0:
         return
     complete = [p for _, p in list_checkpoints(ckpt_dir) if looks_complete(p)]

@@ -33,16 +33,12 @@ def _fail(exc: Exception) -> None:
 
 
 def check_out_file(path: str, option: str = "--out", example: str = "eval.json") -> None:
-    """A file path the command can write: not a folder (an existing one or a name ending in a slash), its parent
-    not a file. Checked before any work, so a long evaluation never ends in a failed write; ValueError, one line."""
-    target = Path(path)
-    if path.endswith(("/", os.sep)) or target.is_dir():
-        raise ValueError(f"{option} {path}: is a folder; expected the file to write (e.g. {target / example})")
-    if target.exists() and not target.is_file():
-        raise ValueError(f"{option} {path}: exists and is not a regular file; expected a file path")
-    parent = next((a for a in target.absolute().parents if a.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ValueError(f"{option} {path}: {parent} is a file, not a folder; expected a file path in a folder")
+    """A file path the command can write (dpot_format.output.check_file: not a folder, a link or a special file,
+    not inside an ingest output or a run's data, its parent a folder). Checked before any work, so a long
+    evaluation never ends in a failed write; OutputError (a ValueError), one line."""
+    from dpot_format.output import check_file
+
+    check_file(path, option, example)
 
 
 def _default(key: str, text: str = "") -> str:
@@ -261,17 +257,21 @@ def evaluate_cmd(
     from dpot_train.evaluate import evaluate_checkpoint, print_table, write_eval
     from dpot_train.launch import reading
 
-    if plot is not None:
-        plot.mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.TemporaryDirectory(prefix=".dpot-predictions-", dir=plot) \
-        if plot is not None and predictions is None else None
-    store = predictions if predictions is not None else Path(scratch.name) / "predictions.zarr" if scratch else None
-    sink = None
+    scratch = sink = None
     try:
-        check_out_file(out)  # before the evaluation, not after it
-        sink = PredictionWriter(store) if store is not None else None
+        check_out_file(out)  # every output is checked before the evaluation, not after it
         if video and plot is None:
             raise ValueError("--video: name the folder for it with --plot DIR")
+        if plot is not None:
+            from dpot_train.eval_plots import SCRATCH_STEM, check_plot_folder
+
+            check_plot_folder(plot)
+        sink = PredictionWriter(predictions) if predictions is not None else None
+        if plot is not None:
+            plot.mkdir(parents=True, exist_ok=True)
+        if plot is not None and sink is None:  # a scratch store for the pictures, a temporary name a later run sweeps
+            scratch = tempfile.TemporaryDirectory(prefix=f".{SCRATCH_STEM}.tmp-{os.getpid()}-", dir=plot)
+            sink = PredictionWriter(Path(scratch.name) / "predictions.zarr")
         if sink is not None and recipe == "reference":
             raise ValueError("--predictions/--plot: the reference recipe writes no predictions; use --recipe dpot")
         with reading(manifest):  # an ingest --overwrite of these outputs waits for the evaluation

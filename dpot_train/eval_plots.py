@@ -16,20 +16,40 @@ where the dataset states times, colour ranges over fluid cells only (solid cells
 Arrays are shown in the manifest's stored orientation (the last axis x to the right, the one before it upwards).
 The `*_figure` functions return the matplotlib figure (the caller closes it); the `plot_*` functions save it and
 return the arrays its artists hold, read back from the figure, so that tests compare them with the predictions.
+Each picture bears PLOT_MARK in its metadata (PNG `Software`, GIF comment) and is written under a temporary name,
+then renamed: a file in DIR named like a picture (PLOT_NAME) that does not bear it (a user's file, a link) is refused
+before the evaluation (`check_plot_folder`), never overwritten, and nothing is written through a link.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dpot_format.io import atomic_path
+from dpot_format.output import OutputError, check_folder, check_marked, marked_file_problem, remove_stale_in
 from dpot_format.display import Plane, colour_scale, draw_field, error_scale, fluid_range, plane_of, time_title
 from dpot_format.units import UNKNOWN, label
 
 KINDS = ("truth", "prediction", "error")
+PLOT_MARK = "dpot-train evaluate --plot"
+PLOT_NAME = re.compile(r"^[a-z0-9_-]+_(fields\.png|error\.png|spectrum\.png|rollout\.gif)$")  # DATASET_<kind>
+SCRATCH_STEM = "dpot-predictions"  # `--plot` without --predictions: the store drawn from, DIR/.dpot-predictions.tmp-*
+_PNG = {"format": "png", "metadata": {"Software": PLOT_MARK}}
+
+
+def check_plot_folder(folder: str | Path) -> Path:
+    """Before the evaluation: `--plot DIR` is a folder or a new name (not a link or a file, not inside an ingest
+    output or a run's data), every file in it named like a picture bears PLOT_MARK, and the temporary names a killed
+    evaluation left in it are removed. OutputError (one line) naming what is refused."""
+    folder = check_folder(folder, "--plot")
+    check_marked(folder, PLOT_NAME, PLOT_MARK.encode(), "--plot")
+    remove_stale_in(folder, lambda stem: stem == SCRATCH_STEM or bool(PLOT_NAME.match(stem)))
+    return folder
 
 
 def _pyplot() -> Any:
@@ -126,7 +146,7 @@ def plot_fields(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.ndar
     plt = _pyplot()
     fig = fields_figure(group, trajectory)
     try:
-        fig.savefig(out, dpi=80)
+        fig.savefig(out, dpi=80, **_PNG)
         info, steps = shown(group), picked_steps(group.sizes["step"])
         panels = [ax for ax in fig.axes if ax.images]
         drawn = {}
@@ -154,7 +174,7 @@ def plot_error_curve(dataset: str, scores: dict[str, Any], out: Path) -> dict[st
     ax.set_title(f"{dataset}: error per step")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    fig.savefig(out, dpi=80, **_PNG)
     drawn = {line.get_gid(): np.asarray(line.get_ydata()) for line in ax.get_lines()}
     plt.close(fig)
     return drawn
@@ -225,7 +245,7 @@ def plot_spectra(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.nda
     plt = _pyplot()
     fig = spectra_figure(group, trajectory)
     try:
-        fig.savefig(out, dpi=80)
+        fig.savefig(out, dpi=80, **_PNG)
         return {line.get_gid(): np.asarray(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()}
     finally:
         plt.close(fig)
@@ -268,7 +288,7 @@ def write_video(group: Any, out: Path, trajectory: int = 0, fps: int = 4) -> Vid
     with its colour bar and one colour scale for the whole rollout (rollout_scales); frames are read from the store
     one step at a time."""
     plt = _pyplot()
-    from matplotlib.animation import FuncAnimation, PillowWriter
+    from matplotlib.animation import FuncAnimation
 
     info = shown(group)
     traj = group.isel(trajectory=trajectory)
@@ -300,11 +320,33 @@ def write_video(group: Any, out: Path, trajectory: int = 0, fps: int = 4) -> Vid
 
     fig.suptitle(f"{info.dataset}: trajectory {traj['trajectory'].item()}", fontsize=10)
     anim = FuncAnimation(fig, frame, frames=group.sizes["step"], blit=False)
-    anim.save(str(out), writer=PillowWriter(fps=fps), dpi=80)
+    anim.save(str(out), writer=_marked_gif(fps=fps), dpi=80)
     bars = [ax.get_ylabel() for ax in fig.axes if not ax.images]
     plt.close(fig)
     n = group.sizes["step"]  # the animation may draw the first frame more than once: keep the last pass
     return Video({k: v[-n:] for k, v in video.drawn.items()}, {k: v[-n:] for k, v in video.limits.items()}, bars)
+
+
+def _marked_gif(fps: int) -> Any:
+    """matplotlib's PillowWriter, writing a GIF (whatever the file's name) that bears PLOT_MARK as its comment."""
+    from matplotlib.animation import PillowWriter
+
+    class MarkedGif(PillowWriter):
+        def finish(self) -> None:
+            self._frames[0].save(self.outfile, format="GIF", save_all=True, append_images=self._frames[1:],
+                                 duration=int(1000 / self.fps), loop=0, comment=PLOT_MARK.encode())
+
+    return MarkedGif(fps=fps)
+
+
+def _write_picture(path: Path, draw: Any) -> None:
+    """Draw into a new temporary file beside `path`, then rename it onto `path`, which must be missing or a picture
+    dpot drew (OutputError otherwise: checked again here, as a file may have appeared since the evaluation began)."""
+    problem = marked_file_problem(path, PLOT_MARK.encode())
+    if problem:
+        raise OutputError(f"--plot {path}", problem)
+    with atomic_path(path) as tmp:
+        draw(Path(tmp))
 
 
 def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, video: bool = False
@@ -313,7 +355,7 @@ def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, 
     written."""
     import xarray as xr
 
-    out_dir = Path(out_dir)
+    out_dir = check_plot_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for name, scores in result["datasets"].items():
@@ -321,10 +363,11 @@ def write_plots(store: str | Path, result: dict[str, Any], out_dir: str | Path, 
         for path, draw in ((out_dir / f"{name}_fields.png", lambda p: plot_fields(group, p)),
                            (out_dir / f"{name}_error.png", lambda p: plot_error_curve(name, scores, p)),
                            (out_dir / f"{name}_spectrum.png", lambda p: plot_spectra(group, p))):
-            draw(path)
+            _write_picture(path, draw)
             written.append(path)
         if video:
             path = out_dir / f"{name}_rollout.gif"
-            write_video(group, path)
+            _write_picture(path, lambda p: write_video(group, p))
             written.append(path)
     return written
+

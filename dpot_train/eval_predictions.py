@@ -10,14 +10,16 @@ dataset's Zarr store holds them. `prediction`, `truth` (`channel_units`, one per
 carry the data's CF `units` (dpot_format.units). The spatial axes are named and ordered as the manifest stores them (its `dims`, e.g. y, x), whatever
 orientation the model reads them in. Chunks hold one trajectory and at most STEP_CHUNK steps, and every batch is
 written as it is scored, so memory holds one batch however long the rollout. The store is written under a temporary
-name beside PATH and renamed at the end: a failed evaluation leaves no partial store at PATH.
+name beside PATH (`.PATH.tmp-<pid>`, removed by the next write of PATH when its process is gone) and renamed at the
+end: a failed evaluation leaves no partial store at PATH. PATH is checked before the evaluation by the one output rule
+(dpot_format.output.check_store): a link, a file, a store inside an ingest output or a run's data, and a store this
+command did not write (no dpot mark in its zarr.json) or holding anything else are refused, never replaced.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,11 +27,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from dpot_format import __version__
 from dpot_format.display import DataAxes, data_axes, regrid
 from dpot_format.layout import space_order
+from dpot_format.output import STORE_MARK, check_store, remove_entry, temporary_name
 from dpot_format.units import fields_units
 
 STEP_CHUNK = 16
+WRITTEN_BY = "dpot-train evaluate --predictions"  # the store's mark: only a store bearing it is ever replaced
 
 
 class PredictionSink(Protocol):
@@ -92,11 +97,9 @@ class PredictionWriter:
     replaced only then)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if (self.path.exists() or self.path.is_symlink()) and not (self.path / "zarr.json").is_file():
-            raise ValueError(f"--predictions {self.path}: exists and is not a Zarr store; name a new path (a store "
-                             "written before is replaced)")
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self.path = check_store(path, "--predictions", WRITTEN_BY)  # OutputError (a ValueError), one line
+        self.tmp = temporary_name(self.path)
+        remove_entry(self.tmp)  # left by a killed process that had this pid
         self._groups: dict[str, dict[str, Any]] = {}
 
     def begin(self, ds: Any, ids: list[str], steps: int, t_in: int) -> None:
@@ -156,12 +159,18 @@ class PredictionWriter:
         """Publish the store at `path` (replacing one there) and return it."""
         import zarr
 
+        zarr.open_group(str(self.tmp), mode="r+").attrs[STORE_MARK] = {"written_by": WRITTEN_BY,
+                                                                        "version": __version__}
         with warnings.catch_warnings():  # zarr 3 notes that consolidated metadata is outside the v3 spec
             warnings.simplefilter("ignore", category=UserWarning)
             zarr.consolidate_metadata(str(self.tmp))  # so that xarray.open_zarr(PATH, group=...) reads one file
-        if self.path.exists():
-            shutil.rmtree(self.path) if self.path.is_dir() else self.path.unlink()
+        check_store(self.path, "--predictions", WRITTEN_BY)  # what is there now is still a store of ours
+        old = temporary_name(self.path, "old")
+        remove_entry(old)  # left by a killed process that had this pid
+        if os.path.lexists(self.path):
+            os.replace(self.path, old)  # a kill from here leaves `.PATH.tmp-<pid>-old`, which the next write sweeps
         os.replace(self.tmp, self.path)
+        remove_entry(old)
         return self.path
 
     def abort(self) -> None:

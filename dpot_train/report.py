@@ -368,9 +368,10 @@ def write_report(paths: list[str | Path], out: str | Path, paper: bool = False,
     another suffix, before anything is read); returns the path and the Markdown text. `warn` gets each one-line
     warning (a newer minor schema, a picture refused or missing)."""
     from dpot_format.io import atomic_write
+    from dpot_format.output import check_file
 
     form = check_out(out)
-    out = Path(out)
+    out = check_file(out, "--out", "report.md")  # the one output rule, before anything is read
     rep = build(load_runs(paths), paper=paper, base=out.absolute().parent)
     for line in rep.warnings:
         (warn or (lambda _line: None))(line)

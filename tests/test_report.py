@@ -130,8 +130,9 @@ def test_predictions_path_that_is_not_a_store_is_refused(tmp_path: Path) -> None
     (keep / "notes.txt").write_text("mine")
     r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "none.pt"), "--manifest", str(tmp_path), "--out",
                                  str(tmp_path / "e.json"), "--predictions", str(keep)])
-    assert r.exit_code == 2 and r.output.strip() == (f"error: --predictions {keep}: exists and is not a Zarr store; "
-                                                     "name a new path (a store written before is replaced)")
+    assert r.exit_code == 2 and r.output.strip() == (f"error: --predictions {keep}: exists and is not a store "
+                                                     "`dpot-train evaluate --predictions` wrote (no dpot mark in its "
+                                                     "zarr.json); name a new path (only a store it wrote is replaced)")
     assert (keep / "notes.txt").read_text() == "mine"
 
 

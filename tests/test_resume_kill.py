@@ -262,8 +262,8 @@ def test_staging_of_a_running_ingest_of_another_dataset_is_not_removed(tmp_path:
         other.close()
 
 
-class _Interrupt(Exception):
-    pass
+class _Interrupt(BaseException):
+    """A crash as the ingest meets it: an interruption (as Ctrl-C, not an Exception), which keeps the staged part."""
 
 
 @pytest.mark.parametrize("crash_points", [(1,), (2, 1, 3, 1, 2)])

@@ -52,12 +52,16 @@ def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
     assert _wait_gone(workers, 15) == [], "workers kept running after their launcher was killed"
     steps_done = [s for s, _ in list_checkpoints(out / "checkpoints")]
     assert steps_done and max(steps_done) < train_runs.STEPS, steps_done  # really interrupted mid-run
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a kill in the middle of a checkpoint write leaves its temporary file, named by the dead pid
+    (out / "checkpoints" / f".step-{max(steps_done) + 2:08d}.pt.tmp-{gone.pid}").write_bytes(b"cut short")
 
     other_gpu_count = out.parent / "one-process"
     shutil.copytree(out, other_gpu_count)  # the same interrupted state, resumed below on another process count
     r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--resume"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"resumed from {out / 'checkpoints'}" in r.stdout + r.stderr
+    assert [p.name for p in (out / "checkpoints").iterdir() if ".tmp-" in p.name] == []  # swept by the resume
 
     final = f"step-{train_runs.STEPS:08d}.pt"
     a = torch.load(reference / "checkpoints" / final, weights_only=True)

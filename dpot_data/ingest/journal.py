@@ -28,8 +28,10 @@ import numpy as np
 
 import dpot_data
 from dpot_data.stats import FieldStats, Moments
+from dpot_format.errors import FormatError
 from dpot_format.lock import FileLock, LockBusy, is_held
 from dpot_format.names import ZARR_PATH, is_temporary
+from dpot_format.output import check_folder
 
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = "lock"
@@ -205,6 +207,10 @@ class Journal:
         out.mkdir(parents=True, exist_ok=True)
         staging = out / f"{STAGING_PREFIX}{name}"
         remove_stale_staging(out, keep=staging.name)  # leftovers of other jobs, never under a final name
+        check_folder(staging, None, owned=False)  # the one output rule: never a link (FormatError, one line)
+        if staging.is_dir() and not is_staging(staging) and any(staging.iterdir()):
+            raise FormatError(str(staging), "exists and is not a staging folder of dpot-data ingest (no journal or "
+                                            "lock in it); move it away: the ingest would empty it")
         staging.mkdir(exist_ok=True)
         header = {"job": job, "format": FORMAT, "dataset": name}
         lock_fd = _lock(staging)

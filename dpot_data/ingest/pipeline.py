@@ -111,7 +111,7 @@ def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan, ha
         raise InputError(out, str(exc)) from None
     notes = [journal.describe()] if journal.resumed else []
     hashes.add(list(result.inputs))  # hashed while the blocks run, if not already
-    refused = False
+    spent = False  # whether the staged part goes: nothing a re-run of the same command could resume from
     try:
         try:
             layout = zarr_layout(p, opts.fill, zarr_attrs(p, result, opts, command))
@@ -120,16 +120,32 @@ def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan, ha
             hashed = hashes.entries(list(result.inputs), identity)
             identity.check(full=True)  # the last look: every input, and every file in an input folder, unchanged
         except InputError:
-            refused = True
+            spent = True
             raise
         inputs = [{**i, "path": input_names.get(i["path"], i["path"])} for i in hashed]
         entry = _complete_entry(p, written, inputs, layout.codec)
         manifest = publish_output(out, journal.staging, entry, command, opts.overwrite)
+    except InputError:
+        raise  # publishing's refusals keep the staged part for the re-run their message names
+    except BaseException as exc:
+        spent = not resumable(exc)
+        raise
     finally:
         journal.close()
-        if refused:
+        if spent:
             shutil.rmtree(journal.staging, ignore_errors=True)
     return IngestOutcome(manifest, out / mf.MANIFEST_NAME, True, notes)
+
+
+def resumable(exc: BaseException) -> bool:
+    """Whether an ingest that failed with `exc` keeps its staged part for the same command to resume: an
+    interruption (Ctrl-C, SystemExit: anything not an Exception), the machine (a full disk or another OS error,
+    memory, a lost worker process) -- not an error of the data or of the program, which a re-run would meet again
+    (its staging goes)."""
+    from concurrent.futures import BrokenExecutor
+
+    lost_worker = type(exc).__name__ in ("KilledWorker", "CommClosedError")  # dask.distributed's, not imported here
+    return not isinstance(exc, Exception) or isinstance(exc, (OSError, MemoryError, BrokenExecutor)) or lost_worker
 
 
 def _complete_entry(p: IngestPlan, written: Written, inputs: list[dict[str, Any]], codec: str) -> dict[str, Any]:
