@@ -240,7 +240,7 @@ def write_eval(result: dict[str, Any], path: str | Path) -> None:
         why = f"no space left on the device holding {path.parent.absolute()}" if exc.errno == errno.ENOSPC else \
             (exc.strerror or str(exc))
         raise ResultWriteError(f"{path}: the results could not be written ({why}); no partial file was left: free "
-                               "space (or choose another --out) and evaluate again") from exc
+                               "space there (or write elsewhere) and run again") from exc
 
 
 def print_table(result: dict[str, Any]) -> None:

@@ -417,7 +417,7 @@ def init_model_name(cfg: TrainConfig, init_config: Any, named: str | None) -> Tr
         given = f"names a {mine.label} preset" if mine is not None else "names no preset"
         raise ValueError(f"{named} {cfg.model}: {given}, but --init {cfg.init} holds {family.label} weights, which "
                          f"decide what trains; expected a preset of that family ({', '.join(family.presets)}), or "
-                         f"drop {named.rsplit(': ', 1)[-1]}")
+                         f"drop {named if named == '--model' else 'model from that file'}")
     size = families.size_name(init_config)
     return replace(cfg, model=size if size in family.presets else next(iter(family.presets)))
 

@@ -338,7 +338,7 @@ def test_a_full_disk_while_writing_eval_json_names_the_file(fno_train_shards: Pa
     assert code == 2
     errors = [ln for ln in lines if ln.startswith("error")]
     assert errors == [f"error: {out}: the results could not be written (no space left on the device holding "
-                      f"{out.parent}); no partial file was left: free space (or choose another --out) and evaluate "
+                      f"{out.parent}); no partial file was left: free space there (or write elsewhere) and run "
                       "again"], lines
     assert not out.exists()
 
