@@ -26,6 +26,7 @@ import pickle
 import random
 import re
 import stat
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,12 +69,34 @@ def checkpoint_payload(model: Any, **extra: Any) -> dict[str, Any]:
 
 
 def training_payload(model: torch.nn.Module, train_config: dict[str, Any], optimizer: Any, scheduler: Any, step: int,
-                     loader: dict[str, int], rng: list[dict[str, Any]]) -> dict[str, Any]:
+                     loader: dict[str, int], rng: list[dict[str, Any]],
+                     trained: dict[str, Any] | None = None) -> dict[str, Any]:
     """The layout of a training checkpoint: the released format's `model` and our `config` (so `load_pretrained` and
-    `--init` read it), plus the format tag and everything an exact resume needs."""
+    `--init` read it), plus the format tag and everything an exact resume needs; `trained` (data_record): the
+    datasets the weights were trained on, which `evaluate` compares its data with."""
     return {"format": FORMAT, **model_payload(model),
             "train_config": train_config, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "step": step, "loader": loader, "rng": rng}
+            "step": step, "loader": loader, "rng": rng, **({TRAINED_ON: trained} if trained else {})}
+
+
+TRAINED_ON = "trained_on"  # the checkpoint entry recording the training data (data_record)
+
+
+def data_record(datasets: list[Any]) -> dict[str, Any]:
+    """What weights were trained on, per dataset name: its channels (names, which are valid) and its stored grid
+    (shape, dims, the model's axis order), so that an evaluation on other data can say so (plain JSON values)."""
+    return {d.name: {"channels": [str(c) for c in d.channels], "channel_valid": [bool(v) for v in d.channel_valid],
+                     "shape": [int(n) for n in d.shape], "dims": [str(x) for x in d.dims],
+                     "model_layout": str(d.model_layout)} for d in datasets}
+
+
+def trained_on(content: Any) -> dict[str, dict[str, Any]] | None:
+    """A checkpoint content's record of its training data (data_record), None when it has none (released weights,
+    and checkpoints written before the record existed)."""
+    record = content.get(TRAINED_ON) if isinstance(content, Mapping) else None
+    if not isinstance(record, Mapping) or not all(isinstance(v, Mapping) for v in record.values()):
+        return None
+    return {str(k): dict(v) for k, v in record.items()}
 
 
 def stored_config(content: Any) -> Any:
@@ -157,13 +180,57 @@ def _is_regular(path: Path) -> bool:
 
 
 def check_regular_file(path: Path) -> None:
-    """FileNotFoundError unless `path` is a regular file (a FIFO or device would block or never end a read)."""
+    """FileNotFoundError unless `path` is a regular file (a FIFO or device would block or never end a read); a
+    missing file of a run's checkpoints folder is explained (missing_checkpoint)."""
     try:
         regular = _is_regular(path)
     except OSError:
-        raise FileNotFoundError(f"checkpoint not found: {path}") from None
+        raise FileNotFoundError(missing_checkpoint(path)) from None
     if not regular:
         raise CheckpointError(f"{path}: expected a checkpoint file, found something else (a folder, FIFO or device)")
+
+
+def _run_of(ckpt_dir: Path) -> dict[str, Any] | None:
+    """The run config (config.yaml beside `ckpt_dir`, as plain YAML) when `ckpt_dir` is a run's checkpoints folder."""
+    if ckpt_dir.name != "checkpoints":
+        return None
+    try:
+        import yaml
+
+        config = yaml.safe_load((ckpt_dir.parent / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def missing_checkpoint(path: str | Path) -> str:
+    """One line for a checkpoint file that does not exist: in a run's checkpoints folder, why (pruned, set aside as
+    damaged, a best.pt the run never wrote) and which checkpoints exist beside it; elsewhere `checkpoint not found`."""
+    path = Path(path)
+    folder = path.parent
+    run = _run_of(folder)
+    if run is None and not (folder.is_dir() and (list_checkpoints(folder) or path.name == "best.pt")):
+        return f"checkpoint not found: {path}"
+    present = [p.name for _, p in list_checkpoints(folder)] + (["best.pt"] if (folder / "best.pt").is_file() else [])
+    beside = f"; beside it: {', '.join(present)}" if present else "; the folder holds no checkpoint"
+    aside = sorted(n for n in (os.listdir(folder) if folder.is_dir() else []) if n.startswith(f"{path.name}.damaged")
+                   and not n.endswith(RECORD_SUFFIX))
+    if aside:
+        why = f"it was set aside as damaged ({aside[-1]})"
+    elif path.name == "best.pt":
+        every = int((run or {}).get("eval_every") or 0)
+        newest = max((step for step, _ in list_checkpoints(folder)), default=0)
+        why = ("the run had no --eval-every, so it keeps no best.pt" if run is not None and every <= 0 else
+               "best.pt is written by a run with --eval-every" if every <= 0 or (folder / "best.json").exists() else
+               f"no validation finished yet (--eval-every {every}: the first at step {every})" if newest < every else
+               f"no validation of the run wrote one (--eval-every {every}; did its data have a 'valid' split?)")
+    elif _NAME.match(path.name):
+        keep = (run or {}).get("keep_checkpoints")
+        why = (f"pruned? a run keeps its newest {keep} checkpoints (keep_checkpoints)" if isinstance(keep, int)
+               and keep > 0 else "pruned? a run keeps only its newest checkpoints (keep_checkpoints)")
+    else:
+        why = "no such checkpoint"
+    return f"{path}: no such file: {why}{beside}"
 
 
 def check_sha256_option(value: str | None, option: str = "--sha256") -> str | None:
@@ -227,13 +294,13 @@ def _read(path: Path, map_location: Any, trusted: bool, sha256: str | None = Non
         not_torch = not_a_torch_file(fh)
         if not_torch:  # before torch.load: its refusal would suggest --trust for a file that is no checkpoint
             raise CheckpointError(f"{path}: not a checkpoint: {not_torch}, expected a file written by torch.save "
-                                  "(a zip archive holding data.pkl, or a pickle)")
+                                  "(a zip archive holding data.pkl, or its legacy pickle format)")
         fh.seek(0)
         return _load(fh, path, map_location, trusted)
 
 
 SAFETENSORS_SUFFIX = ".safetensors"
-_SAFETENSORS_META = ("recipe", "normalization")  # what a released export records beside the tensors
+_SAFETENSORS_META = ("recipe", "normalization", "trained_on")  # what a released export records beside the tensors
 
 
 def is_safetensors(fh: Any) -> bool:
@@ -245,7 +312,7 @@ def is_safetensors(fh: Any) -> bool:
 
 def _read_safetensors(path: Path) -> dict[str, Any]:
     """A safetensors file as the released-format payload: {'model': tensors, plus the metadata entries dpot writes
-    (`recipe`, `normalization`)}; CheckpointError naming `path` when the file is damaged."""
+    (`recipe`, `normalization`, `trained_on`)}; CheckpointError naming `path` when the file is damaged."""
     try:
         from safetensors import SafetensorError, safe_open
     except ImportError as exc:  # a dependency of dpot; absent only in a broken install
@@ -259,11 +326,12 @@ def _read_safetensors(path: Path) -> dict[str, Any]:
     payload: dict[str, Any] = {"model": state}
     if meta.get("recipe") in ("dpot", "reference"):
         payload["recipe"] = meta["recipe"]
-    if "normalization" in meta:
-        try:
-            payload["normalization"] = json.loads(meta["normalization"])
-        except ValueError as exc:
-            raise CheckpointError(f"{path}: metadata 'normalization' is not JSON ({exc})") from exc
+    for key in ("normalization", TRAINED_ON):
+        if key in meta:
+            try:
+                payload[key] = json.loads(meta[key])
+            except ValueError as exc:
+                raise CheckpointError(f"{path}: metadata {key!r} is not JSON ({exc})") from exc
     return payload
 
 
@@ -284,12 +352,16 @@ _MAGIC = ((b"\x89PNG", "a PNG image"), (b"\x89HDF", "an HDF5 file (NetCDF-4, .h5
           (b"\xff\xd8\xff", "a JPEG image"), (b"MATLAB", "a MATLAB .mat file"), (b"\x1f\x8b", "a gzip file"))
 
 
+# the magic number torch.save's legacy (non-zip) format pickles first (a LONG1 opcode: 10 bytes)
+_LEGACY_MAGIC = b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
+
+
 def not_a_torch_file(fh: Any) -> str | None:
     """What the open file is when it is not something torch.save writes (None when it is: a zip archive with a
     data.pkl record, or a pickle, which starts with the PROTO opcode 0x80); reads from the current position."""
-    head = fh.read(8)
-    if head.startswith(b"\x80"):
-        return None
+    head = fh.read(32)
+    if head.startswith(b"\x80"):  # a pickle: torch.save's legacy format starts with its magic number
+        return None if _LEGACY_MAGIC in head else "a plain Python pickle (written by pickle.dump)"
     if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
         fh.seek(0)
         try:
@@ -312,10 +384,12 @@ def not_a_torch_file(fh: Any) -> str | None:
 def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
     """torch.load of an open checkpoint file; CheckpointError naming `path` for unsafe or unreadable content."""
     try:
-        if trusted:
-            return torch.load(fh, map_location=map_location, weights_only=False)
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(fh, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch's advice on pickle protocols is no news to the user: our line says it
+            warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
+            if trusted:
+                return torch.load(fh, map_location=map_location, weights_only=False)
+            with torch.serialization.safe_globals(SAFE_GLOBALS):
+                return torch.load(fh, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
         if "weights only" not in text.lower():
@@ -423,7 +497,8 @@ def export_released(src: str | Path, dst: str | Path, fmt: str | None = None) ->
     Refused when the bare weights would not say the architecture back (a field only our config records). The run's
     normalisation (its mode and statistics, unless `none`) goes beside the weights as `normalization`
     (dpot_train.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the checkpoint.
-    `fmt` (`export_format`): a torch file (.pth), or safetensors (the same entries, read without code execution)."""
+    `fmt` (`export_format`): a torch file (.pth), or safetensors (the same entries, read without code execution).
+    The record of the training data (`trained_on`) goes beside them too, for `evaluate`'s checks."""
     from dpot_format.output import check_file
     from dpot_train.normalize import export_record
 
@@ -441,8 +516,9 @@ def export_released(src: str | Path, dst: str | Path, fmt: str | None = None) ->
         raise CheckpointError(f"{src}: the released format cannot record {', '.join(lost)} of this model "
                               f"(the weights alone say {said})")
     record = export_record(content)
+    data = trained_on(content)
     payload = {**released_payload(state), "recipe": trained_recipe(content),  # evaluated as the checkpoint is
-               **({"normalization": record} if record else {})}
+               **({"normalization": record} if record else {}), **({TRAINED_ON: data} if data else {})}
     fmt = export_format(dst, fmt)
     if fmt == "safetensors":
         write_atomic_with_record(_safetensors_bytes(payload), Path(dst))

@@ -160,7 +160,8 @@ def launch_cmd(
         _check_request(cfg, out, config, resume)
         topo = choose_topology(Path(cfg.out), resume, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
                                rdzv_timeout)
-        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None, write=not dry_run)
+        cfg, cfg_path = prepare_run(cfg, resume, topo, str(source) if source else None, write=not dry_run,
+                                    model_named=_model_named(model, source))
         cmd = torchrun_command(cfg_path, topo, resume, checksums_verified=True)
     except Exception as exc:  # noqa: BLE001 - every launch-time problem becomes a one-line error and exit code 2
         _fail(exc)
@@ -174,6 +175,20 @@ def launch_cmd(
         typer.echo(topo.waiting_message(), err=True)
     if not dry_run:
         os.execv(cmd[0], cmd)
+
+
+def _model_named(model: str | None, source: Path | None) -> str | None:
+    """Where the run's `model` was named: "--model", "FILE: model" (a --config file, or a resumed run's
+    config.yaml, that sets it), None when it is the default."""
+    if model is not None:
+        return "--model"
+    if source is not None and source.is_file():
+        from dpot_train.config import read_yaml
+
+        doc = read_yaml(source)
+        if isinstance(doc, dict) and "model" in doc:
+            return f"{source}: model"
+    return None
 
 
 # launch options -> the run-config keys they set when given (None: not given, the run config's value stays)
@@ -301,7 +316,11 @@ def evaluate_cmd(
     finally:
         if scratch is not None:
             scratch.cleanup()
-    write_eval(result, out)
+    try:
+        write_eval(result, out)  # a full disk: one line naming the file
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+        return
     print_table(result)
     normalised = sorted(k for k, v in result["normalization"]["stats"].items() if v is not None)
     typer.echo(f"wrote {out}: L2RE per dataset, model vs the persistence baseline "

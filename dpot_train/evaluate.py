@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -90,8 +92,10 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         if recipe == "reference":
             out["datasets"][ds.name] = _reference_scores(predict, ds, reader, refs, t_in, rollout_steps,
                                                          batch_size, data.res)
+            _note_clamped(out, ds, rollout_steps, t_in, out["datasets"][ds.name]["rollout_steps"])
             continue
         steps = ds.frames - t_in if rollout_steps <= 0 else min(rollout_steps, ds.frames - t_in)
+        _note_clamped(out, ds, rollout_steps, t_in, steps)
         sums = {k: [] for k in ("model_one_step", "model_rollout", "persistence_one_step", "persistence_rollout")}
         suite = DatasetSuite(ds.channels, ds.channel_valid, steps)
         if sink is not None:
@@ -143,6 +147,20 @@ def _channel_units(ds: DatasetInfo) -> dict[str, str]:
     """The unit of each valid channel (dpot_format.units): RMSE is in it, the spectral MSE in its square."""
     units = entry_units(ds.entry)["channels"]
     return {c: u for c, u, ok in zip(ds.channels, units, ds.channel_valid) if ok}
+
+
+def add_note(result: dict[str, Any], line: str) -> None:
+    """Record one line in the result's `notes` (eval.json; print_table prints them under the table): what was scored
+    differs from what was asked or from what the model was trained on."""
+    result.setdefault("notes", []).append(line)
+
+
+def _note_clamped(out: dict[str, Any], ds: DatasetInfo, asked: int, t_in: int, steps: int) -> None:
+    """A note when --rollout-steps asked for more steps than the dataset's trajectories hold (they were clamped)."""
+    if asked > steps:
+        limit = f"{ds.frames} frames, {t_in} of them inputs" if steps == ds.frames - t_in else \
+            f"t_test {ds.convention.get('t_test')} frames (the reference recipe)"
+        add_note(out, f"--rollout-steps {asked}: dataset {ds.name!r} has {limit}; rolled out {steps} steps")
 
 
 def _no_numbers(found: Any) -> Any:
@@ -208,13 +226,25 @@ def require_split(datasets: list[Any], split: str, remedy: str) -> None:
                          f"(`dpot-data ingest ... --split 0.8 --overwrite`: 80% train, the rest test), or {remedy}")
 
 
+class ResultWriteError(RuntimeError):
+    """eval.json could not be written (full disk, no permission); nothing partial is left, the message names the
+    file."""
+
+
 def write_eval(result: dict[str, Any], path: str | Path) -> None:
-    """Write eval.json atomically (fsynced temporary file, rename)."""
+    """Write eval.json atomically (fsynced temporary file, rename); ResultWriteError naming the file (and, for a full
+    disk, its folder) when that fails."""
     from dpot_format.io import atomic_write
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
+    except OSError as exc:
+        why = f"no space left on the device holding {path.parent.absolute()}" if exc.errno == errno.ENOSPC else \
+            (exc.strerror or str(exc))
+        raise ResultWriteError(f"{path}: the results could not be written ({why}); no partial file was left: free "
+                               "space there (or write elsewhere) and run again") from exc
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -247,6 +277,8 @@ def print_table(result: dict[str, Any]) -> None:
         for row in rmse:
             table.add_row(*(escape(cell) for cell in row))
         Console(width=120).print(table)
+    for line in result.get("notes", []):  # what was scored differs from what was asked or trained on
+        print(f"note: {line}", file=sys.stderr, flush=True)
 
 
 def rmse_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -282,7 +314,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     the statistics from the manifests. Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
     the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest."""
-    from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint, trained_res, weights_recipe
+    from dpot_train.checkpoint import (parse_checkpoint, pretrained_from, read_checkpoint, trained_on, trained_res,
+                                       weights_recipe)
     from dpot_train.data.datasets import read_manifests
     from dpot_train.hub import is_reference, resolve
     from dpot_train.model import families
@@ -310,15 +343,20 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     cfg = model.config
     frames_in = cfg.in_timesteps
     grid = datasets[0].shape
-    if cfg.in_channels != len(datasets[0].channels):
-        raise ValueError(f"{checkpoint}: the model reads {cfg.in_channels} channels but dataset "
-                         f"{datasets[0].name!r} has {len(datasets[0].channels)} ({datasets[0].channels})")
-    if cfg.spatial_dims != len(grid):
-        raise ValueError(f"{checkpoint}: a {cfg.spatial_dims}D model, but dataset {datasets[0].name!r} is "
-                         f"{len(grid)}D (dims {datasets[0].dims})")
+    for ds in datasets:
+        if cfg.in_channels != len(ds.channels):
+            raise ValueError(f"{checkpoint}: the model reads {cfg.in_channels} channels but dataset "
+                             f"{ds.name!r} has {len(ds.channels)} ({ds.channels})")
+        if cfg.spatial_dims != len(ds.shape):
+            raise ValueError(f"{checkpoint}: a {cfg.spatial_dims}D model, but dataset {ds.name!r} is "
+                             f"{len(ds.shape)}D (dims {ds.dims})")
+    trained = trained_on(content)
+    notes = data_notes(checkpoint, datasets, trained) if trained else []
     if res is None:  # the run's grid; a 3D model reads its own grid (the reference resizes every sample to it)
         res = 0 if released else trained_res(content)
         res = cfg.img_size if res == 0 and cfg.spatial_dims == 3 and families.weights_fix_grid(cfg) else res
+    if not released or families.weights_fix_grid(cfg):  # the grid the weights were trained on is known
+        notes += grid_notes(cfg, datasets, res)
     if res == 0 and cfg.img_size != grid[0]:  # released 2D weights at another grid: resample the positional embedding
         model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted,
                            loaded=loaded)
@@ -332,8 +370,81 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,
                             trajectories=indexed_trajectories(datasets, split, index), sink=sink)
+    for line in reversed(notes):  # what the data is to the model, before what the evaluation clamped
+        result.setdefault("notes", []).insert(0, line)
     result["checkpoint"] = hub.pinned if hub else str(checkpoint)
     if hub is not None:  # which file of the Hub was scored: the commit and the file's sha256
         result["hub"] = hub.record(digest[0])
     result["network"] = families.summary(model.config)  # model family, size and parameter count
     return result
+
+
+def _valid_names(channels: list[str], valid: list[bool]) -> list[str]:
+    return [str(c) for c, v in zip(channels, valid) if v]
+
+
+def data_notes(checkpoint: str, datasets: list[DatasetInfo], trained: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Check the datasets against the record of the weights' training data (checkpoint.data_record): ValueError in
+    one line when a dataset's channels are not the model's (another channel list for a dataset it was trained on; a
+    valid channel the model never saw in that slot for a new one), else one note per dataset it never saw."""
+    notes = []
+    for ds in datasets:
+        mine = _valid_names(ds.channels, ds.channel_valid)
+        seen = trained.get(ds.name)
+        if seen is not None:
+            theirs = _valid_names(seen.get("channels", []), seen.get("channel_valid", []))
+            if list(seen.get("channels", [])) != list(ds.channels) or \
+                    [bool(v) for v in seen.get("channel_valid", [])] != [bool(v) for v in ds.channel_valid]:
+                raise ValueError(f"{checkpoint}: dataset {ds.name!r} ({ds.manifest}) has channels {', '.join(mine)} "
+                                 f"({ds.channels}); the model was trained on it with {', '.join(theirs)} "
+                                 f"({list(seen.get('channels', []))}): expected the channels the model reads "
+                                 "(re-ingested with other channels? evaluate on data ingested as for training)")
+            continue
+        slots: dict[int, set[str]] = {}  # channel slot -> the names the model was trained on in it
+        for rec in trained.values():
+            for i, (name, valid) in enumerate(zip(rec.get("channels", []), rec.get("channel_valid", []))):
+                if valid:
+                    slots.setdefault(i, set()).add(str(name))
+        for i, (name, valid) in enumerate(zip(ds.channels, ds.channel_valid)):
+            if valid and str(name) not in slots.get(i, set()):
+                known = ", ".join(sorted(slots.get(i, set()))) or "padding only"
+                raise ValueError(f"{checkpoint}: dataset {ds.name!r} ({ds.manifest}) has channels {', '.join(mine)}; "
+                                 f"the model was trained on {', '.join(sorted(trained))} with channel {i} = "
+                                 f"{known}, never {name!r}: expected data of the model's channels (fine-tune on "
+                                 "it first: dpot-train launch --init CHECKPOINT --manifest ...)")
+        notes.append(f"dataset {ds.name!r} was not in the model's training data ({', '.join(sorted(trained))}); "
+                     "scored as new data")
+    return notes
+
+
+def _side(grid: Any, dims: int) -> tuple[int, ...]:
+    """A grid as a tuple of `dims` sides (a model config's img_size is one side or one per axis)."""
+    return tuple(int(g) for g in grid) if isinstance(grid, (tuple, list)) else (int(grid),) * dims
+
+
+def _shown(grid: tuple[int, ...]) -> str:
+    return "x".join(str(g) for g in grid)
+
+
+def grid_notes(cfg: Any, datasets: list[DatasetInfo], res: int) -> list[str]:
+    """One note per dataset scored on another grid than the model was trained on (`cfg.img_size`), saying what
+    happens: resized to --res, or scored on its own grid (DPOT's positional embedding resampled; the baselines'
+    weights do not depend on the grid)."""
+    from dpot_train.model import families
+
+    trained = _side(cfg.img_size, cfg.spatial_dims)
+    notes = []
+    for ds in datasets:
+        stored = tuple(int(n) for n in model_shape(ds.shape, ds.model_layout))
+        scored = _side(res, len(stored)) if res > 0 else stored
+        if scored == trained:
+            continue
+        back = f"; --res {trained[0]} resizes it to the trained grid" if len(set(trained)) == 1 else ""
+        if res > 0:
+            how = f"resized from {_shown(stored)} to {_shown(scored)} (--res {res})"
+        elif families.weights_fix_grid(cfg):
+            how = f"scored on its {_shown(stored)} grid, the positional embedding resampled{back}"
+        else:
+            how = f"scored on its {_shown(stored)} grid (the weights do not depend on the grid){back}"
+        notes.append(f"the model was trained on a {_shown(trained)} grid; dataset {ds.name!r} is {how}")
+    return notes

@@ -276,12 +276,29 @@ def check_names(cfg: TrainConfig, datasets: list[DatasetInfo], weights: dict[str
 
     if cfg.eval_at_end:
         require_split(datasets, cfg.eval_split, "pass --no-eval to train without the final evaluation")
+    if cfg.eval_every > 0:
+        check_validation_split(datasets, cfg.eval_every)
     if init is not None and init.released and not cfg.allow_convention_mismatch:
         from dpot_train.model_setup import convention_problems
 
         problems = convention_problems([d for d in datasets if weights[d.name] > 0], cfg.init)
         if problems:
             raise ValueError(problems[0])
+
+
+def check_validation_split(datasets: list[DatasetInfo], every: int) -> None:
+    """`--eval-every` scores the `valid` split of every dataset: ValueError naming those without one (from the
+    manifests, before torchrun), instead of a run that validates nothing and keeps no best.pt."""
+    from dpot_train.validation import VALID_SPLIT
+
+    empty = [d for d in datasets if d.split_counts.get(VALID_SPLIT, 0) <= 0]
+    if empty:
+        names = ", ".join(f"{d.name!r} ({d.manifest}: "
+                          f"{', '.join(f'{k} {v}' for k, v in d.split_counts.items() if v) or 'no trajectories'})"
+                          for d in empty)
+        raise ValueError(f"--eval-every {every}: no {VALID_SPLIT!r} trajectories to validate on in dataset(s) {names}; "
+                         "re-ingest with a validation split (`dpot-data ingest ... --split TRAIN,VALID --overwrite`, "
+                         "e.g. --split 0.8,0.1: 80% train, 10% valid, the rest test), or drop --eval-every")
 
 
 def hold_outputs(data: DataConfig) -> list[int]:
@@ -313,6 +330,7 @@ class RunLock:
     def __init__(self, run: Path) -> None:
         self.run = Path(run)
         self.created = False
+        self.made: list[Path] = []  # the folders acquire created, RUN_DIR first, then its missing parents
         self.lock = FileLock(self.run / RUN_LOCK)
 
     def acquire(self, record: bool = True) -> "RunLock":
@@ -321,6 +339,7 @@ class RunLock:
         if self.run.exists() and not self.run.is_dir():
             raise RunDirError(f"{self.run}: is a file, expected a run folder (--out RUN_DIR)")
         self.created = not self.run.exists()
+        self.made = [p for p in (self.run, *self.run.absolute().parents) if not p.exists()]
         self.run.mkdir(parents=True, exist_ok=True)
         try:
             fd = self.lock.acquire().fd
@@ -356,15 +375,16 @@ class RunLock:
         self.lock.release()
 
     def abandon(self) -> None:
-        """Release, and remove RUN_DIR again when this lock created it and nothing else was written into it (the
-        lock file is unlinked while still held, so that no other launch is holding the file removed)."""
+        """Release, and remove RUN_DIR (and the parents of it that acquire created, e.g. `runs/` of `--out
+        runs/a`) again when this lock created it and nothing else was written into it (the lock file is unlinked
+        while still held, so that no other launch is holding the file removed): a refused launch leaves nothing."""
         self.lock.remove = self.created and self.lock.fd >= 0
         self.release()
-        if self.created:
+        for folder in self.made if self.created else []:
             try:
-                self.run.rmdir()
-            except OSError:
-                pass
+                folder.rmdir()
+            except OSError:  # not empty (another launch's, or the user's since): kept, and so are its parents
+                break
 
 
 @contextmanager
@@ -379,10 +399,35 @@ def reading(manifests: list[str]) -> Iterator[None]:
             os.close(fd)
 
 
-def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None, write: bool = True
-                ) -> tuple[TrainConfig, Path]:
+def init_model_name(cfg: TrainConfig, init_config: Any, named: str | None) -> TrainConfig:
+    """cfg with `model` naming the family of the --init weights, whose architecture is what trains: kept when it
+    names a preset of that family; when the user named it (`named`: "--model", or "FILE: model" for a run config
+    file) and it names another family, ValueError in one line; otherwise (the default) the weights' preset (their
+    family's first when they match none), so that config.yaml records what the run trains."""
+    from dpot_train.model import families
+
+    family = families.family_of(init_config)
+    try:
+        mine = families.family_of(families.preset_config(cfg.model))
+    except KeyError:
+        mine = None
+    if mine is family:
+        return cfg
+    if named is not None:
+        given = f"names a {mine.label} preset" if mine is not None else "names no preset"
+        raise ValueError(f"{named} {cfg.model}: {given}, but --init {cfg.init} holds {family.label} weights, which "
+                         f"decide what trains; expected a preset of that family ({', '.join(family.presets)}), or "
+                         f"drop {named if named == '--model' else 'model from that file'}")
+    size = families.size_name(init_config)
+    return replace(cfg, model=size if size in family.presets else next(iter(family.presets)))
+
+
+def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | None = None, write: bool = True,
+                model_named: str | None = None) -> tuple[TrainConfig, Path]:
     """Check the config, RUN_DIR and the data, then write config.yaml, plan.json (the RunPlan the workers load) and
-    launch.json; returns the config to run and its path. `source`: the run config file the settings came from.
+    launch.json; returns the config to run and its path. `source`: the run config file the settings came from;
+    `model_named`: where `model` was named ("--model", "FILE: model"), None when it is the default (with --init, the
+    weights' family is then recorded: init_model_name).
 
     RUN_DIR's lock (RunLock) is taken before RUN_DIR is looked at and stays held (through the exec into torchrun)
     unless a check fails; a node other than the first of a multi-node run is part of the same run and takes none.
@@ -402,7 +447,7 @@ def prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, source: str | No
     if topo.node_rank == 0 and (write or (run / RUN_LOCK).is_file()):  # a dry run only probes an existing lock
         lock = RunLock(run).acquire(record=write)
     try:
-        result = _prepare_run(cfg, resume, topo, loaded, write, source)
+        result = _prepare_run(cfg, resume, topo, loaded, write, source, model_named)
     except BaseException:
         if lock is not None:
             lock.abandon()
@@ -426,10 +471,12 @@ def release_run(out: str | Path) -> None:
 
 
 def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoad | None, write: bool = True,
-                 source: str | None = None) -> tuple[TrainConfig, Path]:
+                 source: str | None = None, model_named: str | None = None) -> tuple[TrainConfig, Path]:
     init = loaded[0] if loaded is not None else None
     run = Path(cfg.out)
     found = list_checkpoints(run / "checkpoints")
+    if loaded is not None and not (resume and found):  # --init decides the model (a resume: its checkpoint does)
+        cfg = init_model_name(cfg, loaded[2], model_named)
     check_run_dir(cfg, resume)
     if cfg.batch_size % (topo.nproc_per_node * topo.nnodes):
         raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the "
@@ -485,6 +532,9 @@ def check_run_dir(cfg: TrainConfig, resume: bool) -> None:
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
     if resume and has_ckpt:  # the newest one that loads, damaged newer ones set aside; none: one line, here
         latest_checkpoint(run / "checkpoints")
+        from dpot_train.validation import check_best
+
+        check_best(run / "checkpoints")  # a damaged best.pt set aside too: the resumed validation writes a new one
     if resume and has_ckpt and cfg_path.exists():
         saved = absolute_paths(load_config(cfg_path))  # a run written before paths were stored absolute: from here
         derived = _FROM_EPOCHS if cfg.epochs > 0 else set()  # recomputed from the data on every launch

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from dpot_train.checkpoint import checkpoint_model_config, load_state_dict_file
+from dpot_train.checkpoint import checkpoint_model_config, load_state_dict_file, missing_checkpoint
 from dpot_train.hub import is_reference, resolve
 from dpot_train.model import families
 
@@ -57,6 +58,8 @@ def model_info(target: str | Path | Any, *, trusted: bool = False, sha256: str |
         return describe_config(families.preset_config(text), source=text, kind="preset")
     path = Path(text)
     if not path.exists():
+        if os.sep in text or path.suffix:  # meant as a file: say that it does not exist (and why, in a run)
+            raise FileNotFoundError(missing_checkpoint(path))
         raise FileNotFoundError(f"{text!r} is neither a preset ({', '.join(families.preset_names())}) nor an existing "
                                 "checkpoint file")
     return _checkpoint_info(path, str(path), trusted, sha256)

@@ -18,9 +18,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpot_train import distributed as D
-from dpot_train.checkpoint import (RunDirError, checkpoint_path, latest_checkpoint, list_checkpoints, prune,
-                                   restore_training, rng_state, rng_states, save_atomic, set_rng_state, stored_config,
-                                   trained_config, training_payload)
+from dpot_train.checkpoint import (RunDirError, checkpoint_path, data_record, latest_checkpoint, list_checkpoints,
+                                   prune, restore_training, rng_state, rng_states, save_atomic, set_rng_state,
+                                   stored_config, trained_config, training_payload)
 from dpot_train.config import TrainConfig, resolve_epochs
 from dpot_train.data.prepare import data_reader, norm_table, prepare_stream
 from dpot_train.data.loader import make_loader
@@ -157,7 +157,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         else:  # another process count: the data stream is unaffected; reseed the process RNGs deterministically
             torch.manual_seed(cfg.seed * 1000003 + step * 7919 + info.rank)
     summary = _loop(cfg, info, ddp_model, model, opt, sched, batches, spec, step, position, run,
-                    _validator(cfg, info, model, plan.datasets() if plan is not None else spec.datasets, ckpt_dir),
+                    _validator(cfg, info, model, plan.datasets() if plan is not None else spec.datasets, ckpt_dir,
+                               data_record(spec.datasets)),
                     tracker)
     del batches  # stops the loader workers (threads or processes) before the evaluation
     del ddp_model
@@ -182,8 +183,8 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     return summary
 
 
-def _validator(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, datasets: list[Any], ckpt_dir: Path
-               ) -> Any:
+def _validator(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, datasets: list[Any], ckpt_dir: Path,
+               trained: dict[str, Any] | None = None) -> Any:
     """`--eval-every N`: the function the loop calls after each step (validation.validate_and_keep_best every N
     steps); None when off, or when a dataset has no validation split (said once)."""
     from dpot_train.validation import VALID_SPLIT, has_split, validate_and_keep_best
@@ -198,7 +199,7 @@ def _validator(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, datas
 
     def validate(step: int) -> None:
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            validate_and_keep_best(cfg, info, model, step, ckpt_dir, datasets)
+            validate_and_keep_best(cfg, info, model, step, ckpt_dir, datasets, trained)
 
     return validate
 
@@ -333,7 +334,8 @@ def _save(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, opt: torch
     if info.is_main:
         loader = {"position": position, "epoch": position // spec.epoch_length, "epoch_length": spec.epoch_length,
                   "global_batch": cfg.batch_size}
-        payload = training_payload(model, cfg.to_dict(), opt, sched, step, loader, states)
+        payload = training_payload(model, cfg.to_dict(), opt, sched, step, loader, states,
+                                   data_record(spec.datasets))  # what evaluate compares its data with
         save_atomic(payload, checkpoint_path(ckpt_dir, step))
         prune(ckpt_dir, cfg.keep_checkpoints)
     D.barrier()

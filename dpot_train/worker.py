@@ -32,8 +32,10 @@ def _reported_errors() -> tuple[type[BaseException], ...]:
     from dpot_train.checkpoint import CheckpointError, CheckpointWriteError, RunDirError, UnreadableCheckpointsError
 
     from dpot_train.distributed import CollectiveError
+    from dpot_train.evaluate import ResultWriteError
 
-    return CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError, CollectiveError
+    return (CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError, CollectiveError,
+            ResultWriteError)
 
 
 def _watch_parent(interval: float = 0.2) -> None:
