@@ -1,6 +1,6 @@
 """What the own-data readers (`ingest xarray`, `ingest the-well`) and the ingest refuse: an input replaced while it
 is read, data stored outside the input (HDF5 external links, external raw storage, virtual datasets, Zarr chunks
-linked out of the store), FIFOs, sizes declared far beyond what is stored, and malformed files that used to end in a
+linked out of the store; the paper's HDF5 readers make the same HDF5 check), FIFOs, sizes declared far beyond what is stored, and malformed files that used to end in a
 traceback. Each is one `error:` line, exit code 2, and nothing left in OUT."""
 
 from __future__ import annotations
@@ -208,6 +208,75 @@ def test_a_well_field_that_is_an_external_link_is_refused(tmp_path):
     with pytest.raises(InputError) as err:
         the_well.read([path])
     assert err.value.path == str(path) and "t0_fields/density: an external link" in err.value.message
+
+
+def _paper_file(tmp_path: Path, source: str) -> tuple[Path, str]:
+    """A small raw file of one of the paper's HDF5 sources in its published layout, and the key of a field in it."""
+    from dpot_data.synth import pdearena as synth_arena
+    from dpot_data.synth import pdebench as synth_bench
+    from dpot_data.synth.fno import synth_fno
+
+    raw = tmp_path / "raw"
+    if source == "fno":  # MAT v7.3: HDF5 behind MATLAB's 512-byte userblock
+        return synth_fno(raw, n=3, frames=3, resolution=8)[1], "u"
+    if source == "pdebench":
+        return synth_bench.write_cfd(raw, n=2, frames=3, res=8), "Vx"
+    if source == "pdebench-dr":
+        return synth_bench.write_diff_react(raw, n=2, frames=3, res=8), "0001/data"
+    return synth_arena.write_ns(raw, n=2, frames=3, res=8), "train/vx"
+
+
+def _store_outside(tmp_path: Path, path: Path, key: str, how: str) -> None:
+    """Replace dataset `key` of `path` by the same shape whose values (42.0) live outside the file, as `how` says."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    with h5py.File(path, "a") as f:
+        shape, dtype = f[key].shape, f[key].dtype
+        del f[key]
+        values = np.full(shape, 42.0, dtype)
+        if how == "external storage":
+            (elsewhere / "raw.bin").write_bytes(values.tobytes())
+            f.create_dataset(key, shape, dtype, external=[(str(elsewhere / "raw.bin"), 0, values.nbytes)])
+            return
+        with h5py.File(elsewhere / "other.h5", "w") as g:
+            g["x"] = values
+        if how == "external link":
+            f[key] = h5py.ExternalLink(str(elsewhere / "other.h5"), "/x")
+        else:
+            layout = h5py.VirtualLayout(shape, dtype)
+            layout[...] = h5py.VirtualSource(str(elsewhere / "other.h5"), "x", shape)
+            f.create_virtual_dataset(key, layout)
+
+
+@pytest.mark.parametrize("how, needle", [("external link", "an external link to"),
+                                         ("virtual dataset", "a virtual dataset"),
+                                         ("external storage", "stored in external raw files")])
+@pytest.mark.parametrize("source", ["fno", "pdebench", "pdebench-dr", "pdearena"])
+def test_paper_sources_refuse_data_stored_outside_the_file(tmp_path, source, how, needle):
+    """The FNO (MAT v7.3), PDEBench and PDEArena readers make the containment check of `ingest xarray` and The
+    Well: a field linked to, mapped onto or stored in another file is refused in one line naming the file and the
+    dataset (before this check, an external link was followed and its values ingested)."""
+    path, key = _paper_file(tmp_path, source)
+    _store_outside(tmp_path, path, key, how)
+    out = tmp_path / "out"
+    code, output = _cli("ingest", source.split("-")[0], str(path), "--out", str(out), "--resolution", "0")
+    _refused(out, code, output, f"{path}: {key}: {needle}", "expected")
+    assert not out.exists()
+
+
+def test_a_soft_link_inside_the_file_is_followed(tmp_path):
+    """Links that stay inside the file are not refused: a field reached through a soft link is read."""
+    from dpot_data.sources import pdebench
+
+    path, key = _paper_file(tmp_path, "pdebench")
+    with h5py.File(path, "a") as f:
+        want = f[key][()]
+        f.move(key, "stored/Vx")
+        f[key] = h5py.SoftLink("/stored/Vx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fields = pdebench.read([path]).data["fields"].values
+    assert np.array_equal(fields[:, :, 0], want.transpose(0, 1, 3, 2).astype(np.float32))
 
 
 # ------------------------------------------------------------------------------------------ 3. hangs and sizes
