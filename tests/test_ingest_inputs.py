@@ -1,7 +1,8 @@
 """What the own-data readers (`ingest xarray`, `ingest the-well`) and the ingest refuse: an input replaced while it
 is read, data stored outside the input (HDF5 external links, external raw storage, virtual datasets, Zarr chunks
-linked out of the store; the paper's HDF5 readers make the same HDF5 check), FIFOs, sizes declared far beyond what is stored, and malformed files that used to end in a
-traceback. Each is one `error:` line, exit code 2, and nothing left in OUT."""
+linked out of the store; the paper's HDF5 readers make the same HDF5 check), FIFOs, sizes declared far beyond what
+is stored, and malformed files that used to end in a traceback. Each is one `error:` line, exit code 2, and nothing
+left in OUT."""
 
 from __future__ import annotations
 
