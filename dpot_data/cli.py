@@ -665,6 +665,9 @@ written atomically; an output without a manifest, or one that fails the format's
     from dpot_data.card import write_card
     from dpot_data.errors import InputError
 
+    if "://" not in folder and Path(folder).is_file():  # e.g. shards/manifest.json
+        hint = f" (give {Path(folder).parent})" if Path(folder).name == "manifest.json" else ""
+        raise _fail(InputError(folder, f"a file; expected an output folder holding manifest.json{hint}"))
     for root in _output_roots(folder):
         try:
             written = write_card(root)

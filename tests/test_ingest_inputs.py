@@ -434,7 +434,35 @@ def _well_same_name(tmp: Path) -> list[Path]:
     return [tmp / "a/data/train/waves_alpha_0.5.hdf5", tmp / "b/data/train/waves_alpha_0.5.hdf5"]
 
 
+def _well_long_name(tmp: Path) -> Path:
+    path = _well_bad_attribute(tmp)
+    with h5py.File(path, "a") as f:
+        f.attrs["n_trajectories"] = 2
+        f.attrs["dataset_name"] = "a" * 100_000  # the dataset's name, hence folder names: too long for any
+    return path
+
+
+def _no_frames(tmp: Path) -> Path:
+    xr.Dataset({"u": (("time", "y", "x"), np.zeros((0, 4, 5), np.float32))},
+               coords={"time": ("time", np.zeros(0), {"units": "s"})}).to_netcdf(tmp / "t0.nc", engine="h5netcdf")
+    return tmp / "t0.nc"
+
+
+def _netcdf3_cut(tmp: Path) -> Path:
+    xr.Dataset({"u": (("time", "y", "x"), np.ones((3, 4, 5), np.float32))}).to_netcdf(tmp / "c.nc", engine="scipy")
+    with open(tmp / "c.nc", "r+b") as fh:
+        fh.truncate(32)
+    return tmp / "c.nc"
+
+
 BAD = {  # case: (make(tmp) -> path(s), CLI arguments after the paths, text expected in the one line)
+    "Well dataset_name of 100 kB": (_well_long_name, ["the-well"], "dataset_name: an attribute of 100000 characters"),
+    "xarray time axis of 0 frames": (_no_frames, ["xarray"], "t0.nc: time: a time axis of 0 frames; expected"),
+    "NetCDF-3 file cut to 32 bytes": (_netcdf3_cut, ["xarray"], "c.nc: cannot open as NetCDF"),
+    "missing local:// input": (lambda t: f"local://{t}/nothing.nc", ["xarray"],
+                               "nothing.nc: not found; expected a file or folder at this URL"),
+    "--workers -3": (lambda t: _xr_file(t, "w.nc", (2, 3, 4, 5)), ["xarray", "--workers", "-3"],
+                     "--workers: expected a number of threads of at least 1, got -3"),
     "xarray X=0": (lambda t: _xr_file(t, "x0.nc", (2, 3, 4, 0)), ["xarray"], "at least one cell along every axis"),
     "xarray Y=0": (lambda t: _xr_file(t, "y0.nc", (2, 3, 0, 5)), ["xarray"], "at least one cell along every axis"),
     "xarray 0 trajectories": (lambda t: _xr_file(t, "n0.nc", (0, 3, 4, 5)), ["xarray"], "holds no trajectory"),
@@ -460,6 +488,46 @@ def test_a_bad_input_is_one_line_and_leaves_nothing(tmp_path, case):
     out = tmp_path / "out"
     code, output = _cli("ingest", args[0], *paths, *args[1:], "--out", str(out))
     _refused(out, code, output, expected)
+
+
+@pytest.mark.parametrize("name", ["x", "y", "sample"])
+@pytest.mark.parametrize("kind", ["data variable", "2-D coordinate", "other dimension"])
+def test_variables_named_like_the_canonical_dimensions_are_read(tmp_path, name, kind):
+    """A data variable or a 2-D coordinate named x, y or sample beside dimensions of other names (lat, lon,
+    member) used to end in xarray's name conflict when the dimensions were renamed, and a coordinate of another
+    dimension so named gave the trajectories its length; the values are now read under the file's own dimension
+    names, as stored."""
+    dims = ("member", "time", "lat", "lon")
+    rng = np.random.default_rng(0)
+    u, other = rng.random((2, 3, 4, 5), dtype=np.float32), rng.random((2, 3, 4, 5), dtype=np.float32)
+    ds = xr.Dataset({"u": (dims, u)}, coords={"time": ("time", np.arange(3.0), {"units": "s"}),
+                                              "lat": np.linspace(-40, 40, 4), "lon": np.linspace(0, 200, 5)})
+    ds = ds.assign({name: (dims, other)}) if kind == "data variable" else \
+        ds.assign_coords({name: (("lat", "lon"), rng.random((4, 5)))}) if kind == "2-D coordinate" else \
+        ds.assign_coords({name: (name, np.arange(7.0))})
+    path = tmp_path / "in.nc"
+    ds.to_netcdf(path, engine="h5netcdf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = xsrc.read([path])
+    fields = result.data["fields"].values
+    want = [u, other] if kind == "data variable" else [u]
+    assert list(result.data["channel"].values) == (["u", name] if kind == "data variable" else ["u"])
+    assert np.array_equal(fields, np.stack(want, axis=2))
+
+
+def test_a_card_of_a_manifest_file_is_one_line_and_writes_nothing(tmp_path):
+    path = _xr_file(tmp_path, "a.nc", (2, 3, 4, 5))
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_ingest("xarray", [path], out, IngestOptions(**OPTS))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = CliRunner().invoke(app, ["card", str(out / "manifest.json")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.splitlines() == [f"error: {out / 'manifest.json'}: a file; expected an output folder "
+                                          f"holding manifest.json (give {out})"]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 # ------------------------------------------------------------------------------------------ 6. leftovers and noise

@@ -111,4 +111,9 @@ def check_options(opts: IngestOptions) -> tuple[str, ...]:
         raise InputError("--fill", f"expected a finite value for padded channels, got {opts.fill}")
     if opts.shard_size < 1:
         raise InputError("--shard-size", f"expected a positive byte count, got {opts.shard_size}")
+    if opts.workers is not None and (isinstance(opts.workers, bool) or not isinstance(opts.workers, int)
+                                     or opts.workers < 1):
+        raise InputError("--workers", f"expected a number of threads of at least 1, got {opts.workers!r}")
+    if opts.scheduler is not None and not str(opts.scheduler).strip():
+        raise InputError("--scheduler", "expected a dask.distributed scheduler address such as tcp://host:8786")
     return formats

@@ -468,6 +468,8 @@ def check_times(where: str | Path, key: str, times: np.ndarray) -> None:
     """One trajectory's frame times: finite and strictly increasing, or InputError naming `where` and `key` (a
     constant, non-monotonic, NaN or Inf time coordinate gives no frame times and no time step)."""
     t = np.asarray(times, dtype=np.float64).ravel()
+    if not t.size:
+        raise InputError(where, f"{key}: no frame times (a time axis of 0 frames); expected at least one frame")
     bad = np.flatnonzero(~np.isfinite(t))
     if bad.size:
         raise InputError(where, f"{key}: time of frame {int(bad[0])} is {t[bad[0]]}; expected finite frame times")

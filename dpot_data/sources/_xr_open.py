@@ -357,7 +357,7 @@ def read_errors(path: str, key: str) -> Iterator[None]:
         yield
     except InputError:
         raise
-    except (*READ_ERRORS, TypeError, zipfile.BadZipFile) as exc:
+    except (*READ_ERRORS, TypeError, IndexError, zipfile.BadZipFile) as exc:
         raise InputError(path, f"{key}: cannot read its values ({type(exc).__name__}: {_first_line(exc)}); "
                                "expected readable data: the input is damaged (a corrupt chunk, a file cut short)"
                          ) from None
@@ -369,7 +369,8 @@ def open_checked(opener: Opener) -> xr.Dataset:
         return opener()
     except InputError:
         raise
-    except (OSError, ValueError, TypeError, KeyError, RuntimeError, RecursionError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError, RecursionError,
+            zipfile.BadZipFile) as exc:  # IndexError: scipy's NetCDF-3 parser on a file cut short in its header
         what = {"zarr": "a Zarr store", "netcdf": "NetCDF", "hdf5": "HDF5", "npy": ".npy", "npz": ".npz"}[opener.kind]
         raise InputError(opener.path, f"cannot open as {what} with xarray ({type(exc).__name__}: "
                                       f"{str(exc).splitlines()[0] if str(exc) else ''}); expected NetCDF, HDF5, a "
