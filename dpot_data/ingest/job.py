@@ -131,12 +131,13 @@ def check_inputs(paths: Sequence[str]) -> None:
 
 
 def _localized(path: str, cache: Path) -> str:
-    """`fs.localize`, with an input URL that names nothing (or cannot be read) as one InputError line naming it."""
+    """`fs.localize`, with an input URL that names nothing (or that this user may not read) as one InputError line
+    naming it; other errors (a full disk while copying it in) are said by the caller."""
     try:
         return fs.localize(path, cache)
     except FileNotFoundError:
         raise InputError(path, "not found; expected a file or folder at this URL") from None
-    except OSError as exc:
+    except PermissionError as exc:
         raise InputError(path, f"cannot be read ({exc.strerror or exc}); expected a readable file or folder at "
                                "this URL") from None
 
