@@ -455,7 +455,24 @@ def _netcdf3_cut(tmp: Path) -> Path:
     return tmp / "c.nc"
 
 
+def _cns_huge_value(tmp: Path) -> Path:
+    """A compressible-NS file whose pressure holds 3.5e23 in trajectory 1, frame 2: what a damaged chunk decodes to
+    (HDF5 chunks, lzf or uncompressed, carry no checksum)."""
+    from dpot_data.synth.pdebench import write_cfd
+
+    path = write_cfd(tmp, n=3, frames=4, res=8)
+    with h5py.File(path, "a") as f:
+        frames = f["pressure"][1]
+        frames[2, 3, 5] = 3.5e23
+        f["pressure"][1] = frames
+    return path
+
+
 BAD = {  # case: (make(tmp) -> path(s), CLI arguments after the paths, text expected in the one line)
+    "a value of 3.5e23": (_cns_huge_value, ["pdebench"], "periodic_8_Train.hdf5: trajectory 2D_CFD_Rand_M1.0_Eta0.1_"
+                          "Zeta0.1_periodic_8_Train.hdf5#1, frame 2, pressure: value 3.5e+23, beyond --max-abs 1e+15"),
+    "--max-abs nan": (lambda t: _xr_file(t, "m.nc", (2, 3, 4, 5)), ["xarray", "--max-abs", "nan"],
+                      "--max-abs: expected a magnitude above 0 (inf: no bound), got nan"),
     "Well dataset_name of 100 kB": (_well_long_name, ["the-well"], "dataset_name: an attribute of 100000 characters"),
     "xarray time axis of 0 frames": (_no_frames, ["xarray"], "t0.nc: time: a time axis of 0 frames; expected"),
     "NetCDF-3 file cut to 32 bytes": (_netcdf3_cut, ["xarray"], "c.nc: cannot open as NetCDF"),
@@ -488,6 +505,16 @@ def test_a_bad_input_is_one_line_and_leaves_nothing(tmp_path, case):
     out = tmp_path / "out"
     code, output = _cli("ingest", args[0], *paths, *args[1:], "--out", str(out))
     _refused(out, code, output, expected)
+
+
+def test_a_larger_max_abs_stores_such_a_value_as_read(tmp_path):
+    path = _cns_huge_value(tmp_path)
+    out = tmp_path / "out"
+    code, output = _cli("ingest", "pdebench", str(path), "--out", str(out), "--resolution", "0", "--split", "1",
+                        "--max-abs", "1e30", "--format", "zarr")
+    assert code == 0, output
+    fields = zarr.open_group(str(out / "data.zarr"), mode="r")["pdebench-cfd-m1-eta0p1-8/fields"][:]
+    assert fields.max() == np.float32(3.5e23) and np.count_nonzero(fields == np.float32(3.5e23)) == 1
 
 
 @pytest.mark.parametrize("name", ["x", "y", "sample"])
