@@ -292,6 +292,10 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
                                       "pdebench, fno and pdearena by the block reads, the ingest then starting "
                                       "again from the scan) or raise (no scan, values checked as they are read; "
                                       "the ingest stops naming the trajectory)."),
+        max_abs: Optional[float] = typer.Option(None, "--max-abs", help="The largest magnitude a stored value may "
+                                                "have (default 1e15): a value beyond it (a damaged chunk decodes to "
+                                                "values like 1e23) stops the ingest naming the file, trajectory and "
+                                                "value; inf: no bound."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         card: bool = typer.Option(False, "--card", help="Once the manifest is published, write the dataset card "
                                   "(README.md and card/<dataset>.png beside it), as `dpot-data card OUT` does."),
@@ -305,6 +309,8 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
                        split=split, convention=convention, seed=seed, name=name, shard_size=shard_size,
                        segment=segment, block=block, overwrite=overwrite, progress=progress, stats=stats,
                        workers=workers, scheduler=scheduler, nonfinite=nonfinite, card=card)
+        if max_abs is not None:  # else IngestOptions' default (dpot_data.ingest.options.MAX_ABS)
+            options["max_abs"] = max_abs
         if resolution is not None:  # else IngestOptions' default: per source
             options["resolution"] = resolution or None
         reader_options = {k: v for k, v in reader.items() if v is not None}
@@ -678,6 +684,9 @@ written atomically; an output without a manifest, or one that fails the format's
     from dpot_data.card import write_card
     from dpot_data.errors import InputError
 
+    if "://" not in folder and Path(folder).is_file():  # e.g. shards/manifest.json
+        hint = f" (give {Path(folder).parent})" if Path(folder).name == "manifest.json" else ""
+        raise _fail(InputError(folder, f"a file; expected an output folder holding manifest.json{hint}"))
     for root in _output_roots(folder):
         try:
             written = write_card(root)

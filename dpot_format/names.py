@@ -13,6 +13,9 @@ ZARR_PATH = "data.zarr"
 
 DATASET_NAME = re.compile(r"^[a-z0-9_-]+$")
 """A dataset name: lower-case letters, digits, `_` and `-` (it names a folder and a Zarr group)."""
+MAX_DATASET_NAME = 128
+"""Characters of a dataset name an ingest writes: it names folders (`shards/<name>/`, `.staging-<name>`), whose names a
+file system bounds (255 bytes on most)."""
 
 KEY_DIGITS = 7
 MEMBER_KINDS = ("fields.npy", "mask.npy", "meta.json")

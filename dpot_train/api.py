@@ -176,6 +176,14 @@ def open_dataset(manifest_or_url: str | Path | list[str | Path], split: str = "t
     share of each step is launch's (default: the world size). `rank`, `world_size`: this process's place among
     the ranks (default: torch.distributed's when initialised, else 0 of 1).
     """
+    from dpot_train.config import check_arguments  # each argument as launch checks its option: one line
+
+    whole, count = (0, float("inf"), "a whole number >= 0"), (1, float("inf"), "a whole number of 1 or more")
+    check_arguments([("split", split, str, None), ("t_in", t_in, int, "data.t_in"), ("t_out", t_out, int, "data.t_out"),
+                     ("shuffle", shuffle, bool, None), ("seed", seed, int, whole), ("res", res, int, "data.res"),
+                     ("verify_checksums", verify_checksums, bool, None), ("epoch", epoch, int, whole),
+                     ("global_batch", global_batch, int | None, count), ("rank", rank, int | None, whole),
+                     ("world_size", world_size, int | None, count)])
     manifests = [str(m) for m in manifest_or_url] if isinstance(manifest_or_url, list) else [str(manifest_or_url)]
     cfg = DataConfig(manifests=manifests, mixture=mixture, split=split, backend=backend, t_in=t_in, t_out=t_out,
                      res=res, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
@@ -272,6 +273,27 @@ def _range_problem(key: str, value: Any) -> str | None:
     if key == "optim.lr" and value == 0:
         return what
     return None
+
+
+Limit = tuple[float, float, str]  # (lowest, highest, what is expected in words)
+
+
+def check_arguments(checks: list[tuple[str, Any, Any, str | Limit | None]]) -> None:
+    """Arguments of a library call (`dpot_train.open_dataset`) checked as a run config's keys are, so that a
+    mistyped number fails at once in one line instead of deep in the data path: each (name, value, type, the
+    config key whose range it takes (`_LIMITS`, e.g. "data.res" up to MAX_RES) or its own range, or None).
+    ValueError "<name>: expected ..., got ..." for the first that does not fit."""
+    for name, value, hint, limit in checks:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            value = int(value)  # a numpy integer counts as the whole number it is
+        problem = _field_problem(hint, value)
+        if problem is None and isinstance(limit, str):
+            problem = _range_problem(limit, value)
+        elif problem is None and limit is not None and isinstance(value, (int, float)) and \
+                not limit[0] <= value <= limit[1]:
+            problem = limit[2]
+        if problem:
+            raise ValueError(f"{name}: expected {problem}, got {value!r}")
 
 
 def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:

@@ -1,7 +1,8 @@
 """What the own-data readers (`ingest xarray`, `ingest the-well`) and the ingest refuse: an input replaced while it
 is read, data stored outside the input (HDF5 external links, external raw storage, virtual datasets, Zarr chunks
-linked out of the store), FIFOs, sizes declared far beyond what is stored, and malformed files that used to end in a
-traceback. Each is one `error:` line, exit code 2, and nothing left in OUT."""
+linked out of the store; the paper's HDF5 readers make the same HDF5 check), FIFOs, sizes declared far beyond what
+is stored, and malformed files that used to end in a traceback. Each is one `error:` line, exit code 2, and nothing
+left in OUT."""
 
 from __future__ import annotations
 
@@ -210,6 +211,75 @@ def test_a_well_field_that_is_an_external_link_is_refused(tmp_path):
     assert err.value.path == str(path) and "t0_fields/density: an external link" in err.value.message
 
 
+def _paper_file(tmp_path: Path, source: str) -> tuple[Path, str]:
+    """A small raw file of one of the paper's HDF5 sources in its published layout, and the key of a field in it."""
+    from dpot_data.synth import pdearena as synth_arena
+    from dpot_data.synth import pdebench as synth_bench
+    from dpot_data.synth.fno import synth_fno
+
+    raw = tmp_path / "raw"
+    if source == "fno":  # MAT v7.3: HDF5 behind MATLAB's 512-byte userblock
+        return synth_fno(raw, n=3, frames=3, resolution=8)[1], "u"
+    if source == "pdebench":
+        return synth_bench.write_cfd(raw, n=2, frames=3, res=8), "Vx"
+    if source == "pdebench-dr":
+        return synth_bench.write_diff_react(raw, n=2, frames=3, res=8), "0001/data"
+    return synth_arena.write_ns(raw, n=2, frames=3, res=8), "train/vx"
+
+
+def _store_outside(tmp_path: Path, path: Path, key: str, how: str) -> None:
+    """Replace dataset `key` of `path` by the same shape whose values (42.0) live outside the file, as `how` says."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    with h5py.File(path, "a") as f:
+        shape, dtype = f[key].shape, f[key].dtype
+        del f[key]
+        values = np.full(shape, 42.0, dtype)
+        if how == "external storage":
+            (elsewhere / "raw.bin").write_bytes(values.tobytes())
+            f.create_dataset(key, shape, dtype, external=[(str(elsewhere / "raw.bin"), 0, values.nbytes)])
+            return
+        with h5py.File(elsewhere / "other.h5", "w") as g:
+            g["x"] = values
+        if how == "external link":
+            f[key] = h5py.ExternalLink(str(elsewhere / "other.h5"), "/x")
+        else:
+            layout = h5py.VirtualLayout(shape, dtype)
+            layout[...] = h5py.VirtualSource(str(elsewhere / "other.h5"), "x", shape)
+            f.create_virtual_dataset(key, layout)
+
+
+@pytest.mark.parametrize("how, needle", [("external link", "an external link to"),
+                                         ("virtual dataset", "a virtual dataset"),
+                                         ("external storage", "stored in external raw files")])
+@pytest.mark.parametrize("source", ["fno", "pdebench", "pdebench-dr", "pdearena"])
+def test_paper_sources_refuse_data_stored_outside_the_file(tmp_path, source, how, needle):
+    """The FNO (MAT v7.3), PDEBench and PDEArena readers make the containment check of `ingest xarray` and The
+    Well: a field linked to, mapped onto or stored in another file is refused in one line naming the file and the
+    dataset (before this check, an external link was followed and its values ingested)."""
+    path, key = _paper_file(tmp_path, source)
+    _store_outside(tmp_path, path, key, how)
+    out = tmp_path / "out"
+    code, output = _cli("ingest", source.split("-")[0], str(path), "--out", str(out), "--resolution", "0")
+    _refused(out, code, output, f"{path}: {key}: {needle}", "expected")
+    assert not out.exists()
+
+
+def test_a_soft_link_inside_the_file_is_followed(tmp_path):
+    """Links that stay inside the file are not refused: a field reached through a soft link is read."""
+    from dpot_data.sources import pdebench
+
+    path, key = _paper_file(tmp_path, "pdebench")
+    with h5py.File(path, "a") as f:
+        want = f[key][()]
+        f.move(key, "stored/Vx")
+        f[key] = h5py.SoftLink("/stored/Vx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fields = pdebench.read([path]).data["fields"].values
+    assert np.array_equal(fields[:, :, 0], want.transpose(0, 1, 3, 2).astype(np.float32))
+
+
 # ------------------------------------------------------------------------------------------ 3. hangs and sizes
 
 def _ingest_in_subprocess(args: list[str]) -> subprocess.CompletedProcess:
@@ -364,7 +434,52 @@ def _well_same_name(tmp: Path) -> list[Path]:
     return [tmp / "a/data/train/waves_alpha_0.5.hdf5", tmp / "b/data/train/waves_alpha_0.5.hdf5"]
 
 
+def _well_long_name(tmp: Path) -> Path:
+    path = _well_bad_attribute(tmp)
+    with h5py.File(path, "a") as f:
+        f.attrs["n_trajectories"] = 2
+        f.attrs["dataset_name"] = "a" * 100_000  # the dataset's name, hence folder names: too long for any
+    return path
+
+
+def _no_frames(tmp: Path) -> Path:
+    xr.Dataset({"u": (("time", "y", "x"), np.zeros((0, 4, 5), np.float32))},
+               coords={"time": ("time", np.zeros(0), {"units": "s"})}).to_netcdf(tmp / "t0.nc", engine="h5netcdf")
+    return tmp / "t0.nc"
+
+
+def _netcdf3_cut(tmp: Path) -> Path:
+    xr.Dataset({"u": (("time", "y", "x"), np.ones((3, 4, 5), np.float32))}).to_netcdf(tmp / "c.nc", engine="scipy")
+    with open(tmp / "c.nc", "r+b") as fh:
+        fh.truncate(32)
+    return tmp / "c.nc"
+
+
+def _cns_huge_value(tmp: Path) -> Path:
+    """A compressible-NS file whose pressure holds 3.5e23 in trajectory 1, frame 2: what a damaged chunk decodes to
+    (HDF5 chunks, lzf or uncompressed, carry no checksum)."""
+    from dpot_data.synth.pdebench import write_cfd
+
+    path = write_cfd(tmp, n=3, frames=4, res=8)
+    with h5py.File(path, "a") as f:
+        frames = f["pressure"][1]
+        frames[2, 3, 5] = 3.5e23
+        f["pressure"][1] = frames
+    return path
+
+
 BAD = {  # case: (make(tmp) -> path(s), CLI arguments after the paths, text expected in the one line)
+    "a value of 3.5e23": (_cns_huge_value, ["pdebench"], "periodic_8_Train.hdf5: trajectory 2D_CFD_Rand_M1.0_Eta0.1_"
+                          "Zeta0.1_periodic_8_Train.hdf5#1, frame 2, pressure: value 3.5e+23, beyond --max-abs 1e+15"),
+    "--max-abs nan": (lambda t: _xr_file(t, "m.nc", (2, 3, 4, 5)), ["xarray", "--max-abs", "nan"],
+                      "--max-abs: expected a magnitude above 0 (inf: no bound), got nan"),
+    "Well dataset_name of 100 kB": (_well_long_name, ["the-well"], "dataset_name: an attribute of 100000 characters"),
+    "xarray time axis of 0 frames": (_no_frames, ["xarray"], "t0.nc: time: a time axis of 0 frames; expected"),
+    "NetCDF-3 file cut to 32 bytes": (_netcdf3_cut, ["xarray"], "c.nc: cannot open as NetCDF"),
+    "missing local:// input": (lambda t: f"local://{t}/nothing.nc", ["xarray"],
+                               "nothing.nc: not found; expected a file or folder at this URL"),
+    "--workers -3": (lambda t: _xr_file(t, "w.nc", (2, 3, 4, 5)), ["xarray", "--workers", "-3"],
+                     "--workers: expected a number of threads of at least 1, got -3"),
     "xarray X=0": (lambda t: _xr_file(t, "x0.nc", (2, 3, 4, 0)), ["xarray"], "at least one cell along every axis"),
     "xarray Y=0": (lambda t: _xr_file(t, "y0.nc", (2, 3, 0, 5)), ["xarray"], "at least one cell along every axis"),
     "xarray 0 trajectories": (lambda t: _xr_file(t, "n0.nc", (0, 3, 4, 5)), ["xarray"], "holds no trajectory"),
@@ -390,6 +505,56 @@ def test_a_bad_input_is_one_line_and_leaves_nothing(tmp_path, case):
     out = tmp_path / "out"
     code, output = _cli("ingest", args[0], *paths, *args[1:], "--out", str(out))
     _refused(out, code, output, expected)
+
+
+def test_a_larger_max_abs_stores_such_a_value_as_read(tmp_path):
+    path = _cns_huge_value(tmp_path)
+    out = tmp_path / "out"
+    code, output = _cli("ingest", "pdebench", str(path), "--out", str(out), "--resolution", "0", "--split", "1",
+                        "--max-abs", "1e30", "--format", "zarr")
+    assert code == 0, output
+    fields = zarr.open_group(str(out / "data.zarr"), mode="r")["pdebench-cfd-m1-eta0p1-8/fields"][:]
+    assert fields.max() == np.float32(3.5e23) and np.count_nonzero(fields == np.float32(3.5e23)) == 1
+
+
+@pytest.mark.parametrize("name", ["x", "y", "sample"])
+@pytest.mark.parametrize("kind", ["data variable", "2-D coordinate", "other dimension"])
+def test_variables_named_like_the_canonical_dimensions_are_read(tmp_path, name, kind):
+    """A data variable or a 2-D coordinate named x, y or sample beside dimensions of other names (lat, lon,
+    member) used to end in xarray's name conflict when the dimensions were renamed, and a coordinate of another
+    dimension so named gave the trajectories its length; the values are now read under the file's own dimension
+    names, as stored."""
+    dims = ("member", "time", "lat", "lon")
+    rng = np.random.default_rng(0)
+    u, other = rng.random((2, 3, 4, 5), dtype=np.float32), rng.random((2, 3, 4, 5), dtype=np.float32)
+    ds = xr.Dataset({"u": (dims, u)}, coords={"time": ("time", np.arange(3.0), {"units": "s"}),
+                                              "lat": np.linspace(-40, 40, 4), "lon": np.linspace(0, 200, 5)})
+    ds = ds.assign({name: (dims, other)}) if kind == "data variable" else \
+        ds.assign_coords({name: (("lat", "lon"), rng.random((4, 5)))}) if kind == "2-D coordinate" else \
+        ds.assign_coords({name: (name, np.arange(7.0))})
+    path = tmp_path / "in.nc"
+    ds.to_netcdf(path, engine="h5netcdf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = xsrc.read([path])
+    fields = result.data["fields"].values
+    want = [u, other] if kind == "data variable" else [u]
+    assert list(result.data["channel"].values) == (["u", name] if kind == "data variable" else ["u"])
+    assert np.array_equal(fields, np.stack(want, axis=2))
+
+
+def test_a_card_of_a_manifest_file_is_one_line_and_writes_nothing(tmp_path):
+    path = _xr_file(tmp_path, "a.nc", (2, 3, 4, 5))
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_ingest("xarray", [path], out, IngestOptions(**OPTS))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = CliRunner().invoke(app, ["card", str(out / "manifest.json")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.splitlines() == [f"error: {out / 'manifest.json'}: a file; expected an output folder "
+                                          f"holding manifest.json (give {out})"]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 # ------------------------------------------------------------------------------------------ 6. leftovers and noise

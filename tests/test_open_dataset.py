@@ -157,6 +157,26 @@ def test_bad_arguments_are_one_line(fno_train_shards: Path) -> None:
         open_dataset(fno_train_shards, rank=2, world_size=2)
 
 
+@pytest.mark.parametrize("kwargs, line", [
+    (dict(res=100000), "res: expected a grid side from 1 to 4096 (0: the stored grid), got 100000"),
+    (dict(t_in=-3), "t_in: expected a frame count from 1 to 4096, got -3"),
+    (dict(t_in=0), "t_in: expected a frame count from 1 to 4096, got 0"),
+    (dict(t_out=0), "t_out: expected a frame count from 1 to 4096, got 0"),
+    (dict(seed="x"), "seed: expected a whole number, got 'x'"),
+    (dict(seed=-1), "seed: expected a whole number >= 0, got -1"),
+    (dict(shuffle="yes"), "shuffle: expected true or false, got 'yes'"),
+    (dict(rank=0, world_size=0), "world_size: expected a whole number of 1 or more, got 0"),
+])
+def test_arguments_are_checked_as_launch_checks_its_options(fno_train_shards: Path, kwargs: dict,
+                                                            line: str) -> None:
+    """Before anything is read, each argument against launch's limits for the same option (dpot_train.config:
+    MAX_RES, the frame counts): one ValueError line naming it, not a 1.6 TB allocation at the first window, a
+    traceback deep in the stream, or windows of 0 input frames."""
+    with pytest.raises(ValueError) as err:
+        open_dataset(fno_train_shards, **kwargs)
+    assert str(err.value) == line
+
+
 def _python_blocks(path: Path, heading: str | None = None) -> list[str]:
     """The ```python blocks of `path` (under `## heading`, up to the next `## `, when given)."""
     text = path.read_text(encoding="utf-8")

@@ -5,6 +5,7 @@ from a local copy of the same shards for any number of ranks."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -271,6 +272,58 @@ def test_batches_from_object_storage_equal_local_ones_for_any_world_size(s3, cor
         return out
 
     assert stream_batches(url, world) == stream_batches(str(local), 1)
+
+
+def _damage(entries: list[dict], how: str) -> list[dict]:
+    """A cached member index made wrong: every entry pointing at its first trajectory's bytes, every offset one tar
+    block late, or no entry at all."""
+    if how == "all at the first trajectory":
+        return [{**e, "fields": entries[0]["fields"], "mask": entries[0]["mask"]} for e in entries]
+    if how == "shifted":
+        return [{**e, "fields": e["fields"] + 512, "mask": e["mask"] + 512} for e in entries]
+    return []
+
+
+@pytest.fixture(scope="module")
+def packed(s3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """8 FNO trajectories of 8 frames at 16x16, several to a shard, locally and at s3://dpot/packed."""
+    from dpot_data.ingest import IngestOptions, ingest_files
+    from dpot_data.synth.fno import synth_fno
+
+    base = tmp_path_factory.mktemp("packed")
+    files = synth_fno(base / "raw", n=8, frames=8, viscosity=1e-3, seed=0, resolution=16)
+    out = base / "shards"
+    ingest_files("fno", [files[0]], out, IngestOptions(resolution=16, split=(0.75,), seed=0, shard_size=160 << 10))
+    s3_local.upload(str(out), f"{BUCKET}/packed")
+    return out, f"{BUCKET}/packed"
+
+
+@pytest.mark.parametrize("how", ["all at the first trajectory", "shifted", "empty"])
+def test_a_cached_index_unlike_the_manifests_is_rebuilt_and_the_batches_are_the_data(
+        s3, packed, tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str) -> None:
+    """The node cache checks a cached member index against the one the manifest records (its index file, whose
+    sha256 the manifest lists) before trusting it: a wrong one, which used to train on other trajectories' bytes
+    (or stop the run), is rebuilt from the checked shard with one warning line, and the batches are the data's."""
+    local, url = packed
+    cache = tmp_path / "cache"
+
+    def stream_batches(manifest: str) -> list[bytes]:
+        spec, reader = prepare_stream(DataConfig(manifests=[manifest], t_in=4, t_out=1, cache_dir=str(cache)), seed=5)
+        batches = [WindowStream(spec, reader, 0, 4, 1, 0).batch(step, _plans(spec)) for step in range(4)]
+        return [b"".join(b[k].numpy().tobytes() for k in ("x", "y", "mask")) for b in batches]
+
+    truth = stream_batches(str(local))
+    assert stream_batches(url) == truth  # the cache's indexes are written
+    damaged = max((cache / "index").glob("*.json"), key=lambda p: len(json.loads(p.read_text())))
+    assert len(json.loads(damaged.read_text())) > 1
+    damaged.write_text(json.dumps(_damage(json.loads(damaged.read_text()), how)))
+    capsys.readouterr()
+    assert stream_batches(url) == truth
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: cached index {damaged} of {url}/") and \
+        lines[0].endswith("; rebuilt from the cached shard"), lines
+    assert "does not match the member index its manifest records" in lines[0]
+    assert stream_batches(url) == truth and capsys.readouterr().err == ""  # repaired once for the node
 
 
 def _plans(spec):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -200,6 +201,32 @@ def test_a_damaged_index_is_rebuilt_with_a_warning_naming_it(tmp_path: Path, obj
     assert capsys.readouterr().err == (f"warning: cached index {path} of {shard.url} is damaged; rebuilt from the "
                                        "cached shard\n")
     assert ShardCache(settings, fetch=Store(objects)).index(shard, build) == want and len(built) == 2
+
+
+@pytest.mark.parametrize("cached, expected, why", [
+    ([], None, "lists 0 trajectories where the manifest says 1"),
+    ([{"index": 3, "fields": 512, "mask": 100, "mask_size": 200}], None, "holds entry"),
+    ([{"index": 3, "fields": 1024, "mask": 4608, "mask_size": 200}], True,
+     "does not match the member index its manifest records (entry 0: "),
+])
+def test_an_index_that_is_not_the_shards_is_rebuilt_with_one_warning(
+        tmp_path: Path, objects: dict[str, bytes], capsys: pytest.CaptureFixture[str], cached: list,
+        expected: bool | None, why: str) -> None:
+    """A cached index that parses is still checked before it is trusted: against the entries of the index the
+    manifest records when given, else for entries that could describe the shard (one per trajectory, inside it)."""
+    shard = _shards(objects)[0]
+    want = [{"index": 3, "fields": 512, "mask": 4096, "mask_size": 200}]
+    path = tmp_path / "cache" / "index" / f"{shard.sha256}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(cached))
+    built: list[Path] = []
+    settings = CacheSettings(str(tmp_path / "cache"), limit=8 * SIZE)
+    assert ShardCache(settings, fetch=Store(objects)).index(
+        shard, lambda local: built.append(local) or want, want if expected else None) == want
+    err = capsys.readouterr().err
+    assert len(built) == 1 and err.count("\n") == 1 and err.startswith(f"warning: cached index {path} of {shard.url} ")
+    assert why in err and err.endswith("; rebuilt from the cached shard\n")
+    assert json.loads(path.read_text()) == want
 
 
 def _one_line(err: pytest.ExceptionInfo[CacheError], root: Path) -> str:

@@ -131,11 +131,23 @@ def check_inputs(paths: Sequence[str]) -> None:
             raise InputError(p, f"is {file_kind(mode)}, expected a regular file")
 
 
+def _localized(path: str, cache: Path) -> str:
+    """`fs.localize`, with an input URL that names nothing (or that this user may not read) as one InputError line
+    naming it; other errors (a full disk while copying it in) are said by the caller."""
+    try:
+        return fs.localize(path, cache)
+    except FileNotFoundError:
+        raise InputError(path, "not found; expected a file or folder at this URL") from None
+    except PermissionError as exc:
+        raise InputError(path, f"cannot be read ({exc.strerror or exc}); expected a readable file or folder at "
+                               "this URL") from None
+
+
 def localize_inputs(paths: Sequence[str], target: Target) -> tuple[list[str], dict[str, str]]:
     """Local paths for the inputs (URLs streamed into the job's working folder) and the local copy -> URL names."""
     if target.workdir is None:
         return [fs.local_path(p) for p in paths], {}
-    local = [fs.localize(p, target.workdir / "inputs") for p in paths]
+    local = [_localized(p, target.workdir / "inputs") for p in paths]
     names = {str(Path(l).resolve()): str(u) for u, l in zip(paths, local) if not fs.is_local(u)}
     return local, names
 

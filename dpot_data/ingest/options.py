@@ -14,7 +14,11 @@ FORMATS = ("zarr", "wds")
 CONVENTIONS = ("dpot-reference", "canonical")
 MODEL_LAYOUTS = ("xy", "yx")
 NONFINITE = ("skip", "raise")  # IngestOptions.nonfinite -> the readers' check_finite: True (scan) or "raise"
-NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command", "card"})
+NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler", "command", "card", "max_abs"})
+# --max-abs: the largest magnitude a stored value may have. Field values of the public PDE datasets stay below 1e10
+# (The Well's, in code units, too); a damaged chunk (LZF and uncompressed HDF5 chunks carry no checksum) decodes to
+# bytes whose exponents are random, so of its thousands of values some exceed any such bound.
+MAX_ABS = 1e15
 PER_SOURCE = "per-source"
 @dataclass
 class IngestOptions:
@@ -40,6 +44,7 @@ class IngestOptions:
     # trajectories holding NaN/Inf: "skip" (found by a scan when the files are opened, left out and listed) or
     # "raise" (no scan: checked in the block read, the ingest stops naming the trajectory)
     nonfinite: str = "skip"
+    max_abs: float = MAX_ABS  # a stored value beyond this magnitude refuses the ingest (file, trajectory, value)
     overwrite: bool = False
     progress: bool = False
     stats: bool = True
@@ -111,4 +116,11 @@ def check_options(opts: IngestOptions) -> tuple[str, ...]:
         raise InputError("--fill", f"expected a finite value for padded channels, got {opts.fill}")
     if opts.shard_size < 1:
         raise InputError("--shard-size", f"expected a positive byte count, got {opts.shard_size}")
+    if not float(opts.max_abs) > 0:  # NaN too
+        raise InputError("--max-abs", f"expected a magnitude above 0 (inf: no bound), got {opts.max_abs}")
+    if opts.workers is not None and (isinstance(opts.workers, bool) or not isinstance(opts.workers, int)
+                                     or opts.workers < 1):
+        raise InputError("--workers", f"expected a number of threads of at least 1, got {opts.workers!r}")
+    if opts.scheduler is not None and not str(opts.scheduler).strip():
+        raise InputError("--scheduler", "expected a dask.distributed scheduler address such as tcp://host:8786")
     return formats

@@ -115,7 +115,9 @@ def _write(result: ReadResult, out: Path, opts: IngestOptions, p: IngestPlan, ha
     try:
         try:
             layout = zarr_layout(p, opts.fill, zarr_attrs(p, result, opts, command))
-            task = replace(BlockTask.of(p, result.data, opts.fill, opts.stats, layout.codec), identity=identity)
+            task = replace(BlockTask.of(p, result.data, opts.fill, opts.stats, layout.codec), identity=identity,
+                           max_abs=float(opts.max_abs), names=tuple(p.channels),
+                           inputs={Path(i).name: input_names.get(str(i), str(i)) for i in result.inputs})
             written = run_plan(p, task, journal, layout, opts)
             hashed = hashes.entries(list(result.inputs), identity)
             identity.check(full=True)  # the last look: every input, and every file in an input folder, unchanged

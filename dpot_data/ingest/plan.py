@@ -21,7 +21,7 @@ from dpot_data.transform import ANTIALIASED, choose_method
 from dpot_data.units import array_units
 from dpot_format.conventions import recorded_name
 from dpot_format.manifest import limit_problems
-from dpot_format.names import DATASET_NAME, SPLITS
+from dpot_format.names import DATASET_NAME, MAX_DATASET_NAME, SPLITS
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,11 @@ def _channels(result: ReadResult, opts: IngestOptions, name: str) -> tuple[list[
 
 def _name_and_layout(result: ReadResult, opts: IngestOptions) -> tuple[str, str]:
     name = opts.name or result.data.attrs["dataset"]
-    if not DATASET_NAME.match(name):
-        raise InputError("--name", f"expected a dataset name of [a-z0-9_-], got {name!r}")
+    if not DATASET_NAME.match(name) or len(name) > MAX_DATASET_NAME:
+        shown = repr(name) if len(name) <= MAX_DATASET_NAME else f"{name[:32]!r}... ({len(name)} characters)"
+        where = "--name" if opts.name or not result.inputs else str(result.inputs[0])
+        raise InputError(where, f"expected a dataset name of [a-z0-9_-], at most {MAX_DATASET_NAME} characters "
+                                f"(give --name), got {shown}")
     layout = str(result.data.attrs.get("model_layout", "xy"))
     if layout not in MODEL_LAYOUTS:
         raise ValueError(f"reader set model_layout {layout!r}; expected one of {MODEL_LAYOUTS}")

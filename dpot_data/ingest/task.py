@@ -3,6 +3,7 @@ into pieces, resample, pad, and the block's train statistics. Picklable, pure ap
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from dpot_data import stats as st
+from dpot_data.errors import InputError
 from dpot_data.ingest.plan import IngestPlan, Piece
 from dpot_data.ingest.scheduler import compute_in_task
 from dpot_data.transform import pad_channels, resample_mask, resample_trajectories
@@ -38,6 +40,9 @@ class BlockTask:
     spill_dir: str | None = None  # hand fields and mask to the writer as a file in this folder (cluster workers)
     identity: Any = None  # the inputs as recorded when the job was resolved (InputIdentity): compared after each read
     reference_resize: bool = False  # keep the reference's plain resize for solid cells too (keeps_reference_resize)
+    max_abs: float = math.inf  # the largest magnitude a stored value may have (--max-abs)
+    names: tuple[str, ...] = ()  # channel names (the plan's), and the inputs by file name, for what a refusal says
+    inputs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, p: IngestPlan, data: Any, fill: float, stats: bool, codec: str) -> "BlockTask":
@@ -100,6 +105,27 @@ def _cut(task: BlockTask, raw: np.ndarray, mask: np.ndarray, pieces: list[Piece]
     return f, np.stack([mask[p.source - i0] for p in pieces])
 
 
+def check_magnitude(f: np.ndarray, pieces: list[Piece], task: BlockTask) -> None:
+    """No value of the pieces' frames (as read, before resampling) beyond `task.max_abs` in magnitude (--max-abs),
+    else InputError naming the file, the trajectory, the frame, the channel and the value: HDF5 chunks carry no
+    checksum, so a damaged one decodes to values like 1e23 that would otherwise be stored. Two reductions over the
+    block, no copy unless one is found."""
+    bound = task.max_abs
+    if not math.isfinite(bound) or not f.size or max(np.fmax.reduce(f, axis=None),
+                                                     -np.fmin.reduce(f, axis=None)) <= bound:
+        return
+    k, t, c = (int(v[0]) for v in np.nonzero(np.abs(f) > bound)[:3])
+    piece = pieces[k]
+    frame = np.abs(f[k, t, c])
+    value = float(f[k, t, c].flat[int(np.argmax(frame))])
+    name = piece.id.partition("#")[0]
+    channel = task.names[c] if c < len(task.names) else str(c)
+    raise InputError(task.inputs.get(name.rsplit("/", 1)[-1], name),
+                     f"trajectory {piece.id}, frame {piece.start + t}, {channel}: value {value:.6g}, beyond --max-abs "
+                     f"{bound:g}; expected field values within it (a damaged chunk decodes to such values; give a "
+                     "larger --max-abs if the data holds them)")
+
+
 def _resample(task: BlockTask, f: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Fields and mask on the target grid (trajectories with solid cells by the mask-aware rule unless the task
     keeps the reference's resize). Fields are interpolated on the grid as the model sees it (H, W), so that float32
@@ -124,7 +150,9 @@ def process_block(task: BlockTask, rng: tuple[int, int]) -> BlockResult:
         raise
     if task.identity is not None:  # the reader reopened the inputs by name: still the files the job recorded?
         task.identity.check(local=False)
-    f, m = _resample(task, *_cut(task, raw, mask, pieces, i0))
+    f, m = _cut(task, raw, mask, pieces, i0)
+    check_magnitude(f, pieces, task)
+    f, m = _resample(task, f, m)
     f, valid = pad_channels(f, task.channels, task.fill, axis=2)
     block_stats = None
     if task.stats:

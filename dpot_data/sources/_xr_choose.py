@@ -41,14 +41,6 @@ class Choice:
     left_out: tuple[str, ...] = ()
     how: dict[str, str] = field(default_factory=dict)  # dimension role -> "option" | "CF" | "name" | "order"
 
-    @property
-    def rename(self) -> dict[str, str]:
-        """Original dimension name -> canonical name (sample, time, [z,] y, x)."""
-        out = {self.time: "time", **dict(zip(self.space, ("z", "y", "x")[3 - len(self.space):]))}
-        if self.sample is not None:
-            out[self.sample] = "sample"
-        return out
-
     def line(self, where: str) -> str:
         """The one line that says what was chosen and how."""
         space = ", ".join(f"{d} -> {c}" for d, c in zip(self.space, ("z", "y", "x")[3 - len(self.space):]))

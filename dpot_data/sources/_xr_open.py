@@ -21,8 +21,8 @@ import xarray as xr
 
 from dpot_data.errors import InputError
 from dpot_format.npy import read_npy_header
-from dpot_data.sources._blocks import (READ_ERRORS, check_h5_dataset, check_sizes, check_stored, npy_info,
-                                       on_disk_bytes)
+from dpot_data.sources._blocks import (READ_ERRORS, check_h5_contained, check_h5_dataset, check_sizes, check_stored,
+                                       npy_info, on_disk_bytes)
 from dpot_data.sources.base import MAX_FRAMES, MAX_GRID_SIDE, MAX_TRAJECTORIES
 from dpot_format.io import file_kind
 from dpot_format.limits import LIMITS
@@ -218,27 +218,20 @@ def check_input(path: Path, kind: str) -> None:
 
 
 def check_hdf5(path: Path) -> None:
-    """An HDF5 (or NetCDF-4) file, from its metadata alone: a regular file; no external link anywhere
-    (`h5py.ExternalLink`: reading it would read another file, e.g. /etc/passwd); every dataset stored in this file
-    (not virtual, no external raw storage) and declaring at most base.MAX_INFLATION times what it stores, no axis
-    longer than MAX_AXIS, at most MAX_ARRAYS datasets."""
+    """An HDF5 (or NetCDF-4) file, from its metadata alone: a regular file; at most MAX_ARRAYS datasets; nothing
+    stored outside it (`_blocks.check_h5_contained`, the check every HDF5 reader makes: no external link, no
+    virtual dataset, no external raw storage); every dataset declaring at most base.MAX_INFLATION times what it
+    stores, no axis longer than MAX_AXIS."""
     require_regular(path)
     try:
         with h5py.File(path, "r") as f:
-            external: list[tuple[str, Any]] = []
             datasets: list[str] = []
-            # the callbacks only collect (an exception raised inside an HDF5 visit does not come out cleanly); a
-            # non-None return stops the visit
-            f.visititems_links(lambda name, lnk: external.append((name, lnk)) if isinstance(
-                lnk, h5py.ExternalLink) else None)
-            for name, lnk in external[:1]:
-                raise InputError(path, f"{name}: an external link to {lnk.filename}:{lnk.path}; expected every "
-                                       "array stored in this file (external links are not followed)")
             f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) and len(
-                datasets) <= MAX_ARRAYS else None)
+                datasets) <= MAX_ARRAYS else None)  # (visits follow hard links only)
             if len(datasets) > MAX_ARRAYS:
                 raise InputError(path, f"holds more than {MAX_ARRAYS} datasets; at most {MAX_ARRAYS} allowed "
                                        "(dpot_data.sources._xr_open.MAX_ARRAYS)")
+            check_h5_contained(path, f)
             for name in datasets:
                 dset = f[name]
                 check_h5_dataset(path, name, dset)
@@ -364,7 +357,7 @@ def read_errors(path: str, key: str) -> Iterator[None]:
         yield
     except InputError:
         raise
-    except (*READ_ERRORS, TypeError, zipfile.BadZipFile) as exc:
+    except (*READ_ERRORS, TypeError, IndexError, zipfile.BadZipFile) as exc:
         raise InputError(path, f"{key}: cannot read its values ({type(exc).__name__}: {_first_line(exc)}); "
                                "expected readable data: the input is damaged (a corrupt chunk, a file cut short)"
                          ) from None
@@ -376,7 +369,8 @@ def open_checked(opener: Opener) -> xr.Dataset:
         return opener()
     except InputError:
         raise
-    except (OSError, ValueError, TypeError, KeyError, RuntimeError, RecursionError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError, RecursionError,
+            zipfile.BadZipFile) as exc:  # IndexError: scipy's NetCDF-3 parser on a file cut short in its header
         what = {"zarr": "a Zarr store", "netcdf": "NetCDF", "hdf5": "HDF5", "npy": ".npy", "npz": ".npz"}[opener.kind]
         raise InputError(opener.path, f"cannot open as {what} with xarray ({type(exc).__name__}: "
                                       f"{str(exc).splitlines()[0] if str(exc) else ''}); expected NetCDF, HDF5, a "

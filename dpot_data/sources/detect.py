@@ -63,8 +63,11 @@ def source_of(path: Path) -> tuple[str | None, str]:
         if rule.search(path.name):
             return source, "name"
     if path.suffix.lower() in (".h5", ".hdf5"):
+        from dpot_data.sources._blocks import check_h5_contained
+
         try:
             with h5py.File(path, "r") as f:
+                check_h5_contained(path, f)  # nothing behind a link to another file is looked at
                 keys = set(f.keys())
                 if keys & {"train", "valid", "test"}:
                     group = f[sorted(keys & {"train", "valid", "test"})[0]]

@@ -29,9 +29,9 @@ import xarray as xr
 
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, allowed_bytes, as_path,
-                                        check_file_total, check_sizes, check_stored, checked, distinct_files,
-                                        file_token, frames_ok, nonfinite_error, on_disk_bytes, read_error, text_path,
-                                        require_file, to_dask, unique_names)
+                                        check_file_total, check_h5_contained, check_sizes, check_stored, checked,
+                                        distinct_files, file_token, frames_ok, nonfinite_error, on_disk_bytes,
+                                        read_error, text_path, require_file, to_dask, unique_names)
 from dpot_data.sources.base import INFLATION_SLACK_BYTES, MAX_INFLATION, ReadResult
 
 READER_VERSION = "1"
@@ -77,7 +77,6 @@ class _Var:
     offset: int | None = None  # v5: byte offset of the raw data in `file`
     h5name: str | None = None  # v7.3: dataset name
     stored: int | None = None  # bytes of it stored on disk (v7.3: in the file, compressed; v5: all of it)
-    elsewhere: str | None = None  # v7.3: why its data is not in the file (a virtual or external dataset)
 
     def read(self, index: tuple = (...,)) -> np.ndarray:
         """Read `index` of the variable with all axes reversed (MATLAB column-major seen from C), then close."""
@@ -246,20 +245,20 @@ def _open_v5(path: Path, header: bytes) -> _MatFile:
 
 
 def _open_v73(path: Path) -> _MatFile:
-    """Index the datasets of a MAT v7.3 (HDF5) file; dims are MATLAB's, i.e. h5py's shape reversed."""
+    """Index the datasets of a MAT v7.3 (HDF5) file; dims are MATLAB's, i.e. h5py's shape reversed. A file holding
+    anything stored outside it (an external link, a virtual or externally stored dataset) is refused first
+    (`check_h5_contained`, the check of every HDF5 input)."""
     try:
         h5 = h5py.File(path, "r")
     except OSError as exc:
         raise InputError(path, f"expected a readable MAT v7.3 (HDF5) file; it is truncated or corrupt ({exc})") from None
     mat = _MatFile(path=path, container="mat-v7.3")
     with h5:
+        check_h5_contained(path, h5)
         for name, obj in h5.items():
             if isinstance(obj, h5py.Dataset) and obj.dtype.kind in "fiu":
-                elsewhere = ("a virtual dataset (its data lives in other files)" if obj.is_virtual else
-                             "stored in external raw files" if obj.external else None)
                 mat.variables[name] = _Var(file=str(path), dims=tuple(reversed(obj.shape)), dtype=obj.dtype.str,
-                                           h5name=name, stored=0 if elsewhere else obj.id.get_storage_size(),
-                                           elsewhere=elsewhere)
+                                           h5name=name, stored=obj.id.get_storage_size())
                 mat.compressed |= obj.compression is not None
     return mat
 
@@ -307,8 +306,6 @@ def _check(mat: _MatFile) -> tuple[int, int, int, int]:
         if np.dtype(var.dtype).kind != "f":  # MATLAB logical arrays are stored as uint8
             raise InputError(mat.path, f"expected '{key}' of floating-point values (single or double), found "
                                        f"{np.dtype(var.dtype).name}")
-        if var.elsewhere:
-            raise InputError(mat.path, f"{key}: {var.elsewhere}; expected the data stored in this file")
         check_stored(mat.path, key, var.dims, np.dtype(var.dtype).itemsize, var.stored or 0)
     check_file_total(mat.path, sum(math.prod(v[k].dims) * np.dtype(v[k].dtype).itemsize for k in ("u", "a")),
                      "the variables u and a")

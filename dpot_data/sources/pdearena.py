@@ -22,8 +22,8 @@ import xarray as xr
 from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (SampleBlocks, all_finite, auto_block, check_file_total, check_h5_dataset,
-                                        check_sizes, checked, checked_rows, file_token, frames_ok, h5_rows,
-                                        hdf5_problem, input_files, require_file, to_dask)
+                                        check_hdf5_contained, check_sizes, checked, checked_rows, file_token,
+                                        frames_ok, h5_rows, hdf5_problem, input_files, require_file, to_dask)
 from dpot_data.sources.base import SPLITS, ReadResult
 
 READER_VERSION = "1"
@@ -143,6 +143,7 @@ def _readable_files(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, objec
         if problem is not None:
             skipped.append((p.name, problem))
             continue
+        check_hdf5_contained(p)  # nothing read from outside the file: refused, never skipped
         good.append((p, _inspect(p)))
     if not good:
         raise InputError(paths[0], "no readable file among the inputs: " + "; ".join(f"{w}: {r}" for w, r in skipped))

@@ -27,9 +27,9 @@ import yaml
 from dpot_format.names import manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._blocks import (READ_ERRORS, SampleBlocks, all_finite, auto_block, check_file_total,
-                                        check_h5_dataset, check_sizes, checked, checked_rows, file_token, frames_ok,
-                                        h5_rows, hdf5_problem, input_files, nonfinite_error, read_error, read_whole,
-                                        require_file, to_dask)
+                                        check_h5_dataset, check_hdf5_contained, check_sizes, checked, checked_rows,
+                                        file_token, frames_ok, h5_rows, hdf5_problem, input_files, nonfinite_error,
+                                        read_error, read_whole, require_file, to_dask)
 from dpot_data.sources.base import MAX_FRAMES, ReadResult
 
 READER_VERSION = "1"
@@ -557,6 +557,7 @@ def read(paths: Sequence[str | Path], *, name: str | None = None, block: int | N
     for p in paths:
         problem = hdf5_problem(p)
         if problem is None:
+            check_hdf5_contained(p)  # nothing read from outside the file: refused, never skipped
             good.append(p)
         elif len(paths) == 1:
             raise InputError(p, problem)

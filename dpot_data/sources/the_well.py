@@ -46,7 +46,7 @@ import numpy as np
 import xarray as xr
 
 from dpot_format.layout import own_data_layout
-from dpot_format.names import manifest_name
+from dpot_format.names import MAX_DATASET_NAME, manifest_name
 from dpot_data.errors import InputError
 from dpot_data.sources._xr_open import check_hdf5
 from dpot_data.sources._blocks import (MaskBlocks, NanMasked, SampleBlocks, as_path, auto_block, check_coordinate,
@@ -126,7 +126,11 @@ def _root(f: h5py.File, path: Path) -> dict[str, object]:
             or "time" not in f["dimensions"]:
         raise InputError(path, f"dimensions: spatial_dims {dims} with n_spatial_dims {nd}; expected 2 or 3 names, "
                                "each with a coordinate dataset, and a 'time' dataset")
-    return {"dims": dims, "name": _text(f.attrs["dataset_name"]), "n": int(f.attrs["n_trajectories"]),
+    name = _text(f.attrs["dataset_name"])
+    if len(name) > MAX_DATASET_NAME:  # it names the dataset, hence folders: refused before anything is made
+        raise InputError(path, f"dataset_name: an attribute of {len(name)} characters ({name[:32]!r}...); expected "
+                               f"the dataset's name, at most {MAX_DATASET_NAME} characters")
+    return {"dims": dims, "name": name, "n": int(f.attrs["n_trajectories"]),
             "grid_type": _text(f.attrs["grid_type"])}
 
 

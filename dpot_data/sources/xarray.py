@@ -68,18 +68,23 @@ class _Blocks(SampleBlocks):
         """Trajectories s0..s1-1, frames f0..f1-1 as float32 (NaN kept): input by input (several: frames
         concatenated along time), variable by variable, into one preallocated array."""
         out = np.empty((s1 - s0, f1 - f0, *self.shape[2:]), dtype=np.float32)
-        dims = ("sample", "time", *("z", "y", "x")[3 - len(self.choice.space):])
+        choice = self.choice
         t0 = 0
         for opener, frames in zip(self.openers, self.frames):
             a, b = max(f0, t0), min(f1, t0 + frames)
             if a < b:
-                ds = open_checked(opener).rename(self.choice.rename)
+                ds = open_checked(opener)
                 try:
-                    for c, var in enumerate(self.choice.variables):
+                    for c, var in enumerate(choice.variables):
                         with read_errors(opener.path, var), np.errstate(over="ignore", invalid="ignore"):
-                            arr = ds[var].isel(time=slice(a - t0, b - t0))
-                            arr = arr.isel(sample=slice(s0, s1)) if "sample" in arr.dims else arr.expand_dims("sample")
-                            out[:, a - f0:b - f0, c] = np.asarray(arr.transpose(*dims).values, dtype=np.float32)
+                            # the bare variable under the file's own dimension names: no coordinate comes along and
+                            # nothing is renamed, so variables named like the canonical dims (x, y, sample) are fine
+                            arr = ds[var].variable.isel({choice.time: slice(a - t0, b - t0)})
+                            many = choice.sample is not None and choice.sample in arr.dims
+                            arr = arr.isel({choice.sample: slice(s0, s1)}) if many else arr
+                            order = ((choice.sample,) if many else ()) + (choice.time, *choice.space)
+                            values = np.asarray(arr.transpose(*order).values, dtype=np.float32)
+                            out[:, a - f0:b - f0, c] = values if many else values[None]
                 finally:
                     ds.close()
             t0 += frames
@@ -147,9 +152,9 @@ def _inputs(paths: Sequence[str | Path]) -> list[Path]:
 def _file_shape(ds: xr.Dataset, choice: Choice, where: str, window: int | None = None) -> tuple[int, ...]:
     """(trajectories, T, C, *space) of one input under the choice, checked against the limits (with `window`: the
     bytes of one window, not of a whole trajectory)."""
-    renamed = {choice.rename.get(str(k), str(k)): int(v) for k, v in ds.sizes.items()}
-    space = tuple(renamed[d] for d in ("z", "y", "x")[3 - len(choice.space):])
-    n, t = (renamed.get("sample", 1) if choice.sample else 1), renamed["time"]
+    size = {str(k): int(v) for k, v in ds.sizes.items()}  # by the file's own names (another dimension may be
+    space = tuple(size[d] for d in choice.space)  # named like a canonical one: x, sample)
+    n, t = (size.get(choice.sample, 1) if choice.sample else 1), size[choice.time]
     key = ",".join(choice.variables)
     check_sizes(where, key, frames=t)
     check_sizes(where, key, trajectories=n * (t // window if window else 1), frames=min(t, window or t), space=space,
@@ -299,6 +304,8 @@ def _input_times(opener: Opener, ds: xr.Dataset, choice: Choice,
     finite, strictly increasing (`check_times`)."""
     n = int(ds.sizes[choice.time])
     where = opener.path
+    if n == 0:  # before any time value is looked at (a datetime coordinate is taken from its first value)
+        raise InputError(where, f"{choice.time}: a time axis of 0 frames; expected at least one frame")
     if time_var is not None:
         values = np.asarray(ds[time_var].values) if time_var in ds.variables else (
             _raw_variable(opener, time_var) if opener.kind in ("hdf5", "netcdf") else None)

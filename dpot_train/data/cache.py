@@ -7,8 +7,9 @@ Layout under the cache folder (docs/training.md, "Training from object storage")
   before its first read of it: an entry damaged on disk is never read, it is fetched anew (one warning line).
 * ``part/<sha256>.<pid>.<random>.part``: a download in progress, created at its full size so that the bytes it will
   take are counted from the start; renamed into ``data/`` only after its sha256 matched the manifest.
-* ``index/<sha256>.json``: the shard's member index (trajectory keys and byte offsets), written once per node; a
-  damaged one is rebuilt from the shard (one warning line).
+* ``index/<sha256>.json``: the shard's member index (trajectory keys and byte offsets), written once per node; one
+  that is damaged, or differs from the member index the manifest records (sha256-checked), is rebuilt from the
+  checked shard (one warning line).
 * ``lock/<sha256>.get`` (held exclusively while downloading or repairing: one download per shard per node),
   ``lock/<sha256>.index`` (held exclusively while the member index is written), ``lock/<sha256>.use`` (held shared
   while a process reads the entry; eviction and repair need it exclusively, so no entry is deleted under a reader)
@@ -379,20 +380,25 @@ class ShardCache:
                 return True
         return False
 
-    def index(self, shard: Shard, build: Callable[[Path], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """The shard's member index, built once per node by build(local copy) and kept in ``index/``; a file there
-        that is not such an index (damaged on disk, cut short) is rebuilt, with one warning line naming it."""
+    def index(self, shard: Shard, build: Callable[[Path], list[dict[str, Any]]],
+              expected: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The shard's member index, built once per node by build(local copy) and kept in ``index/``. A file there
+        is checked before it is trusted: against `expected` (the entries of the member index the manifest records,
+        whose sha256 it lists) when given, else for entries that could describe the shard (one per trajectory, in
+        order, inside the shard, not overlapping). One that is not such an index, or does not match, is rebuilt
+        from the checked copy of the shard, with one warning line naming it."""
         path = self.root / "index" / f"{shard.sha256}.json"
         with self._folder_errors(shard):
             found = self._read_index(path)
-        if found is not None:
+        if found is not None and index_problem(found, shard, expected) is None:
             return found
-        with self.open(shard) as local:  # downloads it if needed
+        with self.open(shard) as local:  # downloads it if needed; hashed before this process trusts it
             with self._folder_errors(shard), _flock(self._lock(shard, "index"), fcntl.LOCK_EX):
                 found = self._read_index(path)
-                if found is None:
+                problem = "is damaged" if found is None else index_problem(found, shard, expected)
+                if problem is not None:
                     if path.exists():
-                        _warn(f"cached index {path} of {shard.url} is damaged; rebuilt from the cached shard")
+                        _warn(f"cached index {path} of {shard.url} {problem}; rebuilt from the cached shard")
                     found = build(local)
                     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
                     try:
@@ -418,6 +424,31 @@ class ShardCache:
                 for e in data):
             return None
         return data
+
+
+def index_problem(entries: list[dict[str, Any]], shard: Shard, expected: list[dict[str, Any]] | None) -> str | None:
+    """Why a cached member index cannot be the shard's, in words (None when it can): not the `expected` entries
+    (the manifest's recorded index) when given; else not one entry per trajectory, in increasing keys, each member
+    on a tar data offset after the previous one and inside the shard (entries all pointing at one trajectory's
+    bytes, or none, are caught so)."""
+    if expected is not None:
+        if entries == expected:
+            return None
+        first = next((k for k, (a, b) in enumerate(zip(entries, expected)) if a != b), min(len(entries),
+                                                                                             len(expected)))
+        return (f"does not match the member index its manifest records (entry {first}: "
+                f"{entries[first] if first < len(entries) else 'missing'}, recorded "
+                f"{expected[first] if first < len(expected) else 'none'})")
+    if len(entries) != shard.samples:
+        return f"lists {len(entries)} trajectories where the manifest says {shard.samples}"
+    end, last = 0, -1
+    for e in entries:
+        if e["index"] <= last or e["fields"] % 512 or e["fields"] < end + 512 or e["mask"] <= e["fields"] \
+                or e["mask"] % 512 or e["mask"] + e["mask_size"] > shard.bytes:
+            return (f"holds entry {e}, which cannot follow the previous one in the shard (keys increasing, members "
+                    f"on tar data offsets after it, inside the shard's {shard.bytes} bytes)")
+        end, last = e["mask"] + e["mask_size"], e["index"]
+    return None
 
 
 def _files(folder: Path) -> list[Path]:

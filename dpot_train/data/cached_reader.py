@@ -20,14 +20,21 @@ import numpy as np
 from dpot_format.errors import FormatError
 from dpot_format.io import is_local
 from dpot_format.shard_index import shard_samples
+from dpot_format.tar import SampleIndex
 from dpot_train.data.cache import DEFAULT_LIMIT, CacheSettings, ShardCache, check_limit, parse_size
-from dpot_train.data.datasets import DataError, DatasetInfo, Shard
+from dpot_train.data.datasets import DataError, DatasetInfo, Shard, recorded_index
 from dpot_train.data.readers import (ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, Window, make_reader,
                                      read_window)
 
 CACHE_ENV = "DPOT_CACHE_DIR"  # the cache folder when --cache-dir is not given (shared by every run of the node)
 RUN_CACHE = "shard-cache"
 INDEX_FETCHES = 2  # shards fetched at once while indexing a cold cache  # the folder under RUN_DIR used when neither --cache-dir nor DPOT_CACHE_DIR is set
+
+
+def _entries(samples: Sequence[SampleIndex]) -> list[dict[str, Any]]:
+    """A shard's member index as the cache's index file holds it."""
+    return [{"index": s.index, "fields": s.fields.offset, "mask": s.mask.offset, "mask_size": s.mask.size}
+            for s in samples]
 
 
 def _build_index(local: Path, shard: Shard, given: ShardIndex | None) -> list[dict[str, Any]]:
@@ -37,8 +44,17 @@ def _build_index(local: Path, shard: Shard, given: ShardIndex | None) -> list[di
         samples = shard_samples(str(local), (given or {}).get(shard.url), where=shard.url)
     except FormatError as e:
         raise DataError(f"shard {e}") from None
-    return [{"index": s.index, "fields": s.fields.offset, "mask": s.mask.offset, "mask_size": s.mask.size}
-            for s in samples]
+    return _entries(samples)
+
+
+def _known_index(ds: DatasetInfo, split: str, shards: Sequence[Shard], given: ShardIndex | None) -> ShardIndex:
+    """The member index of each shard as the launch read it (`given`) or, for the shards it lacks, as the dataset's
+    manifest records it (its index file, sha256-checked against the manifest; outputs written before index.json
+    record none): what a cached index is checked against."""
+    known = dict(given or {})
+    if any(s.url not in known for s in shards) and ds.entry.get("shard_index"):
+        known = {**recorded_index([ds], split), **known}
+    return known
 
 
 def uses_cache(manifests: list[str], backend: str) -> bool:
@@ -120,14 +136,21 @@ class CachedWebDatasetReader:
 
     def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
         """Every trajectory of `split` (sorted by index), from the node-shared member index of each shard (built from
-        `index` when it holds the shard; the shard is downloaded and its sha256 checked either way)."""
+        `index`, else the manifest's recorded index, when it holds the shard; the shard is downloaded and its sha256
+        checked either way). A cached index that differs from that one is rebuilt (`ShardCache.index`)."""
         shards = [s for s in ds.shards_of(split) if not is_local(s.url)]
         if len(shards) < len(ds.shards_of(split)):
             return self._plain.refs(ds, split, index)
         check_limit(self.settings, shards)
         cache = self.cache
+        known = _known_index(ds, split, shards, index)
+
+        def indexed(s: Shard) -> list[dict[str, Any]]:
+            expected = _entries(known[s.url]) if s.url in known else None
+            return cache.index(s, lambda local: _build_index(local, s, known), expected)
+
         with ThreadPoolExecutor(max_workers=INDEX_FETCHES) as pool:  # one shard checked while the next downloads
-            indexes = list(pool.map(lambda s: cache.index(s, lambda local: _build_index(local, s, index)), shards))
+            indexes = list(pool.map(indexed, shards))
         out: list[TrajRef] = []
         for shard, samples in zip(shards, indexes):
             self._shards[shard.url] = shard
