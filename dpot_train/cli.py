@@ -82,8 +82,9 @@ def preview_cmd(
 def report_cmd(
     evals: list[Path] = typer.Argument(..., help="eval.json files of `evaluate` or of finished runs (one per run)."),
     out: Path = typer.Option(..., "--out", help="report.md (Markdown) or report.html (HTML, pictures embedded)."),
-    paper: bool = typer.Option(False, "--paper", help="Set the DPOT paper's published figures (Table 1) beside "
-                               "the runs: each paper row, each run's ratio to it and its sign."),
+    paper: bool = typer.Option(False, "--paper", help="Set the DPOT paper's published tables beside the runs "
+                               "(dpot_train/paper/dpot_icml2024.yaml: Table 1 with each run's ratio to each row and "
+                               "its sign, the checkpoint sizes), each with its source."),
 ) -> None:
     """One table of datasets x runs (the model's rollout L2RE), persistence, the horizon columns, and with --paper
     the paper's figures; prints the Markdown form and writes --out (a picture not embedded: one line each on

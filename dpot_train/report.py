@@ -3,9 +3,11 @@ published figures beside them, and the rollout-horizon columns.
 
 Each run is an eval.json of `dpot-train evaluate` or of a finished `launch` (its `schema` checked: a major version
 this module does not read is refused). The figure per run and dataset is the model's rollout L2RE (eval.json
-`model.rollout_l2re`). With `paper`, the figures of dpot_train/paper/dpot_icml2024.yaml are matched to the runs'
-datasets by catalog name (a manifest writes "." as "p"), and each run's ratio to each paper row is given with its
-sign: "-" the run's error is lower (better), "+" higher. The HTML form embeds the pictures of `evaluate --plot`
+`model.rollout_l2re`). With `paper`, the tables of dpot_train/paper/dpot_icml2024.yaml are added, each with its
+source (`check_paper` is the file's schema): a `datasets` table's columns are matched to the runs' datasets by catalog
+name (a manifest writes "." as "p") and each run's ratio to each paper row is given with its sign ("-" the run's
+error is lower (better), "+" higher); a `horizon` table's rows are set beside the runs' `l2re_per_step` at its steps;
+a `figures` table is printed as the paper gives it. The HTML form embeds the pictures of `evaluate --plot`
 that eval.json lists, only those under the eval.json's own folder, named as evaluate names them and holding PNG,
 GIF or JPEG bytes; every other entry is named as refused or missing. Every text taken from an eval.json is bounded
 and escaped (dpot_format.text); runs are named by their path relative to the report.
@@ -24,10 +26,11 @@ from typing import Any, Callable
 
 import yaml
 
-from dpot_format.text import bound, file_name, html_text, md, relative_name
+from dpot_format.text import TEXT_LIMIT, bound, file_name, html_text, md, relative_name
 
 HORIZONS = (20, 50, 100, 200, 500)
 PAPER_FILE = "dpot_icml2024.yaml"
+PAPER_KINDS = ("datasets", "horizon", "figures")  # how a table of the paper data file is set beside the runs
 SCHEMA_NAME = "dpot-eval"
 # eval.json major versions this report reads -> the highest minor version it knows of each (docs/training.md)
 SCHEMA_READS = {2: 0}
@@ -88,9 +91,75 @@ class Report:
 
 
 def load_paper() -> dict[str, Any]:
-    """The paper's figures shipped with the package (dpot_train/paper/dpot_icml2024.yaml)."""
+    """The paper's tables shipped with the package (dpot_train/paper/dpot_icml2024.yaml); ValueError naming the
+    first problem when the file does not hold to `check_paper`."""
     text = resources.files("dpot_train").joinpath("paper", PAPER_FILE).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    doc = yaml.safe_load(text)
+    problems = check_paper(doc)
+    if problems:
+        raise ValueError(f"dpot_train/paper/{PAPER_FILE}: {problems[0]}")
+    return doc
+
+
+def _figure(value: Any, compared: bool) -> bool:
+    """A figure a table may hold: a number or null; in a `figures` table also a short text ("7M")."""
+    return _number(value) or (not compared and isinstance(value, str) and 0 < len(value) <= 40)
+
+
+def check_paper(doc: Any) -> list[str]:
+    """The problems of a paper data file, one line each (none: it is sound): every table names its source
+    (`table`, `caption`, `where`) and a kind of PAPER_KINDS, has columns, and each row a name and one figure per
+    column; a `datasets` column names its datasets (a list, empty for a column no run can fill), a `horizon` table
+    its dataset and its columns are rollout steps (positive whole numbers, increasing); each table left out
+    (`not_shipped`) says where it was looked for."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("tables"), list) or not doc["tables"]:
+        return ["expected a mapping with a non-empty list 'tables'"]
+    problems: list[str] = []
+    for i, tbl in enumerate(doc["tables"]):
+        where = f"tables[{i}]"
+        if not isinstance(tbl, dict):
+            problems.append(f"{where}: expected a mapping")
+            continue
+        where = f"tables[{i}] ({tbl.get('id', '?')})"
+        for key in ("id", "table", "caption", "where"):
+            if not isinstance(tbl.get(key), str) or not tbl[key].strip():
+                problems.append(f"{where}: '{key}' must be a non-empty text (the table's source)")
+        kind, cols, rows = tbl.get("kind"), tbl.get("columns"), tbl.get("rows")
+        if kind not in PAPER_KINDS:
+            problems.append(f"{where}: 'kind' must be one of {', '.join(PAPER_KINDS)}, not {kind!r}")
+        if not isinstance(cols, list) or not cols:
+            problems.append(f"{where}: 'columns' must be a non-empty list")
+            continue
+        if kind == "datasets" and not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                          and isinstance(c.get("datasets"), list) for c in cols):
+            problems.append(f"{where}: each column needs a 'name' and a list 'datasets'")
+        if kind == "figures" and not all(isinstance(c, str) and c.strip() for c in cols):
+            problems.append(f"{where}: each column needs a name")
+        if kind == "horizon":
+            if not isinstance(tbl.get("dataset"), str):
+                problems.append(f"{where}: 'dataset' must name the catalog dataset the steps were rolled out on")
+            steps_ok = all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in cols)
+            if not steps_ok or cols != sorted(set(cols)):  # `or`: the set is taken of whole numbers only
+                problems.append(f"{where}: 'columns' must be increasing rollout steps (positive whole numbers)")
+        if not isinstance(rows, list) or not rows:
+            problems.append(f"{where}: 'rows' must be a non-empty list")
+            continue
+        for j, row in enumerate(rows):
+            values = row.get("values") if isinstance(row, dict) else None
+            name = row.get("name") if isinstance(row, dict) else None
+            if not isinstance(name, str) or not isinstance(values, list):
+                problems.append(f"{where}: rows[{j}]: expected a 'name' and a list 'values'")
+            elif len(values) != len(cols):
+                problems.append(f"{where}: row {name}: {len(values)} values for {len(cols)} columns")
+            elif not all(_figure(v, kind != "figures") for v in values):
+                problems.append(f"{where}: row {name}: expected numbers or null" +
+                                ("" if kind != "figures" else " or short texts"))
+    for i, missing in enumerate(doc.get("not_shipped") or []):
+        if not isinstance(missing, dict) or not isinstance(missing.get("table"), str) or \
+                not isinstance(missing.get("looked"), list) or not missing["looked"]:
+            problems.append(f"not_shipped[{i}]: expected the 'table' left out and the list of where it was "
+                            "'looked' for")
+    return problems
 
 
 def check_out(out: str | Path) -> str:
@@ -169,6 +238,22 @@ def _fmt(v: float | None) -> str:
     return "–" if v is None else f"{v:.4g}"
 
 
+def _paper_fmt(v: Any) -> str:
+    """A figure of the paper data file as printed: every digit it holds (no rounding), "–" for null."""
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return repr(v)  # the shortest text that reads back as this float
+    return bound(v)
+
+
+def _ratio(v: float | None, ref: float | None) -> str:
+    """A run's figure over the paper's with its sign ("-": the run's error is lower, "+": higher)."""
+    if v is None or not ref:
+        return "–"
+    return f"{v / ref:.3g} ({'-' if v < ref else '+' if v > ref else '='})"
+
+
 def manifest_name(catalog_name: str) -> str:
     """The name a manifest stores a catalog dataset under ("." -> "p", docs/format.md)."""
     return catalog_name.replace(".", "p")
@@ -230,10 +315,12 @@ def _picture_name(name: str, datasets: dict[str, Any]) -> bool:
         kind.islower()
 
 
-def build(runs: list[Run], paper: bool = False, base: str | Path | None = None) -> Report:
+def build(runs: list[Run], paper: bool = False, base: str | Path | None = None,
+          doc: dict[str, Any] | None = None) -> Report:
     """The report of `runs`: their table, the horizon columns where the rollouts reach them, the pictures their
-    eval.json lists (checked, not read), and with `paper` the paper's rows for every column a run's datasets fill.
-    `base`: the folder the report is written to (runs are named relative to it; default the working folder)."""
+    eval.json lists (checked, not read), and with `paper` the paper's tables beside them (`doc`: a paper data file
+    other than the shipped one, checked as it is). `base`: the folder the report is written to (runs are named
+    relative to it; default the working folder)."""
     datasets = sorted({d for r in runs for d in r.result["datasets"]})
     rep = Report(runs, datasets)
     base = Path.cwd() if base is None else Path(base)
@@ -266,44 +353,97 @@ def build(runs: list[Run], paper: bool = False, base: str | Path | None = None) 
                 rep.warnings.append(f"{r.path}: plots: {bound(entry, 300)}: {pic.problem}")
                 rep.notes.append(f"Picture of run {r.label} not shown: {pic.name}: {pic.problem}")
     if paper:
-        _paper_sections(rep, load_paper())
+        if doc is not None and check_paper(doc):
+            raise ValueError(f"paper data: {check_paper(doc)[0]}")
+        _paper_sections(rep, load_paper() if doc is None else doc)
     return rep
 
 
 def _paper_sections(rep: Report, doc: dict[str, Any]) -> None:
-    """One section per paper column that some run fills: the paper's rows with each run's ratio and sign."""
+    """The paper's tables beside the runs, each by its kind, with the source of each table and its caveats."""
     rep.paper = doc
-    filled = 0
-    for ci, col in enumerate(doc["columns"]):
+    compared = False
+    for tbl in doc["tables"]:
+        name = bound(tbl["table"])
+        rep.notes.append(f"Paper {name}: {bound(tbl['caption'], TEXT_LIMIT)} (source: {bound(tbl['where'], 300)})")
+        if tbl["kind"] == "datasets":
+            compared |= _paper_datasets(rep, tbl)
+        elif tbl["kind"] == "horizon":
+            compared |= _paper_horizon(rep, tbl)
+        else:
+            rep.sections.append((f"Paper {name}: {bound(tbl.get('title', tbl['id']))}",
+                                 ["row"] + [bound(c) for c in tbl["columns"]],
+                                 [[bound(r["name"])] + [_paper_fmt(v) for v in r["values"]] for r in tbl["rows"]]))
+        rep.notes += [f"Caveat ({name}): {bound(c, TEXT_LIMIT)}" for c in tbl.get("caveats", [])]
+    rep.notes.append(f"Paper: {bound(doc.get('paper', ''), 300)}. Ratio = run / paper; sign '-': the run's error is "
+                     "lower, '+': higher.")
+    if compared and any(r.result.get("recipe") != "reference" for r in rep.runs):
+        rep.notes.append("Runs evaluated with the dpot recipe score valid channels on fluid cells; the paper's figures "
+                         "are the reference recipe's (evaluate --recipe reference).")
+    for missing in doc.get("not_shipped", []):
+        rep.notes.append(f"Not shipped: the paper's {bound(missing['table'], 300)}: not found in a source that can be "
+                         f"read and cited (where we looked: dpot_train/paper/{PAPER_FILE}).")
+
+
+def _paper_datasets(rep: Report, tbl: dict[str, Any]) -> bool:
+    """One section per column of a `datasets` table that some run fills: the paper's rows with each run's ratio and
+    sign; the columns no dataset can fill, as the paper's figures alone. Whether a run was compared."""
+    name, metric = bound(tbl["table"]), tbl.get("metric", "")
+    filled, unfilled = 0, []
+    for ci, col in enumerate(tbl["columns"]):
+        if not col["datasets"]:
+            unfilled.append(ci)
+            continue
         ours = {r.label: _column_value(r, col["datasets"]) for r in rep.runs}
         if all(v is None for v in ours.values()):
             continue
         filled += 1
         header = ["paper row", "part", "params", "metric", "paper"] + [f"{label} / paper" for label in ours]
         rows = []
-        for row in doc["rows"]:
+        for row in tbl["rows"]:
             ref = row["values"][ci]
             if ref is None:
                 continue
-            cells = [row["name"], row["part"], str(row["params"]), row.get("metric", doc["metric"]), _fmt(ref)]
-            for v in ours.values():
-                cells.append("–" if v is None else f"{v / ref:.3g} ({'-' if v < ref else '+' if v > ref else '='})")
-            rows.append(cells)
+            rows.append([bound(row["name"]), bound(row.get("part", "")), bound(row.get("params", "")),
+                         bound(row.get("metric", metric)), _paper_fmt(ref)] + [_ratio(v, ref) for v in ours.values()])
         runs_line = ", ".join(f"{k} {_fmt(v)}" for k, v in ours.items())
-        rep.sections.append((f"Paper: {col['name']} ({', '.join(col['datasets'])}); runs: {runs_line}",
+        rep.sections.append((f"Paper {name}, {bound(col['name'])} ({bound(', '.join(col['datasets']), 300)}); "
+                             f"runs: {runs_line}",
                              header, rows))
-    src = doc["source"]
-    rep.notes.append(f"Paper figures: {src['paper']}, {src['table']}; from {src['where']}. Ratio = run / paper; "
-                     "sign '-': the run's error is lower, '+': higher.")
-    if not filled:
-        rep.notes.append("None of the runs' datasets is a column of the paper's table "
-                         f"({', '.join(c['name'] for c in doc['columns'])}).")
-    if any(r.result.get("recipe") != "reference" for r in rep.runs):
-        rep.notes.append("Runs evaluated with the dpot recipe score valid channels on fluid cells; the paper's figures "
-                         "are the reference recipe's (evaluate --recipe reference).")
-    rep.notes += [f"Caveat: {c}" for c in doc.get("caveats", [])]
-    if not doc.get("horizons"):
-        rep.notes.append("The paper's horizon and downstream tables are not shipped (no readable source was found).")
+    if unfilled:
+        rep.sections.append((f"Paper {name}: {', '.join(bound(tbl['columns'][ci]['name']) for ci in unfilled)} "
+                             "(no dataset of the catalog; the paper's figures alone)",
+                             ["paper row", "metric"] + [bound(tbl["columns"][ci]["name"]) for ci in unfilled],
+                             [[bound(r["name"]), bound(r.get("metric", metric))] +
+                              [_paper_fmt(r["values"][ci]) for ci in unfilled] for r in tbl["rows"]]))
+    if not filled and len(unfilled) < len(tbl["columns"]):
+        rep.notes.append(f"None of the runs' datasets is a column of the paper's {name} "
+                         f"({', '.join(bound(c['name']) for c in tbl['columns'] if c['datasets'])}).")
+    return filled > 0
+
+
+def _paper_horizon(rep: Report, tbl: dict[str, Any]) -> bool:
+    """A `horizon` table beside every run on its dataset whose rollout reaches its first step: the paper's rows,
+    each run's `l2re_per_step` at the table's steps ("–" past the run's rollout) and its ratio to each paper row.
+    Whether a run was compared."""
+    name, steps, dataset = bound(tbl["table"]), tbl["columns"], tbl["dataset"]
+    ours = {}
+    for r in rep.runs:
+        per_step = (r.result["datasets"].get(manifest_name(dataset)) or {}).get("model", {}).get("l2re_per_step")
+        if per_step and len(per_step) >= steps[0]:
+            ours[r.label] = [None if s > len(per_step) else per_step[s - 1] for s in steps]
+    if not ours:
+        rep.notes.append(f"The paper's {name} ({bound(dataset)}, steps {', '.join(map(str, steps))}) is set beside "
+                         f"runs on {bound(dataset)} whose rollout reaches {steps[0]} steps; none of these runs does.")
+        return False
+    rows = [[bound(r["name"]), "paper"] + [_paper_fmt(v) for v in r["values"]] for r in tbl["rows"]]
+    for label, values in ours.items():
+        rows.append([label, "run"] + [_fmt(v) for v in values])
+        rows += [[f"{label} / {bound(r['name'])}", "ratio"] + [_ratio(v, ref) for v, ref in zip(values, r["values"])]
+                 for r in tbl["rows"]]
+    rep.sections.append((f"Paper {name}, {bound(dataset)}: {bound(tbl.get('metric', 'L2RE'))} up to each rollout step",
+                         ["row", "from"] + [str(s) for s in steps], rows))
+    return True
 
 
 def to_markdown(rep: Report) -> str:

@@ -125,6 +125,9 @@ def test_evaluate_predictions_plots_video_and_report(fno_train_shards: Path, tmp
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FNO-nu 1e-3" in r.stdout and "0.00954" in r.stdout and "0.0128" in r.stdout  # DPOT-Ti and FNO
     assert "nRMSE" in r.stdout or "MPP" in r.stdout
+    assert "## Paper checkpoint table (README): DPOT model sizes" in r.stdout  # the sizes, as the data file has them
+    assert "| Huge | 2048 | 8092 | 27 | 8 | 1.03B |" in r.stdout
+    assert "Not shipped: the paper's long-trajectory" in r.stdout  # and named so, with where it was looked for
     assert report.read_text() in r.stdout
     html = tmp_path / "report.html"
     r = train_runs.run([sys.executable, "-m", "dpot_train", "report", str(out), "--out", str(html)])

@@ -11,11 +11,12 @@ import numpy as np
 from typer.testing import CliRunner
 
 from dpot_train.cli import app
-from dpot_train.report import build, load_paper, load_runs, to_markdown
+from dpot_train.report import build, check_paper, load_paper, load_runs, manifest_name, to_markdown
 
 
-def _eval(path: Path, scores: dict[str, float], steps: int = 3, recipe: str = "dpot") -> Path:
-    per_step = [0.01 * (k + 1) for k in range(steps)]
+def _eval(path: Path, scores: dict[str, float], steps: int = 3, recipe: str = "dpot",
+          per_step: list[float] | None = None) -> Path:
+    per_step = [0.01 * (k + 1) for k in range(steps)] if per_step is None else per_step
     doc = {"schema": "dpot-eval/2", "split": "test", "t_in": 10, "recipe": recipe, "datasets": {
         name: {"trajectories": 2, "rollout_steps": steps,
                "model": {"rollout_l2re": v, "one_step_l2re": v / 2, "l2re_per_step": per_step},
@@ -25,11 +26,16 @@ def _eval(path: Path, scores: dict[str, float], steps: int = 3, recipe: str = "d
     return path
 
 
+def _table(doc: dict, table_id: str) -> dict:
+    return next(t for t in doc["tables"] if t["id"] == table_id)
+
+
 def test_paper_data_is_complete_and_consistent() -> None:
-    doc = load_paper()
-    cols = doc["columns"]
-    assert len(cols) == 14 and all(len(r["values"]) == len(cols) for r in doc["rows"])
-    names = [r["name"] for r in doc["rows"]]
+    main = _table(load_paper(), "main")
+    assert main["table"] == "Table 1" and main["caption"].startswith("Results of main experiments")
+    cols = main["columns"]
+    assert len(cols) == 14 and all(len(r["values"]) == len(cols) for r in main["rows"])
+    names = [r["name"] for r in main["rows"]]
     for want in ("FNO", "UNet", "FFNO", "GNOT", "FNO-m", "MPP-Ti", "MPP-S", "MPP-L", "DPOT-Ti", "DPOT-M", "DPOT-L",
                  "DPOT-H", "DPOT-T-200", "DPOT-L-500"):
         assert want in names
@@ -41,12 +47,132 @@ def test_paper_data_is_complete_and_consistent() -> None:
         for d in col["datasets"]:
             assert d in catalog, d
     # the paper's M1 / M0.1 columns are the means of the two columns before them (within its rounding)
-    for row in doc["rows"]:
+    for row in main["rows"]:
         v = row["values"]
         for a, b, m in ((3, 4, 5), (6, 7, 8)):
             if None not in (v[a], v[b], v[m]):
                 assert abs((v[a] + v[b]) / 2 - v[m]) <= 0.006 * v[m] + 1e-4, (row["name"], v[a], v[b], v[m])
-    assert any("nRMSE" in c for c in doc["caveats"]) and any("DPOT-S" in c for c in doc["caveats"])
+    assert any("nRMSE" in c for c in main["caveats"]) and any("DPOT-S" in c for c in main["caveats"])
+
+
+def test_paper_data_file_schema() -> None:
+    """Every table of the shipped file names its source and caption, is of a kind the report reads, and each row
+    holds one figure per column; the tables left out say where they were looked for. check_paper finds each kind
+    of fault."""
+    doc = load_paper()
+    assert check_paper(doc) == []
+    assert [t["id"] for t in doc["tables"]] == ["main", "model-sizes"]
+    for tbl in doc["tables"]:
+        assert tbl["table"] and tbl["caption"] and "commit dcd2f9a" in tbl["where"]
+        assert all(len(r["values"]) == len(tbl["columns"]) for r in tbl["rows"])
+    missing = [m["table"] for m in doc["not_shipped"]]
+    assert [m.split(" ")[0] for m in missing] == ["downstream", "long-trajectory", "resolution"]
+    assert all(len(m["looked"]) >= 5 for m in doc["not_shipped"])
+    from dpot_data.catalog import load_catalog
+
+    catalog = load_catalog().entries
+    for tbl in doc["tables"]:
+        for col in tbl["columns"] if tbl["kind"] == "datasets" else []:
+            assert all(d in catalog for d in col["datasets"]), col
+
+    def broken(**change: object) -> list[str]:
+        tbl = {"id": "t", "kind": "horizon", "table": "Table 9", "caption": "c", "where": "w", "dataset": "d",
+               "columns": [20, 50], "rows": [{"name": "A", "values": [0.1, None]}]}
+        tbl.update(change)
+        return check_paper({"tables": [tbl]})
+
+    assert broken() == []
+    assert broken(caption="") == ["tables[0] (t): 'caption' must be a non-empty text (the table's source)"]
+    assert broken(where=None) == ["tables[0] (t): 'where' must be a non-empty text (the table's source)"]
+    assert broken(rows=[{"name": "A", "values": [0.1]}]) == ["tables[0] (t): row A: 1 values for 2 columns"]
+    assert broken(rows=[{"name": "A", "values": [0.1, "7M"]}]) == ["tables[0] (t): row A: expected numbers or null"]
+    assert broken(columns=[50, 20], rows=[{"name": "A", "values": [1, 2]}]) == [
+        "tables[0] (t): 'columns' must be increasing rollout steps (positive whole numbers)"]
+    assert broken(kind="plot") == ["tables[0] (t): 'kind' must be one of datasets, horizon, figures, not 'plot'"]
+    assert broken(kind="figures", columns=["Layers", "Model size"], rows=[{"name": "A", "values": [1, "7M"]}]) == []
+    assert broken(kind="figures") == ["tables[0] (t): each column needs a name"]
+    assert broken(kind="datasets", columns=["a"], rows=[{"name": "A", "values": [1]}]) == [
+        "tables[0] (t): each column needs a 'name' and a list 'datasets'"]
+    assert check_paper({"columns": []}) == ["expected a mapping with a non-empty list 'tables'"]
+    assert check_paper({**doc, "not_shipped": [{"table": "resolution table", "looked": []}]}) == [
+        "not_shipped[0]: expected the 'table' left out and the list of where it was 'looked' for"]
+
+
+def test_model_size_table_agrees_with_the_presets() -> None:
+    """The README's checkpoint table against dpot_train's presets, which load the released weights: attention dim,
+    MLP dim (but Huge's printed 8092, a caveat), layers, heads, and the model size to its rounding (within 10 %)."""
+    from dpot_train.model.config import PRESETS
+    from dpot_train.model_info import parameter_breakdown
+
+    tbl = _table(load_paper(), "model-sizes")
+    assert tbl["columns"] == ["Attention dim", "MLP dim", "Layers", "Heads", "Model size"]
+    size = {"M": 1e6, "B": 1e9}
+    for row, key in zip(tbl["rows"], ("Ti", "S", "M", "L", "H")):
+        attn, mlp, layers, heads, params = row["values"]
+        cfg = PRESETS[key]
+        assert (attn, layers, heads) == (cfg.embed_dim, cfg.depth, cfg.n_blocks), row
+        assert mlp == (8092 if key == "H" else cfg.embed_dim * cfg.mlp_ratio), row
+        counted = sum(parameter_breakdown(cfg).values())
+        assert abs(counted - float(params[:-1]) * size[params[-1]]) <= 0.1 * counted, (row, counted)
+    assert any("8092" in c and "8192" in c for c in tbl["caveats"])
+
+
+def _unescape(cell: str) -> str:
+    import html
+
+    return html.unescape(re.sub(r"\\(.)", r"\1", cell.strip()))
+
+
+def _md_sections(text: str) -> dict[str, list[list[str]]]:
+    """The tables of a Markdown report by their heading: rows of cells (the header first), unescaped."""
+    out: dict[str, list[list[str]]] = {}
+    title = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            title = _unescape(line[3:])
+            out[title] = []
+        elif title is not None and line.startswith("|") and not line.startswith("|---"):
+            out[title].append([_unescape(c) for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])])
+    return out
+
+
+ALL_TABLE1 = ["fno-ns-v1e-5", "fno-ns-v1e-4", "fno-ns-v1e-3", "pdebench-cfd-m1-eta0.1", "pdebench-cfd-m1-eta0.01",
+              "pdebench-cfd-m0.1-eta0.1", "pdebench-cfd-m0.1-eta0.01", "pdebench-dr", "pdebench-swe", "pdearena-ns",
+              "pdearena-ns-cond", "cfdbench"]
+
+
+def test_every_printed_paper_figure_is_the_data_files(tmp_path: Path) -> None:
+    """`report --paper` on a run filling every column of Table 1: the printed report, read back, holds each figure
+    of the data file, in its row and column, and the model-size table as the data file has it; each table's
+    source is named."""
+    a = _eval(tmp_path / "a" / "eval.json", {manifest_name(d): 0.01 * (i + 1) for i, d in enumerate(ALL_TABLE1)})
+    r = _report(str(a), "--paper", "--out", str(tmp_path / "r.md"))
+    assert r.exit_code == 0, r.output
+    printed = r.stdout.rsplit("\nwrote ", 1)[0]
+    sections = _md_sections(printed)
+    doc = load_paper()
+    main = _table(doc, "main")
+    seen = 0
+    for ci, col in enumerate(main["columns"]):
+        title = next(t for t in sections if t.startswith(f"Paper Table 1, {col['name']} ("))
+        header, *rows = sections[title]
+        assert header[:5] == ["paper row", "part", "params", "metric", "paper"] and header[5] == "a / paper"
+        want = [row for row in main["rows"] if row["values"][ci] is not None]
+        assert [c[0] for c in rows] == [w["name"] for w in want], title
+        for cells, row in zip(rows, want):
+            assert float(cells[4]) == row["values"][ci] and cells[2] == str(row["params"]), (title, cells)
+            assert cells[3] == row.get("metric", "L2RE")
+            seen += 1
+    assert seen == sum(v is not None for row in main["rows"] for v in row["values"])
+    sizes = _table(doc, "model-sizes")
+    header, *rows = sections["Paper checkpoint table (README): DPOT model sizes"]
+    assert header == ["row"] + sizes["columns"]
+    assert rows == [[row["name"]] + [str(v) for v in row["values"]] for row in sizes["rows"]]
+    notes = _unescape(printed.split("\n- ", 1)[1])
+    assert f"Paper Table 1: {main['caption']} (source: {main['where']})" in notes
+    assert f"(source: {sizes['where']})" in notes and "Caveat (checkpoint table (README)): Huge's" in notes
+    for missing in doc["not_shipped"]:
+        assert f"Not shipped: the paper's {missing['table']}" in printed.replace("\\", "")
 
 
 def test_report_table_horizons_and_paper(tmp_path: Path) -> None:
@@ -59,14 +185,71 @@ def test_report_table_horizons_and_paper(tmp_path: Path) -> None:
     assert horizon[1][2:] == ["20", "50", "100", "200", "500"]
     assert horizon[2] == [["fno-ns-v1e-3", "a", "0.2", "0.5", "–", "–", "–"],
                           ["pdebench-cfd-m1-eta0p1", "a", "0.2", "0.5", "–", "–", "–"]]
-    fno = [s for s in rep.sections if s[0].startswith("Paper: FNO-nu 1e-3")][0]
+    fno = [s for s in rep.sections if s[0].startswith("Paper Table 1, FNO-nu 1e-3")][0]
     row = [r for r in fno[2] if r[0] == "FNO"][0]
     assert row[4] == "0.0128" and row[5] == "2 (+)" and row[6] == "0.5 (-)"
     # a column with several datasets needs all of them in one run (M1: neither run has both)
-    assert not [s for s in rep.sections if s[0].startswith("Paper: PDEBench CNS M1 ")]
-    assert [s for s in rep.sections if s[0].startswith("Paper: PDEBench CNS 1,0.1 ")]
-    assert "Caveat: MPP rows" in md and "dpot recipe" in md and "not shipped" in md
+    assert not [s for s in rep.sections if s[0].startswith("Paper Table 1, PDEBench CNS M1 ")]
+    assert [s for s in rep.sections if s[0].startswith("Paper Table 1, PDEBench CNS 1,0.1 ")]
+    assert "Caveat (Table 1): MPP rows" in md and "dpot recipe" in md and "Not shipped: the paper" in md
     assert not [s for s in rep.sections if "PDEArena" in s[0]]  # no run filled it
+
+
+def _paper_doc() -> dict:
+    """A paper data file of the two kinds the shipped one does not use yet (test figures, not the paper's): a
+    long-trajectory table and a downstream table with one column of the catalog and one without."""
+    return {"paper": "A <b>paper</b>", "tables": [
+        {"id": "long", "kind": "horizon", "table": "Table L", "caption": "Long | <i>rollouts</i>\n# not a heading",
+         "where": "test", "dataset": "fno-ns-v1e-3", "metric": "L2RE", "columns": [20, 50, 100, 200, 500],
+         "rows": [{"name": "DPOT", "values": [0.002, 0.004, 0.008, 0.016, 0.032]},
+                  {"name": "DPOT-pretrained", "values": [0.001, None, 0.004, 0.008, 0.016]}]},
+        {"id": "down", "kind": "datasets", "table": "Table D", "caption": "Downstream", "where": "test",
+         "metric": "L2RE", "columns": [{"name": "3D", "datasets": ["pdebench-cfd3d-m1-turb"]},
+                                       {"name": "Turbulence <x>", "datasets": []}],
+         "rows": [{"name": "FNO", "values": [0.4, 0.2]}, {"name": "MPP-FT", "values": [None, 0.15]}],
+         "caveats": ["a|b"]}]}
+
+
+def test_long_trajectory_table_beside_the_runs_per_step(tmp_path: Path) -> None:
+    """A `horizon` table is set beside each run's l2re_per_step at its steps where the rollout reaches them ("–"
+    past it), with the ratio and sign to each paper row; a run whose rollout stops short of the first step, or on
+    another dataset, is left out. A downstream column of the catalog gets ratios, one without is printed as the
+    paper's figures alone. Texts of the data file are escaped."""
+    long = _eval(tmp_path / "long" / "eval.json", {DS: 0.02}, steps=120,
+                 per_step=[0.001 * (k + 1) for k in range(120)])  # step k: 0.001 k
+    short = _eval(tmp_path / "short" / "eval.json", {DS: 0.02}, steps=19)
+    other = _eval(tmp_path / "other" / "eval.json", {"pdebench-dr": 0.02, "pdebench-cfd3d-m1-turb": 0.2}, steps=600)
+    rep = build(load_runs([long, short, other]), paper=True, doc=_paper_doc())
+    md = to_markdown(rep)
+    title, header, rows = [s for s in rep.sections if s[0].startswith("Paper Table L")][0]
+    assert title == "Paper Table L, fno-ns-v1e-3: L2RE up to each rollout step"
+    assert header == ["row", "from", "20", "50", "100", "200", "500"]
+    assert rows == [["DPOT", "paper", "0.002", "0.004", "0.008", "0.016", "0.032"],
+                    ["DPOT-pretrained", "paper", "0.001", "–", "0.004", "0.008", "0.016"],
+                    ["long", "run", "0.02", "0.05", "0.1", "–", "–"],
+                    ["long / DPOT", "ratio", "10 (+)", "12.5 (+)", "12.5 (+)", "–", "–"],
+                    ["long / DPOT-pretrained", "ratio", "20 (+)", "–", "25 (+)", "–", "–"]]
+    down = [s for s in rep.sections if s[0].startswith("Paper Table D, 3D")][0]
+    assert down[0] == "Paper Table D, 3D (pdebench-cfd3d-m1-turb); runs: long –, short –, other 0.2"
+    assert down[2] == [["FNO", "", "", "L2RE", "0.4", "–", "–", "0.5 (-)"]]
+    alone = [s for s in rep.sections if s[0].startswith("Paper Table D: ")][0]
+    assert alone[1] == ["paper row", "metric", "Turbulence <x>"]
+    assert alone[2] == [["FNO", "L2RE", "0.2"], ["MPP-FT", "L2RE", "0.15"]]
+    assert "Long \\| &lt;i&gt;rollouts&lt;/i&gt; # not a heading" in md and "<i>" not in md and "<x>" not in md
+    assert "Caveat (Table D): a\\|b" in md and "Paper: A &lt;b&gt;paper&lt;/b&gt;" in md
+    # no run on the table's dataset reaches its first step: the table is named, not printed
+    rep = build(load_runs([short, other]), paper=True, doc=_paper_doc())
+    assert not [s for s in rep.sections if s[0].startswith("Paper Table L")]
+    assert any(n.startswith("The paper's Table L (fno-ns-v1e-3, steps 20, 50, 100, 200, 500) is set beside runs")
+               for n in rep.notes)
+    bad = _paper_doc()
+    bad["tables"][0]["rows"][0]["values"] = [0.1]
+    try:
+        build(load_runs([long]), paper=True, doc=bad)
+    except ValueError as exc:
+        assert str(exc) == "paper data: tables[0] (long): row DPOT: 1 values for 5 columns"
+    else:
+        raise AssertionError("a malformed paper data file was read")
 
 
 def test_report_cli_html_and_errors(tmp_path: Path) -> None:
