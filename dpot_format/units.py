@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from dpot_format.text import bound
+
 UNKNOWN = "unknown"
 DIMENSIONLESS = "1"
 MIXED = "see channel_units"  # `fields` units when its channels differ
@@ -71,13 +73,15 @@ def entry_units(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def label(name: str, unit: str | None) -> str:
-    """`name [unit]` (e.g. `temperature [K]`, `x [m]`), as a colour bar, an axis or a table names a quantity."""
-    return f"{name} [{unit or UNKNOWN}]"
+    """`name [unit]` (e.g. `temperature [K]`, `x [m]`), as a colour bar, an axis or a table names a quantity; each
+    part one line of at most NAME_LIMIT characters (a file's attribute can be a megabyte: matplotlib would draw it
+    for minutes)."""
+    return f"{bound(name)} [{bound(unit or UNKNOWN)}]"
 
 
 def stated_label(name: str, unit: str | None) -> str:
     """`name [unit]` where a unit is stated, the bare name where it is unknown (prose that lists units elsewhere)."""
-    return name if not unit or unit == UNKNOWN else label(name, unit)
+    return bound(name) if not unit or unit == UNKNOWN else label(name, unit)
 
 
 _TIME_SYMBOLS = {"second": "s", "seconds": "s", "sec": "s", "secs": "s", "s": "s", "minute": "min", "minutes": "min",
@@ -90,4 +94,4 @@ def time_symbol(unit: str | None) -> str | None:
     if not unit or unit == UNKNOWN:
         return None
     head = unit.split(" since ", 1)[0].strip()
-    return _TIME_SYMBOLS.get(head.lower(), head)
+    return _TIME_SYMBOLS.get(head.lower(), bound(head))

@@ -107,11 +107,11 @@ def test_a_store_is_replaced_only_when_dpot_wrote_it_and_it_holds_nothing_else(t
 # --- 2: devices and FIFOs stay what they are ------------------------------------------------------------------------
 
 def _specials(folder: Path) -> list[tuple[Path, str, int]]:
-    fifo = folder / "fifo"
+    fifo = folder / "fifo.md"  # a name `report --out` takes (.md), so that the rule is what refuses it
     os.mkfifo(fifo)
     found = [(fifo, "a FIFO (named pipe)", stat.S_IFIFO)]
     if os.geteuid() == 0:  # a device node of our own (the one /dev/null is): only root may make it
-        null = folder / "null"
+        null = folder / "null.md"
         os.mknod(null, stat.S_IFCHR | 0o600, os.makedev(1, 3))
         found.append((null, "a character device", stat.S_IFCHR))
     return found
@@ -307,11 +307,11 @@ def test_no_output_goes_into_an_ingest_output_or_a_runs_own_files(fno_train_shar
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("steps: 2\n")
-    ev = _eval_json(tmp_path / "eval.json")
+    ckpt = _checkpoint(tmp_path / "ck.pt", img_size=16)
     for target, why in ((fno_train_shards / "manifest.json", f"lies inside the ingest output {fno_train_shards}"),
                         (run / "config.yaml", f"is part of the run {run} (its config.yaml"),
                         (run / "checkpoints" / "w.pth", f"is part of the run {run} (its checkpoints")):
-        r = CliRunner().invoke(app, ["report", str(ev), "--out", str(target)])
+        r = CliRunner().invoke(app, ["model", "export", str(ckpt), "--out", str(target)])
         assert _one_line(r).startswith(f"error: --out {target}: {why}")
     assert (run / "config.yaml").read_text() == "steps: 2\n" and not (run / "checkpoints" / "w.pth").exists()
     assert check_file(run / "report.md") == run / "report.md"  # a new file of the user's beside the run's own

@@ -20,9 +20,10 @@ TOY_ARRAYS = toy_output.toy_arrays
 
 
 def _error_lines(text: str) -> list[str]:
-    """stderr without the echoed torchrun command and torchrun's OMP_NUM_THREADS banner."""
+    """stderr without the echoed torchrun command, torchrun's OMP_NUM_THREADS banner and launch's `normalise:` line
+    (what the run normalises, said before it starts)."""
     return [ln for ln in text.splitlines() if ln.strip() and " -m dpot_train.torchrun " not in ln
-            and "*****" not in ln and "Setting OMP_NUM_THREADS" not in ln]
+            and "*****" not in ln and "Setting OMP_NUM_THREADS" not in ln and not ln.startswith("normalise: ")]
 
 
 def _toy(root: Path, monkeypatch: pytest.MonkeyPatch, masked: bool = False, nan: bool = False) -> Path:
