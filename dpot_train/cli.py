@@ -130,13 +130,14 @@ def model_export_cmd(
     """Write a run checkpoint's weights in the released DPOT format, a bare {'model': state_dict}: what the
     reference implementation loads, and what --init and evaluate treat as released weights (the reference recipe)."""
     from dpot_train.checkpoint import CheckpointWriteError, export_released, record_path
+    from dpot_train.model.family_config import grid_text
 
     try:
         config = export_released(checkpoint, out)
     except (FileNotFoundError, ValueError, CheckpointWriteError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
-    typer.echo(f"wrote {out}: {config.in_channels} channels, {config.img_size}x{config.img_size}, "
+    typer.echo(f"wrote {out}: {config.in_channels} channels, {grid_text(config.grid)}, "
                f"{config.in_timesteps} input frames ({{'model': state_dict}}, the released format); its sha256 in "
                f"{record_path(out).name} (publish it: `--sha256` checks a copy)")
 
