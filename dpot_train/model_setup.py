@@ -8,6 +8,7 @@ import torch
 
 from dpot_train.checkpoint import load_state_dict_file
 from dpot_train.model import families
+from dpot_train.model.family_config import GridError
 from dpot_train.model.weights import resize_pos_embed
 
 __all__ = ["checkpoint_config", "convention_problems", "data_overrides", "fresh_config", "fresh_model", "init_model",
@@ -33,6 +34,8 @@ def fresh_config(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) 
     in one line when they do not fit (e.g. more Fourier modes than the grid holds)."""
     try:
         return families.configure(preset, fixed, overrides)
+    except GridError:
+        raise  # the caller names the grid as the user gives it (launch: --res, --resolution)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model {preset} on this data ({fixed}): {exc}") from None
 

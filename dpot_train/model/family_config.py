@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, TypeVar
 
+from dpot_format.grid import grid_text
+
 C = TypeVar("C")
 
 
@@ -69,11 +71,6 @@ def multiple_problem(name: str, grid: tuple[int, ...], multiple: int, what: str)
         return None
     return (f"{name} {grid_text(grid)}: every side must be a multiple of {what} {multiple}; the nearest such grid is "
             f"{grid_text(nearest_grid(grid, multiple))}")
-
-
-def grid_text(grid: Grid | tuple[int, ...]) -> str:
-    """A grid as written in messages: 48x64 (a bare side: itself)."""
-    return "x".join(str(s) for s in grid) if isinstance(grid, (list, tuple)) else str(grid)
 
 
 def _side(value: Any) -> bool:
