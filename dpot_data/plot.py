@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpot_data.output import DatasetView, datasets  # noqa: E402
+from dpot_format.grid import cell_aspect  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,9 @@ def frame_indices(frames: int) -> list[int]:
     return sorted({0, (frames - 1) // 2, frames - 1})
 
 
-def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, np.ndarray, list[int]]]:
-    """(label, frames of one channel (t, *space), mask, frame indices) for each plotted row of one dataset."""
+def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, np.ndarray, list[int], float]]:
+    """(label, frames of one channel (t, *space), mask, frame indices, imshow aspect: the native grid's, so a
+    resampled grid keeps its true proportions) for each plotted row of one dataset."""
     entry = view.entry
     n = int(entry.get("trajectories", 0))
     channels = list(entry["channels"])
@@ -64,7 +66,8 @@ def _rows(view: DatasetView, opts: PlotOptions) -> list[tuple[str, np.ndarray, n
         picks = frame_indices(fields.shape[0])
         for c in np.flatnonzero(valid):
             label = f"{view.name} #{index}{where}\n{channels[c]}"
-            rows.append((label, fields[picks, c], mask, picks))
+            rows.append((label, fields[picks, c], mask, picks,
+                         cell_aspect(mask.shape, view.entry.get("grid", {}).get("native_shape"))))
     return rows
 
 
@@ -80,7 +83,7 @@ def build_figure(root: str, opts: PlotOptions = PlotOptions()) -> "plt.Figure":
     fig, axes = plt.subplots(
         len(rows), n_cols, figsize=(2.6 * n_cols + 0.9, 2.3 * len(rows)), squeeze=False, constrained_layout=True
     )
-    for r, (label, frames, mask, picks) in enumerate(rows):
+    for r, (label, frames, mask, picks, aspect) in enumerate(rows):
         fluid = mask.astype(bool)
         shown = frames[:, fluid] if fluid.any() else frames.reshape(len(frames), -1)
         finite = shown[np.isfinite(shown)]
@@ -101,7 +104,8 @@ def build_figure(root: str, opts: PlotOptions = PlotOptions()) -> "plt.Figure":
                 ax.axis("off")
                 continue
             data = np.where(fluid, frames[col], np.nan)
-            image = ax.imshow(data, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+            image = ax.imshow(data, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
+                              aspect=aspect)
             if not fluid.all():
                 ax.contour(fluid.astype(float), levels=[0.5], colors="k", linewidths=0.8, origin="lower")
             ax.set_title(f"t = frame {picks[col]}", fontsize=8)

@@ -48,3 +48,13 @@ def target_shape(shape: Sequence[int], res: Res | Sequence[int], option: str,
 def grid_text(grid: int | Sequence[int]) -> str:
     """A grid as messages write it: 48x64 (a single side: itself)."""
     return "x".join(str(int(s)) for s in grid) if isinstance(grid, (list, tuple)) else str(grid)
+
+
+def cell_aspect(shape: Sequence[int], native: Sequence[int] | None) -> float:
+    """imshow's `aspect` for a picture of the last two axes of a grid of `shape` resampled from `native` (rows,
+    then columns): a cell's height over its width in native cells, so that the picture keeps the native grid's
+    proportions (1.0, square cells, when the grid was not resampled or was resampled evenly, or `native` is None)."""
+    if not native or len(native) < 2 or len(shape) < 2:
+        return 1.0
+    (rows, cols), (n_rows, n_cols) = shape[-2:], native[-2:]
+    return (n_rows / rows) / (n_cols / cols)

@@ -37,6 +37,13 @@ def _plane(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _aspect(group: Any, plane: np.ndarray) -> float:
+    """imshow's aspect for a `plane` of the group's grid: the native grid's proportions (dpot_format.grid)."""
+    from dpot_format.grid import cell_aspect
+
+    return cell_aspect(plane.shape, group.attrs.get("native_shape"))
+
+
 def picked_steps(steps: int) -> list[int]:
     """Indices of the first, middle and last rollout step (fewer when the rollout is shorter)."""
     return sorted({0, (steps - 1) // 2, steps - 1})
@@ -67,7 +74,8 @@ def plot_fields(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.ndar
                                                                ("error", err[si], -e or -1.0, e or 1.0, "RdBu_r"))):
                 ax = axes[3 * ci + ki, si]
                 shown = np.ma.masked_where(~mask, a)
-                im = ax.imshow(shown, origin="lower", vmin=vmin, vmax=vmax, cmap=cmap, interpolation="nearest")
+                im = ax.imshow(shown, origin="lower", vmin=vmin, vmax=vmax, cmap=cmap, interpolation="nearest",
+                               aspect=_aspect(group, mask))
                 if not mask.all():
                     ax.contour(mask.astype(float), levels=[0.5], colors="k", linewidths=0.8)
                 ax.set_title(f"{ch} {kind}, step {s + 1}", fontsize=8)
@@ -154,7 +162,8 @@ def write_video(group: Any, out: Path, trajectory: int = 0, fps: int = 4) -> lis
     lo, hi = float(first[mask].min()), float(first[mask].max())
     hi = hi if hi > lo else lo + 1.0
     fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
-    ims = [ax.imshow(np.zeros_like(first), origin="lower", vmin=v0, vmax=v1, cmap=cm, interpolation="nearest")
+    ims = [ax.imshow(np.zeros_like(first), origin="lower", vmin=v0, vmax=v1, cmap=cm, interpolation="nearest",
+                     aspect=_aspect(group, mask))
            for ax, (v0, v1, cm) in zip(axes, ((lo, hi, "viridis"), (lo, hi, "viridis"),
                                               (-(hi - lo) / 2, (hi - lo) / 2, "RdBu_r")))]
     for ax in axes:

@@ -295,7 +295,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         if not res and cfg.spatial_dims == 3 and families.weights_fix_grid(cfg):  # its (X, Y, Z), stored (Z, Y, X)
             res = cfg.img_size if isinstance(cfg.img_size, int) else list(stored_shape(cfg.grid, ds0.model_layout))
     seen = run_grid(grid, ds0.model_layout, res, ds0.dims)  # the grid the model is handed
-    if not res and tuple(cfg.grid) != seen:  # weights of another grid: DPOT resamples its positional embedding
+    if tuple(cfg.grid) != seen:  # weights of another grid: DPOT resamples its positional embedding
         model = init_model(checkpoint, data_overrides(cfg.in_channels, seen, frames_in, cfg.out_timesteps), trusted,
                            loaded=loaded)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,

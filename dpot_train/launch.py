@@ -199,9 +199,10 @@ def grid_refusal(cfg: TrainConfig, ds: Any, exc: GridError) -> str:
     grid = stored_shape(exc.grid, ds.model_layout)
     near = ",".join(map(str, stored_shape(exc.nearest, ds.model_layout)))
     what = f"--init {cfg.init}" if cfg.init else f"--model {cfg.model}"
-    return (f"{what}: the grid {grid_text(grid)} ({', '.join(ds.dims)}{', after --res' if cfg.data.res else ''} "
-            f"of dataset {ds.name!r}) is not a multiple of the patch size {exc.multiple} on every axis; the nearest "
-            f"valid grid is {near.replace(',', 'x')}: train with --res {near}, or ingest with --resolution {near}")
+    return (f"{what}: dataset {ds.name!r} gives the model a {grid_text(grid)} grid ({', '.join(ds.dims)}"
+            f"{'; from --res' if cfg.data.res else ''}), not a multiple of the patch size {exc.multiple} on every "
+            f"axis; the nearest valid grid is {near.replace(',', 'x')}: train with --res {near}, or ingest with "
+            f"--resolution {near}")
 
 
 def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
