@@ -182,3 +182,55 @@ def test_launch_trains_on_48x64_and_evaluate_scores_it(own_shards: Path, tmp_pat
     assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
     result = json.loads((tmp_path / "eval.json").read_text())["datasets"]["heat"]
     assert result["trajectories"] == 2 and np.isfinite(result["model"]["rollout_l2re"])
+
+
+def test_res_h_w_takes_the_mask_aware_rule_on_own_data(own_shards: Path) -> None:
+    """--res 24,40 on the 48x64 file with its NaN obstacle: preview and open_dataset resize by the mask-aware rule
+    (docs/format.md, "Resampling with solid cells"), so every fluid value stays within the stored fluid range (a
+    plain bilinear resize would pull the 0-valued solid cells into their neighbours)."""
+    from dpot_train import open_dataset
+    from dpot_train.preview import window
+
+    stored, stored_mask, _ = window(own_shards, frames=3, normalize="none")
+    fluid = stored[stored_mask.astype(bool)][..., 0]
+    x, mask, _ = window(own_shards, frames=3, res="24,40", normalize="none")
+    assert x.shape == (24, 40, 3, 4) and mask.shape == (24, 40) and not mask.all()
+    shown = x[mask][..., 0]
+    assert fluid.min() - 1e-3 <= shown.min() and shown.max() <= fluid.max() + 1e-3
+    item = next(iter(open_dataset(str(own_shards), split="test", t_in=2, shuffle=False, res=(24, 40),
+                                  normalize="none", verify_checksums=False)))
+    values = item["x"][item["mask"].bool()][..., 0]
+    assert item["x"].shape == (24, 40, 2, 4) and fluid.min() - 1e-3 <= float(values.min())
+
+
+@pytest.mark.parametrize("res, line", [
+    ("24,x", "res: expected a grid side from 1 to 4096 (0: the stored grid) or one side per axis, \"H,W\" or (H, W) "
+             "(D,H,W for 3D), each from 1 to 4096, got '24,x'"),
+    ((24, 0), "res: expected a grid side from 1 to 4096 (0: the stored grid) or one side per axis, \"H,W\" or "
+              "(H, W) (D,H,W for 3D), each from 1 to 4096, got (24, 0)"),
+    (100000, "res: expected a grid side from 1 to 4096 (0: the stored grid), got 100000"),
+])
+def test_open_dataset_refuses_a_bad_res_in_one_line(own_shards: Path, res: object, line: str) -> None:
+    from dpot_train import open_dataset
+
+    with pytest.raises(ValueError) as err:
+        open_dataset(str(own_shards), res=res)
+    assert str(err.value) == line
+
+
+def test_grid_notes_name_a_rectangular_trained_grid_as_res_takes_it() -> None:
+    """evaluate's note for data on another grid than a 48x64 model's: the trained grid as 48x64, and the --res that
+    gives it back in the manifest's order (48,64; a grid of one side would read as its side)."""
+    from types import SimpleNamespace
+
+    from dpot_train.evaluate import grid_notes
+    from dpot_train.model.config import DPOTConfig
+
+    cfg = DPOTConfig(img_size=(48, 64), patch_size=8, embed_dim=32, depth=1, n_blocks=1, modes=4)
+    ds = SimpleNamespace(name="heat", shape=(32, 48), model_layout="yx", dims=["y", "x"])
+    assert grid_notes(cfg, [ds], 0) == ["the model was trained on a 48x64 grid; dataset 'heat' is scored on its "
+                                        "32x48 grid, the positional embedding resampled; --res 48,64 resizes it to "
+                                        "the trained grid"]
+    assert grid_notes(cfg, [ds], [48, 64]) == []
+    assert grid_notes(cfg, [ds], [24, 32]) == ["the model was trained on a 48x64 grid; dataset 'heat' is resized "
+                                               "from 32x48 to 24x32 (--res 24,32)"]
