@@ -257,8 +257,10 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
     def command(
         files: List[str] = typer.Argument(..., help="Raw files of this source (paths or fsspec URLs)."),
         out: str = typer.Option(..., "--out", help="Output folder or fsspec URL (manifest.json, data.zarr, shards/)."),
-        resolution: Optional[int] = typer.Option(None, "--resolution", help="Target size of each spatial axis (0: "
-                                                 "native). Default per source: 128 for 2D data, native for 3D."),
+        resolution: Optional[str] = typer.Option(None, "--resolution", help="Target grid: N for every spatial axis, "
+                                                 "or H,W (D,H,W for 3D) in the stored axis order (0: native). "
+                                                 "Default per source: 128 for 2D data, native for 3D. Own data "
+                                                 "(xarray, the-well) keeps its native grid, whatever its aspect."),
         channels: Optional[int] = typer.Option(None, "--channels", help="Pad channels up to this count (default 4, "
                                                "or the native count when larger: 5 for 3D compressible NS)."),
         fill: float = typer.Option(1.0, "--fill", help="Value of padded channels."),
@@ -312,7 +314,13 @@ def _ingest_command(source: str, help_text: str, command_name: Optional[str] = N
         if max_abs is not None:  # else IngestOptions' default (dpot_data.ingest.options.MAX_ABS)
             options["max_abs"] = max_abs
         if resolution is not None:  # else IngestOptions' default: per source
-            options["resolution"] = resolution or None
+            from dpot_data.errors import InputError
+            from dpot_data.ingest.options import parse_resolution
+
+            try:
+                options["resolution"] = parse_resolution(resolution)
+            except InputError as exc:
+                raise _fail(exc) from None
         reader_options = {k: v for k, v in reader.items() if v is not None}
         if dry_run:
             _dry_run(source, files, out, options, dataset, reader_options)

@@ -2,7 +2,9 @@
 preview, `dpot-train evaluate --plot`): colour bars named with the quantity and its unit (`temperature [K]`), axes in
 the file's coordinates and units (`x [m]`), titles with the frame's time (`t = 1.5 s`) where the file states times,
 and colour ranges taken over fluid cells only, solid and NaN cells drawn in a colour of their own (SOLID_COLOUR)
-outside the range. Pure numpy, but for `draw_field`, which is handed the matplotlib axes to draw on."""
+outside the range. Proportions come from the coordinates (one metre as long across as up); without coordinates,
+from the native grid's cells (`Plane.native`), so that a grid resampled at ingest or by `--res` keeps its native
+aspect. Pure numpy, but for `draw_field`, which is handed the matplotlib axes to draw on."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from dpot_format.grid import cell_aspect
 from dpot_format.units import UNKNOWN, label, time_symbol
 
 SOLID_COLOUR = "0.6"  # mid grey: in neither viridis nor RdBu_r, so a solid or NaN cell never reads as a value
@@ -76,6 +79,7 @@ class Plane:
     names: tuple[str, str]  # (across, up), e.g. ("x", "y")
     coords: tuple[np.ndarray | None, np.ndarray | None]
     units: tuple[str, str]
+    native: tuple[int, int] | None = None  # (rows, columns) of the grid the data was resampled from (None: as drawn)
 
     def labels(self) -> tuple[str, str]:
         """The axis labels, `x [m]` and `y [m]`; `x [cell]` where there are no coordinates."""
@@ -88,8 +92,14 @@ class Plane:
         up = _edges(self.coords[1], shape[0])
         return across[0], across[1], up[0], up[1]
 
-    def aspect(self, shape: tuple[int, int]) -> str:
-        """"equal" (one metre is as long across as up) unless that would stretch the picture past _MAX_ASPECT."""
+    def aspect(self, shape: tuple[int, int]) -> str | float:
+        """"equal" (one metre is as long across as up) unless that would stretch the picture past _MAX_ASPECT. Drawn
+        in cell indices (no coordinates), a cell is as tall as wide in the native grid's cells (`native`), so a grid
+        resampled at ingest or by `--res` (48x64 to 128x128) keeps its native proportions."""
+        if self.coords[0] is None and self.coords[1] is None:
+            cell = cell_aspect(shape, self.native)
+            drawn = cell * shape[0] / shape[1]
+            return cell if 1 / _MAX_ASPECT <= drawn <= _MAX_ASPECT else "auto"
         left, right, bottom, top = self.extent(shape)
         width, height = abs(right - left), abs(top - bottom)
         ratio = height / width if width > 0 else np.inf
@@ -118,14 +128,16 @@ def regrid(centres: np.ndarray | None, n: int) -> np.ndarray | None:
 
 
 def plane_of(dims: Sequence[str], coords: Mapping[str, np.ndarray | None], units: Mapping[str, str],
-             shape: tuple[int, int] | None = None) -> Plane:
+             shape: tuple[int, int] | None = None, native: Sequence[int] | None = None) -> Plane:
     """The Plane of the last two of the stored spatial `dims` (e.g. ["y", "x"] or ["z", "y", "x"]); `shape`, the
-    (rows, columns) drawn, regrids coordinates stored for another grid."""
+    (rows, columns) drawn, regrids coordinates stored for another grid; `native`, the grid before any resampling
+    (the manifest's `native_shape`, stored order), gives the cells' proportions where there are no coordinates."""
     up, across = (list(dims)[-2:] if len(dims) >= 2 else ["y", "x"])
     pick = [coords.get(across), coords.get(up)]
     if shape is not None:
         pick = [regrid(pick[0], shape[1]), regrid(pick[1], shape[0])]
-    return Plane((across, up), (pick[0], pick[1]), (units.get(across, UNKNOWN), units.get(up, UNKNOWN)))
+    rows_cols = (int(native[-2]), int(native[-1])) if native is not None and len(native) >= 2 else None
+    return Plane((across, up), (pick[0], pick[1]), (units.get(across, UNKNOWN), units.get(up, UNKNOWN)), rows_cols)
 
 
 def draw_field(ax: Any, data: np.ndarray, fluid: np.ndarray, plane: Plane, vmin: float, vmax: float,
@@ -157,6 +169,7 @@ class DataAxes:
     times: np.ndarray | None
     coords: dict[str, np.ndarray]
     units: dict[str, Any]  # entry_units: "channels" (one per stored channel), "time", each spatial dim
+    native: tuple[int, ...] | None = None  # the manifest's grid.native_shape (stored order)
 
     def title(self, index: int) -> str:
         """How a picture names stored frame `index` (`time_title`)."""
@@ -168,7 +181,7 @@ class DataAxes:
 
     def plane(self, dims: Sequence[str], shape: tuple[int, int] | None = None) -> Plane:
         """The Plane of the last two spatial dims (plane_of)."""
-        return plane_of(dims, self.coords, self.units, shape)
+        return plane_of(dims, self.coords, self.units, shape, self.native)
 
 
 def data_axes(entry: Mapping[str, Any], group: Any | None = None) -> DataAxes:
@@ -183,4 +196,6 @@ def data_axes(entry: Mapping[str, Any], group: Any | None = None) -> DataAxes:
         times = np.asarray(group["time"][:], dtype=np.float64)
     else:
         times = np.arange(frames) * float(dt) if dt is not None else None
-    return DataAxes(stated_times(times, dt), coords, entry_units(entry))
+    native = (entry.get("grid") or {}).get("native_shape")
+    return DataAxes(stated_times(times, dt), coords, entry_units(entry),
+                    tuple(int(s) for s in native) if native else None)

@@ -14,11 +14,11 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from dpot_train.config import DataConfig
+from dpot_train.config import MAX_RES, DataConfig, res_value
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import TrajectoryReader
 from dpot_train.data.stream import EpochPlans, StreamSpec, make_sample, rank_slice
-from dpot_train.data.windows import resize_window, takes_fluid_rule
+from dpot_train.data.windows import resize_window, run_grid, takes_fluid_rule
 from dpot_train.normalize import Stats, denormalize, describe
 
 __all__ = ["NormalizationNote", "WindowDataset", "open_dataset"]
@@ -49,7 +49,7 @@ class WindowDataset(IterableDataset):
     disjoint windows that together are the whole pass.
     """
 
-    def __init__(self, spec: StreamSpec, reader: TrajectoryReader, shuffle: bool, res: int, epoch: int,
+    def __init__(self, spec: StreamSpec, reader: TrajectoryReader, shuffle: bool, res: Any, epoch: int,
                  global_batch: int | None, rank: int | None, world_size: int | None) -> None:
         super().__init__()
         if (rank is None) != (world_size is None):
@@ -65,6 +65,7 @@ class WindowDataset(IterableDataset):
         length = spec.t_in + spec.t_out
         self._windows = [d.frames - length + 1 for d in spec.datasets]  # per dataset, windows of one trajectory
         self._counts = [len(r) * w for r, w in zip(spec.refs, self._windows)]  # shuffle=False: items per dataset
+        self._grids = [run_grid(d.shape, d.model_layout, res, d.dims) if res else None for d in spec.datasets]
 
     @property
     def names(self) -> list[str]:
@@ -150,17 +151,18 @@ class WindowDataset(IterableDataset):
         """make_sample's window as contiguous tensors, resized to `res` as the trainer resizes a batch."""
         x, y = torch.from_numpy(sample["x"].copy()), torch.from_numpy(sample["y"].copy())
         mask = torch.from_numpy(sample["mask"].copy())
-        if self.res > 0:
+        grid = self._grids[sample["dataset"]]
+        if grid is not None:
             rule = takes_fluid_rule(self.spec.datasets[sample["dataset"]])
-            x = resize_window(x[None], mask[None], self.res, rule)[0][0]
-            y, mask = (a[0] for a in resize_window(y[None], mask[None], self.res, rule))
+            x = resize_window(x[None], mask[None], grid, rule)[0][0]
+            y, mask = (a[0] for a in resize_window(y[None], mask[None], grid, rule))
         return {"x": x, "y": y, "mask": mask, "channel_valid": torch.from_numpy(sample["channel_valid"]),
                 "dataset": sample["dataset"], "id": sample["id"], "position": sample["position"],
                 "t0": sample["t0"]}
 
 
 def open_dataset(manifest_or_url: str | Path | list[str | Path], split: str = "train", t_in: int = 10,
-                 t_out: int = 1, shuffle: bool = True, seed: int = 0, res: int = 0, *,
+                 t_out: int = 1, shuffle: bool = True, seed: int = 0, res: Any = 0, *,
                  mixture: str | dict[str, float] | None = None, normalize: str = "auto",
                  norm_stats: dict | None = None, backend: str = "webdataset", cache_dir: str | None = None,
                  cache_limit: str | None = None, verify_checksums: bool = True, epoch: int = 0,
@@ -171,7 +173,8 @@ def open_dataset(manifest_or_url: str | Path | list[str | Path], split: str = "t
     `manifest_or_url`: an output folder, a manifest, or a list of them; an object-storage url reads through the
     shard cache (`cache_dir`, `cache_limit`: launch's data.cache_dir, data.cache_limit). The data is checked as
     launch checks it (shard sizes, sha256 when `verify_checksums`). `mixture`, `normalize`, `norm_stats`, `res`:
-    launch's data.mixture, data.normalize, data.norm_stats, data.res. `seed`: launch's --seed (shuffle=True).
+    launch's data.mixture, data.normalize, data.norm_stats, data.res (`res`: 0, N per axis, or one side per axis in
+    the manifest's axis order: "48,64" or (48, 64), D,H,W for 3D). `seed`: launch's --seed (shuffle=True).
     `epoch`: the stream epoch a pass covers (`set_epoch`). `global_batch`: launch's --batch-size, so that each rank's
     share of each step is launch's (default: the world size). `rank`, `world_size`: this process's place among
     the ranks (default: torch.distributed's when initialised, else 0 of 1).
@@ -180,10 +183,12 @@ def open_dataset(manifest_or_url: str | Path | list[str | Path], split: str = "t
 
     whole, count = (0, float("inf"), "a whole number >= 0"), (1, float("inf"), "a whole number of 1 or more")
     check_arguments([("split", split, str, None), ("t_in", t_in, int, "data.t_in"), ("t_out", t_out, int, "data.t_out"),
-                     ("shuffle", shuffle, bool, None), ("seed", seed, int, whole), ("res", res, int, "data.res"),
+                     ("shuffle", shuffle, bool, None), ("seed", seed, int, whole),
+                     *([] if isinstance(res, (str, list, tuple)) else [("res", res, int, "data.res")]),
                      ("verify_checksums", verify_checksums, bool, None), ("epoch", epoch, int, whole),
                      ("global_batch", global_batch, int | None, count), ("rank", rank, int | None, whole),
                      ("world_size", world_size, int | None, count)])
+    res = _res_argument(res)
     manifests = [str(m) for m in manifest_or_url] if isinstance(manifest_or_url, list) else [str(manifest_or_url)]
     cfg = DataConfig(manifests=manifests, mixture=mixture, split=split, backend=backend, t_in=t_in, t_out=t_out,
                      res=res, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit,
@@ -191,6 +196,18 @@ def open_dataset(manifest_or_url: str | Path | list[str | Path], split: str = "t
     spec, reader = prepare_stream(cfg, seed)
     warnings.warn(describe(normalize, spec.datasets, spec.norm, norm_stats), NormalizationNote, stacklevel=2)
     return WindowDataset(spec, reader, shuffle, res, epoch, global_batch, rank, world_size)
+
+
+def _res_argument(res: Any) -> int | list[int]:
+    """`res` as data.res holds it: a whole number as it is (checked by `check_arguments`), sides per axis ("48,64",
+    (48, 64), D,H,W for 3D) as a list; ValueError in check_arguments' one-line form otherwise."""
+    if not isinstance(res, (str, list, tuple)):
+        return int(res)
+    try:
+        return res_value(res, "res")
+    except ValueError:
+        raise ValueError(f"res: expected a grid side from 1 to {MAX_RES} (0: the stored grid) or one side per axis, "
+                         f"\"H,W\" or (H, W) (D,H,W for 3D), each from 1 to {MAX_RES}, got {res!r}") from None
 
 
 def _affine(stats: Stats | None, channels: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -129,10 +129,12 @@ def weights_recipe(content: Any) -> str:
     return "reference"
 
 
-def trained_res(content: Any) -> int:
-    """The grid a checkpoint's run resized windows to (its data.res), 0 when none or for released weights."""
+def trained_res(content: Any) -> int | list[int]:
+    """The grid a checkpoint's run resized windows to (its data.res: one side, or one side per stored axis), 0 when
+    none or for released weights."""
     data = trained_config(content).get("data")
-    return int((data if isinstance(data, dict) else {}).get("res") or 0)
+    res = (data if isinstance(data, dict) else {}).get("res") or 0
+    return [int(s) for s in res] if isinstance(res, (list, tuple)) else int(res)
 
 
 def restore_training(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any) -> tuple[int, int]:

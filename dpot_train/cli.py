@@ -40,7 +40,8 @@ def preview_cmd(
     start: int = typer.Option(0, "--start", help="First frame."),
     frames: int = typer.Option(None, "--frames", help="Number of frames (default: to the end)."),
     backend: str = typer.Option("webdataset", "--backend", help="webdataset or zarr."),
-    res: int = typer.Option(0, "--res", help="Resize to this grid side, as `launch --res` (0: the stored grid)."),
+    res: str = typer.Option("0", "--res", help="Resize to this grid, as `launch --res`: N per axis, or H,W (D,H,W "
+                            "for 3D) in the manifest's axis order (0: the stored grid)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
     normalize: str = typer.Option("auto", "--normalize", help="Normalise per channel with the manifest's train "
@@ -52,7 +53,7 @@ def preview_cmd(
     with the same --normalize is ((x - mean) / std, the manifest's train statistics); no noise. --mask-out adds the
     loss's fluid mask, cell for cell in the same order."""
     from dpot_format.readers import ReadersBusy
-    from dpot_train.cli_train import check_out_file
+    from dpot_train.cli_train import check_out_file, res_option
     from dpot_train.launch import reading
     from dpot_train.normalize import check_mode
     from dpot_train.preview import save_array, window
@@ -64,7 +65,7 @@ def preview_cmd(
             if Path(mask_out).absolute() == Path(out).absolute():
                 raise ValueError(f"--mask-out {mask_out}: the same file as --out; expected another file")
         with reading([manifest]):  # an ingest --overwrite of this output waits for the read
-            x, mask, stats = window(manifest, dataset, split, index, start, frames, backend, res, cache_dir,
+            x, mask, stats = window(manifest, dataset, split, index, start, frames, backend, res_option(res), cache_dir,
                                     cache_limit, check_mode(normalize, "--normalize"))
     except (FileNotFoundError, ValueError, ReadersBusy) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -137,6 +138,7 @@ def model_export_cmd(
     With --format safetensors (or an --out ending .safetensors) the same tensors and entries go into a safetensors
     file, which every command that reads weights also reads."""
     from dpot_train.checkpoint import CheckpointWriteError, export_format, export_released, record_path
+    from dpot_train.model.family_config import grid_text
 
     try:
         kind = export_format(out, fmt)
@@ -146,7 +148,7 @@ def model_export_cmd(
         raise typer.Exit(code=2) from exc
     layout = "safetensors: the tensors, recipe and normalisation" if kind == "safetensors" else \
         "{'model': state_dict}, the released format"
-    typer.echo(f"wrote {out}: {config.in_channels} channels, {config.img_size}x{config.img_size}, "
+    typer.echo(f"wrote {out}: {config.in_channels} channels, {grid_text(config.grid)}, "
                f"{config.in_timesteps} input frames ({layout}); its sha256 in {record_path(out).name} (publish it: "
                "`--sha256` checks a copy)")
 

@@ -83,8 +83,9 @@ def launch_cmd(
                                        "comma-separated list of patch_embed, pos, blocks, time_agg, cls_head, "
                                        "scale_feats, out; the rest starts fresh (a 2D checkpoint on 3D data: "
                                        "blocks,time_agg). DPOT only: an FNO or UNet checkpoint loads whole."),
-    res: Optional[int] = typer.Option(None, "--res", help="Resize every window to this grid side for this run "
-                                      "(trilinear 3D, bilinear 2D; 0: the stored grid)."),
+    res: Optional[str] = typer.Option(None, "--res", help="Resize every window to this grid for this run: N per "
+                                      "axis, or H,W (D,H,W for 3D) in the manifest's axis order (trilinear 3D, "
+                                      "bilinear 2D; 0: the stored grid)."),
     epochs: Optional[float] = typer.Option(None, "--epochs", help="Train this many epochs: steps from the "
                                            "dataset size and --batch-size (overrides --steps)."),
     trust: bool = typer.Option(False, "--trust", help="Allow arbitrary pickled objects in the --init checkpoint "
@@ -155,6 +156,7 @@ def launch_cmd(
     from dpot_train.topology import choose_topology, torchrun_command
 
     try:
+        given["res"] = res_option(res)
         base, source = _base_config(config, out, resume)
         cfg = apply_overrides(base, launch_overrides(given))
         _check_request(cfg, out, config, resume)
@@ -207,6 +209,14 @@ _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit
              "no_eval": ("eval_at_end", False), "no_verify_checksums": ("data.verify_checksums", False)}
 
 
+def res_option(value: str | None) -> int | list[int] | None:
+    """`--res` as given ("64", "48,64", "16,24,32") as the run config's data.res (None: not given); ValueError in one
+    line for anything else."""
+    from dpot_train.config import res_value
+
+    return None if value is None else res_value(value, "--res")
+
+
 def launch_overrides(given: dict[str, Any]) -> dict[str, Any]:
     """The run-config overrides of launch's options (`given` by parameter name): a value where one was given, a
     switch's value where it is on, None (keep the run config's) elsewhere; --steps wins over a config's epochs."""
@@ -253,8 +263,9 @@ def evaluate_cmd(
                                             "the statistics their run recorded; released weights: none)."),
     allow_convention_mismatch: bool = typer.Option(False, "--allow-convention-mismatch",
                                                    help="Evaluate released weights on shards of another convention."),
-    res: Optional[int] = typer.Option(None, "--res", help="Resize trajectories to this grid side (default: the "
-                                      "run's --res; a 3D DPOT model's own grid)."),
+    res: Optional[str] = typer.Option(None, "--res", help="Resize trajectories to this grid: N per axis, or H,W "
+                                      "(D,H,W for 3D) in the manifest's axis order (default: the run's --res; a 3D "
+                                      "DPOT model's own grid)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     cache_limit: Optional[str] = typer.Option(None, "--cache-limit", help=CACHE_LIMIT_HELP),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="Also write the model's rollouts, truth "
@@ -275,6 +286,7 @@ def evaluate_cmd(
     scratch = sink = None
     try:
         check_out_file(out)  # every output is checked before the evaluation, not after it
+        grid = res_option(res)
         if video and plot is None:
             raise ValueError("--video: name the folder for it with --plot DIR")
         if plot is not None:
@@ -294,7 +306,7 @@ def evaluate_cmd(
                                          split=split, backend=backend, device=device,
                                          max_trajectories=max_trajectories,
                                          verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
-                                         allow_convention_mismatch=allow_convention_mismatch, res=res,
+                                         allow_convention_mismatch=allow_convention_mismatch, res=grid,
                                          cache_dir=cache_dir, cache_limit=cache_limit,
                                          sha256=check_sha256_option(sha256), normalize=normalize, sink=sink)
         if sink is not None and result["recipe"] == "reference":

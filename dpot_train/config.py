@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from dpot_format.grid import parse_grid
+
 
 @dataclass
 class DataConfig:
@@ -26,9 +28,10 @@ class DataConfig:
     backend: str = "webdataset"  # "webdataset" or "zarr"
     t_in: int = 10
     t_out: int = 1
-    # grid side every window is resized to, per run (the shards keep their grid): trilinear for 3D, bilinear for 2D,
-    # as the reference's loaders do; 0 keeps the stored grid
-    res: int = 0
+    # grid every window is resized to, per run (the shards keep their grid): trilinear for 3D, bilinear for 2D, as
+    # the reference's loaders do; 0 keeps the stored grid, N is N on every axis, a list one side per stored axis
+    # (the manifest's grid.dims order: [H, W] = y, x; [D, H, W] = z, y, x)
+    res: int | list[int] = 0
     noise: float = 5e-4  # epsilon of the noise injection x + eps * ||x|| * N(0, 1)
     num_workers: int = 0
     worker_kind: str = "thread"  # loader workers: "thread" (the default) or "process" (DataLoader worker processes)
@@ -51,8 +54,14 @@ class DataConfig:
             raise ValueError(f"data.worker_kind must be 'thread' or 'process', got {self.worker_kind!r}")
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"data.num_workers must be an integer >= 0, got {self.num_workers!r}")
-        if not isinstance(self.res, int) or isinstance(self.res, bool) or self.res < 0:
+        if isinstance(self.res, tuple):
+            self.res = list(self.res)
+        if not isinstance(self.res, list) and (not isinstance(self.res, int) or isinstance(self.res, bool)
+                                               or self.res < 0):
             raise ValueError(f"data.res must be an integer >= 0 (0: the stored grid), got {self.res!r}")
+        if isinstance(self.res, list):
+            sides = parse_grid(self.res, "data.res", MAX_RES)
+            self.res = list(sides) if isinstance(sides, tuple) else sides
 
 
 OPTIMIZERS = ("adamw", "adam")
@@ -200,6 +209,13 @@ def _build(cls: type, d: dict[str, Any], where: str) -> Any:
 
 
 MAX_RES = 4096  # --res: 8x the largest grid DPOT was trained on; beyond it one window alone fills a device
+
+
+def res_value(value: Any, option: str = "--res") -> int | list[int]:
+    """A grid as `--res`, `open_dataset(res=...)` and `preview` take it ("64", "48,64", 64, (48, 64), [16, 24, 32])
+    as data.res holds it: 0, one side, or a list of sides in the manifest's axis order; ValueError in one line."""
+    sides = parse_grid(value, option, MAX_RES)
+    return list(sides) if isinstance(sides, tuple) else sides
 
 # Upper bounds that keep a mistyped number from reaching the worker (where it would exhaust memory or time).
 _LIMITS: dict[str, tuple[float, float, str]] = {

@@ -109,7 +109,7 @@ def shown(group: Any) -> Shown:
     times = np.asarray(group["time"].values, dtype=np.float64) if "time" in group.coords else None
     time_unit = str(group["time"].attrs.get("units", UNKNOWN)) if times is not None else None
     return Shown(str(group.attrs.get("dataset", "")), valid, units, times, time_unit,
-                 plane_of(spatial, coords, axis_units))
+                 plane_of(spatial, coords, axis_units, native=group.attrs.get("native_shape")))
 
 
 def fields_figure(group: Any, trajectory: int = 0) -> Any:

@@ -128,6 +128,7 @@ class PredictionWriter:
                     "channel": np.array(ds.channels, dtype=object),  # variable-length UTF-8 strings
                     **step_coords(axes, spatial, shape, g["t_in"], steps)},
             attrs={"dataset": ds.name, "t_in": g["t_in"], "model_layout": ds.model_layout,
+                   "native_shape": [int(s) for s in ds.entry.get("grid", {}).get("native_shape", ds.shape)],
                    "channel_valid": [bool(v) for v in ds.channel_valid],
                    "mask_meaning": "True on fluid cells; metrics count only these"})
         encoding = {k: {"chunks": tmpl[k].data.chunksize} for k in ("prediction", "truth", "mask")}

@@ -16,7 +16,8 @@ from dpot_train.config import DataConfig
 from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
 from dpot_train.data.readers import TrajRef, indexed_trajectories
-from dpot_train.data.windows import model_shape, resize_window, takes_fluid_rule, to_model_layout, to_model_mask
+from dpot_train.data.windows import model_shape, resize_window, run_grid, stored_shape, takes_fluid_rule, \
+    to_model_layout, to_model_mask
 from dpot_train.eval_metrics import DatasetSuite
 from dpot_train.eval_predictions import PredictionSink
 from dpot_train.eval_stream import STREAM_STEPS, score_streamed
@@ -172,28 +173,26 @@ def _no_numbers(found: Any) -> Any:
     return None if isinstance(found, (int, float)) and not isinstance(found, bool) else found
 
 
-def _read_batch(reader: Any, chunk: list[TrajRef], ds: DatasetInfo, t0: int, length: int, res: int
+def _read_batch(reader: Any, chunk: list[TrajRef], ds: DatasetInfo, t0: int, length: int, res: int | list[int]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frames [t0, t0 + length) of the trajectories `chunk` in the model layout (B, *S, T, C), resized to `res`,
-    and their fluid-cell mask (B, *S)."""
+    """Frames [t0, t0 + length) of the trajectories `chunk` in the model layout (B, *S, T, C), resized to `res`
+    (data.res), and their fluid-cell mask (B, *S)."""
     arrays = [reader.read(r, t0, length) for r in chunk]
+    grid = _model_grid(ds, res)[0] if res else 0
     return resize_window(torch.from_numpy(np.stack([to_model_layout(f, ds.model_layout) for f, _ in arrays])),
                          torch.from_numpy(np.stack([to_model_mask(m, ds.model_layout)
-                                                    for _, m in arrays]).astype(bool)), res, takes_fluid_rule(ds))
+                                                    for _, m in arrays]).astype(bool)), grid, takes_fluid_rule(ds))
 
 
-def _model_grid(ds: Any, res: int = 0) -> tuple[tuple[int, ...], list[int]]:
-    """(H, W[, D]) of the model's grid (`res` per axis when the run resizes) and of the native grid, in the model's
-    orientation."""
-    shape = list(model_shape(ds.shape, ds.model_layout))
+def _model_grid(ds: Any, res: int | list[int] = 0) -> tuple[tuple[int, ...], list[int]]:
+    """(H, W[, D]) of the model's grid (after `res`, data.res, when the run resizes) and of the native grid, in the
+    model's orientation."""
     native = list(model_shape(ds.entry.get("grid", {}).get("native_shape", ds.shape), ds.model_layout))
-    if res > 0:
-        shape = [res] * len(shape)
-    return tuple(int(s) for s in shape), native
+    return run_grid(ds.shape, ds.model_layout, res, ds.dims), native
 
 
 def _reference_scores(predict: Any, ds: Any, reader: Any, refs: list[TrajRef], t_in: int, rollout_steps: int,
-                      batch_size: int, res: int = 0) -> dict[str, Any]:
+                      batch_size: int, res: int | list[int] = 0) -> dict[str, Any]:
     """One dataset's trajectories `refs` under the reference recipe: model and persistence, rollout_l2re and
     step_l2re."""
     t_test = int(ds.convention.get("t_test", ds.frames - t_in))
@@ -300,7 +299,7 @@ def rmse_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
-                        allow_convention_mismatch: bool = False, res: int | None = None,
+                        allow_convention_mismatch: bool = False, res: int | list[int] | None = None,
                         cache_dir: str | None = None, cache_limit: str | None = None,
                         sha256: str | None = None, normalize: str | None = None,
                         sink: PredictionSink | None = None) -> dict[str, Any]:
@@ -312,8 +311,9 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     weights were trained, with the statistics their run recorded (a checkpoint's run config, an export's
     `normalization` entry); released weights without a record: none. A mode (auto, manifest, none) instead takes
     the statistics from the manifests. Released weights on shards of another convention than
-    dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to (None:
-    the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest."""
+    dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to, as
+    data.res (None: the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's
+    expected digest."""
     from dpot_train.checkpoint import (parse_checkpoint, pretrained_from, read_checkpoint, trained_on, trained_res,
                                        weights_recipe)
     from dpot_train.data.datasets import read_manifests
@@ -352,13 +352,16 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                              f"{len(ds.shape)}D (dims {ds.dims})")
     trained = trained_on(content)
     notes = data_notes(checkpoint, datasets, trained) if trained else []
+    ds0 = datasets[0]
     if res is None:  # the run's grid; a 3D model reads its own grid (the reference resizes every sample to it)
         res = 0 if released else trained_res(content)
-        res = cfg.img_size if res == 0 and cfg.spatial_dims == 3 and families.weights_fix_grid(cfg) else res
+        if not res and cfg.spatial_dims == 3 and families.weights_fix_grid(cfg):  # its (X, Y, Z), stored (Z, Y, X)
+            res = cfg.img_size if isinstance(cfg.img_size, int) else list(stored_shape(cfg.grid, ds0.model_layout))
     if not released or families.weights_fix_grid(cfg):  # the grid the weights were trained on is known
         notes += grid_notes(cfg, datasets, res)
-    if res == 0 and cfg.img_size != grid[0]:  # released 2D weights at another grid: resample the positional embedding
-        model = init_model(checkpoint, data_overrides(cfg.in_channels, grid, frames_in, cfg.out_timesteps), trusted,
+    seen = run_grid(grid, ds0.model_layout, res, ds0.dims)  # the grid the model is handed
+    if tuple(cfg.grid) != seen:  # weights of another grid: DPOT resamples its positional embedding
+        model = init_model(checkpoint, data_overrides(cfg.in_channels, seen, frames_in, cfg.out_timesteps), trusted,
                            loaded=loaded)
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
                       verify_checksums=verify_checksums, res=res, cache_dir=cache_dir, cache_limit=cache_limit,
@@ -417,31 +420,33 @@ def data_notes(checkpoint: str, datasets: list[DatasetInfo], trained: Mapping[st
     return notes
 
 
-def _side(grid: Any, dims: int) -> tuple[int, ...]:
-    """A grid as a tuple of `dims` sides (a model config's img_size is one side or one per axis)."""
-    return tuple(int(g) for g in grid) if isinstance(grid, (tuple, list)) else (int(grid),) * dims
-
-
 def _shown(grid: tuple[int, ...]) -> str:
     return "x".join(str(g) for g in grid)
 
 
-def grid_notes(cfg: Any, datasets: list[DatasetInfo], res: int) -> list[str]:
-    """One note per dataset scored on another grid than the model was trained on (`cfg.img_size`), saying what
+def _res_text(res: int | list[int] | tuple[int, ...]) -> str:
+    """A grid as `--res` takes it: 64, or 48,64 (the manifest's axis order)."""
+    return ",".join(str(int(s)) for s in res) if isinstance(res, (list, tuple)) else str(int(res))
+
+
+def grid_notes(cfg: Any, datasets: list[DatasetInfo], res: int | list[int]) -> list[str]:
+    """One note per dataset scored on another grid than the model was trained on (`cfg.grid`), saying what
     happens: resized to --res, or scored on its own grid (DPOT's positional embedding resampled; the baselines'
     weights do not depend on the grid)."""
     from dpot_train.model import families
 
-    trained = _side(cfg.img_size, cfg.spatial_dims)
+    trained = tuple(int(s) for s in cfg.grid)
     notes = []
     for ds in datasets:
         stored = tuple(int(n) for n in model_shape(ds.shape, ds.model_layout))
-        scored = _side(res, len(stored)) if res > 0 else stored
+        scored = run_grid(ds.shape, ds.model_layout, res, ds.dims)
         if scored == trained:
             continue
-        back = f"; --res {trained[0]} resizes it to the trained grid" if len(set(trained)) == 1 else ""
-        if res > 0:
-            how = f"resized from {_shown(stored)} to {_shown(scored)} (--res {res})"
+        square = len(set(trained)) == 1
+        back = f"; --res {trained[0] if square else _res_text(stored_shape(trained, ds.model_layout))} resizes it " \
+               "to the trained grid"
+        if res:
+            how = f"resized from {_shown(stored)} to {_shown(scored)} (--res {_res_text(res)})"
         elif families.weights_fix_grid(cfg):
             how = f"scored on its {_shown(stored)} grid, the positional embedding resampled{back}"
         else:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from dpot_train.model import CheckpointError, DPOTConfig, build_model, families, load_weights
+from dpot_train.model.family_config import grid_text
 from dpot_train.model_setup import checkpoint_config, resize_pos_embed
 
 # component -> key prefixes of the state dict, in the order the summary lists them
@@ -62,7 +63,7 @@ def fit_tensor(key: str, src: torch.Tensor | None, dst: torch.Tensor) -> tuple[t
     if src.shape == dst.shape:
         return src, ""
     if key == "pos_embed":
-        return resize_pos_embed(src, dst.shape[-1]), ""
+        return resize_pos_embed(src, tuple(dst.shape[2:])), ""
     return src.unsqueeze(-1), ""
 
 
@@ -139,9 +140,20 @@ def finetune_model(path: str, fixed: dict[str, Any], load: str | list[str] = "al
     loaded, fresh = load_components(model, state, components)
     transfer = f" ({config.spatial_dims}D -> {model.config.spatial_dims}D transfer)" \
         if config.spatial_dims != model.config.spatial_dims else ""
+    resampled = pos_resampled(tuple(state["pos_embed"].shape[2:]), model.config) if "pos" in loaded else ""
     line = (f"--init {path}{transfer}: loaded {', '.join(loaded) or 'nothing'}; "
-            f"fresh: {', '.join(fresh) or 'nothing'}")
+            f"fresh: {', '.join(fresh) or 'nothing'}{resampled}")
     return model, line
+
+
+def pos_resampled(latent: tuple[int, ...], config: DPOTConfig) -> str:
+    """The summary's note that the checkpoint's positional embedding (latent grid `latent`) was resampled to the
+    model's latent grid, and how (bicubic 2D, trilinear 3D); "" when it fits as it is."""
+    if latent == config.latent_grid:
+        return ""
+    return (f"; pos_embed resampled {'bicubic' if len(latent) == 2 else 'trilinear'} from the checkpoint's "
+            f"{grid_text(latent)} latent grid to {grid_text(config.latent_grid)} (the {grid_text(config.grid)} grid "
+            f"in patches of {config.patch_size})")
 
 
 def _baseline_config(config: Any, fixed: dict[str, Any], components: list[str],

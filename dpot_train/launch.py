@@ -22,6 +22,7 @@ import torch
 
 from dpot_train.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
 from dpot_format.errors import FormatError
+from dpot_format.grid import grid_text
 from dpot_format.lock import FileLock, LockBusy
 from dpot_format.names import MANIFEST_NAME
 from dpot_format.readers import hold_shared
@@ -35,7 +36,9 @@ from dpot_train.data.hash_pool import HashProgress, hash_runner, to_hash
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
+from dpot_train.data.windows import run_grid, stored_shape
 from dpot_train.hub import is_reference
+from dpot_train.model.family_config import GridError
 from dpot_train.model_setup import data_overrides, fresh_config
 from dpot_train.normalize import applied, describe
 from dpot_train.run_plan import InitFacts, make_plan, save_plan
@@ -190,6 +193,18 @@ def _validate_config(cfg: TrainConfig) -> None:
     check_installed(tracker_names(cfg.tracker))  # a missing package: one line naming the extra, before torchrun
 
 
+def grid_refusal(cfg: TrainConfig, ds: Any, exc: GridError) -> str:
+    """One line for a grid the run's model cannot take (a side not a multiple of its patch size): the grid and the
+    nearest valid one in the manifest's axis order, with the options that give it."""
+    grid = stored_shape(exc.grid, ds.model_layout)
+    near = ",".join(map(str, stored_shape(exc.nearest, ds.model_layout)))
+    what = f"--init {cfg.init}" if cfg.init else f"--model {cfg.model}"
+    return (f"{what}: dataset {ds.name!r} gives the model a {grid_text(grid)} grid ({', '.join(ds.dims)}"
+            f"{'; from --res' if cfg.data.res else ''}), not a multiple of the patch size {exc.multiple} on every "
+            f"axis; the nearest valid grid is {near.replace(',', 'x')}: train with --res {near}, or ingest with "
+            f"--resolution {near}")
+
+
 def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
     """The fresh model on the data's grid (or --res) stays within MAX_PARAMETERS: its positional embedding grows with
     the grid (cubically for 3D), so a large --res would otherwise fail in every worker."""
@@ -199,8 +214,9 @@ def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
 
     count = families.parameter_count(families.configure(cfg.model, fixed, cfg.model_overrides))  # any family's fit
     if count > MAX_PARAMETERS:
-        raise ValueError(f"--res {cfg.data.res}: expected a grid the model fits at most {MAX_PARAMETERS:.0e} "
-                         f"parameters on; preset {cfg.model!r} on a {fixed['img_size']}-cell side has {count:.2e}")
+        raise ValueError(f"--res {grid_text(cfg.data.res)}: expected a grid the model fits at most "
+                         f"{MAX_PARAMETERS:.0e} parameters on; preset {cfg.model!r} on a "
+                         f"{grid_text(fixed['img_size'])} grid has {count:.2e}")
 
 
 def check_schedule(cfg: TrainConfig) -> None:
@@ -500,14 +516,18 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
     cfg = resolve_epochs(cfg, spec.epoch_length)
     check_schedule(cfg)
     ds0 = spec.datasets[0]
-    fixed = data_overrides(len(ds0.channels), ds0.shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)  # a grid
-    if not cfg.init:  # the preset fits this data (e.g. its Fourier modes fit the grid): one line, before torchrun
-        fresh_config(cfg.model, cfg.model_overrides, fixed)
-    check_model_size(cfg, fixed)
-    if loaded is not None and not (resume and found):  # a resume loads its own checkpoint, not --init
-        from dpot_train.finetune import check_components
+    fixed = data_overrides(len(ds0.channels), run_grid(ds0.shape, ds0.model_layout, cfg.data.res), cfg.data.t_in,
+                           cfg.data.t_out)
+    try:
+        if not cfg.init:  # the preset fits this data (e.g. its Fourier modes fit the grid): one line, before torchrun
+            fresh_config(cfg.model, cfg.model_overrides, fixed)
+        check_model_size(cfg, fixed)
+        if loaded is not None and not (resume and found):  # a resume loads its own checkpoint, not --init
+            from dpot_train.finetune import check_components
 
-        check_components(cfg.init or "", loaded[1], loaded[2], fixed, cfg.load, cfg.model_overrides)
+            check_components(cfg.init or "", loaded[1], loaded[2], fixed, cfg.load, cfg.model_overrides)
+    except GridError as exc:  # a side off the patch size: the nearest grid, as --res and --resolution take it
+        raise ValueError(grid_refusal(cfg, ds0, exc)) from None
     if resume and found and max(step for step, _ in found) >= cfg.steps:
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)

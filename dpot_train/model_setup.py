@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from dpot_format.conventions import OWN_DATA, REFERENCE
 from dpot_train.checkpoint import load_state_dict_file
 from dpot_train.model import families
+from dpot_train.model.family_config import GridError
 from dpot_train.model.weights import resize_pos_embed
 
 __all__ = ["checkpoint_config", "convention_problems", "data_overrides", "fresh_config", "fresh_model", "init_model",
            "resize_pos_embed"]
 
 
-def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int, res: int = 0) -> dict[str, Any]:
-    """Model config fields the data fixes: dimension (2D or 3D), grid side (`res` when the run resizes windows),
-    channel count, input and output frames."""
-    grid = (res,) * len(shape) if res > 0 else tuple(shape)
-    if len(grid) not in (2, 3) or len(set(grid)) != 1:
-        raise ValueError(f"the model needs a square 2D or cubic 3D grid; the data grid is {list(shape)} "
-                         "(resize every window with --res N)")
-    return {"img_size": int(grid[0]), "in_channels": channels, "out_channels": channels,
+def data_overrides(channels: int, shape: tuple[int, ...], t_in: int, t_out: int,
+                   res: int | Sequence[int] = 0) -> dict[str, Any]:
+    """Model config fields the data fixes: dimension (2D or 3D), grid (`shape`, in the model's axis order; `res`
+    when the run resizes windows: one side for every axis, or one per axis in that order), channel count, input and
+    output frames. The grid is one side when square (cubic), the reference's form, else one side per axis."""
+    grid = tuple(int(s) for s in (res if isinstance(res, (list, tuple)) else
+                                  (res,) * len(shape) if res > 0 else shape))
+    if len(grid) not in (2, 3) or len(grid) != len(shape):
+        raise ValueError(f"the model needs a 2D or 3D grid; the data grid is {list(shape)}"
+                         + (f" and --res gives {list(grid)}" if grid != tuple(shape) else ""))
+    return {"img_size": grid[0] if len(set(grid)) == 1 else grid, "in_channels": channels, "out_channels": channels,
             "in_timesteps": t_in, "out_timesteps": t_out, "spatial_dims": len(grid)}
 
 
@@ -31,6 +35,8 @@ def fresh_config(preset: str, overrides: dict[str, Any], fixed: dict[str, Any]) 
     in one line when they do not fit (e.g. more Fourier modes than the grid holds)."""
     try:
         return families.configure(preset, fixed, overrides)
+    except GridError:
+        raise  # the caller names the grid as the user gives it (launch: --res, --resolution)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model {preset} on this data ({fixed}): {exc}") from None
 

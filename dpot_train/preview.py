@@ -11,19 +11,20 @@ adds the fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from dpot_train.config import DataConfig
+from dpot_train.config import DataConfig, res_value
 from dpot_train.data.datasets import DataError
 from dpot_train.data.prepare import data_reader, load_datasets, norm_table
-from dpot_train.data.windows import resize_window, takes_fluid_rule, to_model_layout, to_model_mask
+from dpot_train.data.windows import resize_window, run_grid, takes_fluid_rule, to_model_layout, to_model_mask
 from dpot_train.normalize import Stats, normalize_array
 
 
 def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
-                start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
+                start: int = 0, frames: int | None = None, backend: str = "webdataset", res: Any = 0,
                 cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
                 norm_stats: dict | None = None) -> np.ndarray:
     """`window`'s array: what the model is handed."""
@@ -32,18 +33,20 @@ def model_input(manifest: str | Path, dataset: str | None = None, split: str = "
 
 
 def window(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
-           start: int = 0, frames: int | None = None, backend: str = "webdataset", res: int = 0,
+           start: int = 0, frames: int | None = None, backend: str = "webdataset", res: Any = 0,
            cache_dir: str | None = None, cache_limit: str | None = None, normalize: str = "auto",
            norm_stats: dict | None = None) -> tuple[np.ndarray, np.ndarray, Stats | None]:
     """Frames [start, start + frames) (default: to the end) of the `index`-th `split` trajectory of `dataset`
-    (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res` per
-    axis when > 0 (as `launch --res` does), normalised per channel as `normalize` (auto, manifest, none) and
-    `norm_stats` say (`data.normalize`, `data.norm_stats` of a run); the trajectory's fluid mask as the loss sees
-    it, (H, W[, D]) bool in the same orientation (True: fluid), resized by nearest neighbour as the trainer does;
-    and the statistics applied (None: as stored)."""
+    (default: the manifest's only dataset) as the model sees them: (H, W[, D], T, C) float32, resized to `res`
+    (as `launch --res` does: N per axis, or "H,W" / (H, W), D,H,W for 3D, in the manifest's axis order),
+    normalised per channel as `normalize` (auto, manifest, none) and `norm_stats` say (`data.normalize`,
+    `data.norm_stats` of a run); the trajectory's fluid mask as the loss sees it, (H, W[, D]) bool in the same
+    orientation (True: fluid), resized by nearest neighbour as the trainer does; and the statistics applied (None:
+    as stored)."""
     # any trajectory length: the frame range is checked below, not a training window
-    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res, t_in=1, t_out=0,
-                     cache_dir=cache_dir, cache_limit=cache_limit, normalize=normalize, norm_stats=norm_stats)
+    cfg = DataConfig(manifests=[str(manifest)], backend=backend, verify_checksums=False, res=res_value(res, "--res"),
+                     t_in=1, t_out=0, cache_dir=cache_dir, cache_limit=cache_limit, normalize=normalize,
+                     norm_stats=norm_stats)
     datasets, shard_index = load_datasets(cfg, split, verify=False)
     names = [d.name for d in datasets]
     if dataset is None:
@@ -65,8 +68,9 @@ def window(manifest: str | Path, dataset: str | None = None, split: str = "test"
     stats = norm_table(cfg, [ds])[ds.name]
     x = to_model_layout(normalize_array(fields, stats, axis=1), ds.model_layout)  # stored (T, C, ...): C on axis 1
     mask = to_model_mask(stored_mask, ds.model_layout).astype(bool)
-    if res > 0:
-        x, mask = (a[0].numpy() for a in resize_window(torch.from_numpy(x)[None], torch.from_numpy(mask)[None], res,
+    if cfg.res:
+        grid = run_grid(ds.shape, ds.model_layout, cfg.res, ds.dims)
+        x, mask = (a[0].numpy() for a in resize_window(torch.from_numpy(x)[None], torch.from_numpy(mask)[None], grid,
                                                       takes_fluid_rule(ds)))
     return x, mask, stats
 

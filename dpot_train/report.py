@@ -510,8 +510,8 @@ def write_report(paths: list[str | Path], out: str | Path, paper: bool = False,
     from dpot_format.io import atomic_write
     from dpot_format.output import check_file
 
-    form = check_out(out)
-    out = check_file(out, "--out", "report.md")  # the one output rule, before anything is read
+    out = check_file(out, "--out", "report.md")  # the one output rule first (a link, a FIFO, a dataset's folder)
+    form = check_out(out)  # then the suffix; both before anything is read
     rep = build(load_runs(paths), paper=paper, base=out.absolute().parent)
     for line in rep.warnings:
         (warn or (lambda _line: None))(line)

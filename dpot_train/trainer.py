@@ -25,11 +25,11 @@ from dpot_train.config import TrainConfig, resolve_epochs
 from dpot_train.data.prepare import data_reader, norm_table, prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import StreamSpec, WindowStream
-from dpot_train.data.windows import fluid_rule_samples, inject_noise, resize_window
+from dpot_train.data.windows import fluid_rule_samples, inject_noise, resize_window, run_grid
 from dpot_train.metrics import per_sample_loss
 from dpot_train.schedule import one_cycle
 from dpot_train.finetune import finetune_model, recipe_line
-from dpot_train.model import families
+from dpot_train.model import families, unwrap_model
 from dpot_train.model_setup import data_overrides, fresh_model
 from dpot_train.normalize import applied, recorded
 from dpot_train.run_plan import RunPlan
@@ -50,12 +50,13 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.opt
     return opt, sched
 
 
-def build_run_model(cfg: TrainConfig, channels: int, shape: tuple[int, ...], saved: dict[str, Any] | None = None
+def build_run_model(cfg: TrainConfig, channels: int, grid: tuple[int, ...], saved: dict[str, Any] | None = None
                     ) -> tuple[torch.nn.Module, str | None]:
-    """Seeded preset fitted to the data, or the --init weights (the --load components; the rest fresh) and the line
-    saying which; on a resume, the model config `saved` in the run's checkpoint (its weights are loaded after, so
-    the --init file is not read again). The unused dataset-classification head is frozen."""
-    fixed = data_overrides(channels, shape, cfg.data.t_in, cfg.data.t_out, cfg.data.res)
+    """Seeded preset fitted to the data (`grid`: the run's grid in the model's axis order, `run_grid`), or the --init
+    weights (the --load components; the rest fresh) and the line saying which; on a resume, the model config `saved`
+    in the run's checkpoint (its weights are loaded after, so the --init file is not read again). The unused
+    dataset-classification head is frozen."""
+    fixed = data_overrides(channels, grid, cfg.data.t_in, cfg.data.t_out)
     torch.manual_seed(cfg.seed)
     line = None
     if saved is not None:
@@ -130,7 +131,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     cfg = resolve_epochs(cfg, spec.epoch_length)
     cfg, spec = with_normalization(cfg, spec, found[1] if found is not None else None)
     ds0 = spec.datasets[0]
-    model, init_line = build_run_model(cfg, len(ds0.channels), ds0.shape,
+    model, init_line = build_run_model(cfg, len(ds0.channels), run_grid(ds0.shape, ds0.model_layout, cfg.data.res),
                                        stored_config(found[1]) if found is not None else None)
     model = model.to(info.device)
     if init_line and info.is_main:
@@ -229,16 +230,17 @@ def _restore(found: tuple[Path, dict[str, Any]], cfg: TrainConfig, model: torch.
 def train_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
                batch: dict[str, Any], device: torch.device, trainable: list[torch.nn.Parameter]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimiser step on a batch: resize to the run's grid, add the noise, predict, loss, clip, step. Returns
-    the loss, the per-sample losses and the gradient norm, left on the device. The batch's "fluid_rule" (the
-    loop's `fluid_rule_samples`) names the samples the mask-aware resize applies to; absent: every sample with a
-    solid cell."""
+    """One optimiser step on a batch: resize to the run's grid (with --res: the grid the model was built for), add
+    the noise, predict, loss, clip, step. Returns the loss, the per-sample losses and the gradient norm, left on the
+    device. The batch's "fluid_rule" (the loop's `fluid_rule_samples`) names the samples the mask-aware resize
+    applies to; absent: every sample with a solid cell."""
     reference = cfg.recipe == "reference"
     fluid_rule = batch.get("fluid_rule", True)
     x, y, mask, cv = (batch[k].to(device, non_blocking=True) for k in ("x", "y", "mask", "channel_valid"))
-    if cfg.data.res > 0:  # the run's grid (the reference resizes in its loader, before the noise)
-        x, _ = resize_window(x, mask, cfg.data.res, fluid_rule)
-        y, mask = resize_window(y, mask, cfg.data.res, fluid_rule)
+    if cfg.data.res:  # the run's grid (the reference resizes in its loader, before the noise)
+        grid = unwrap_model(model).config.grid  # run_grid of the data: the model was fitted to it
+        x, _ = resize_window(x, mask, grid, fluid_rule)
+        y, mask = resize_window(y, mask, grid, fluid_rule)
     if reference:  # the reference's noise touches every channel and cell
         x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed)
     else:
@@ -309,7 +311,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     try:
         while step < cfg.steps:
             batch = next(it)
-            if cfg.data.res > 0:  # which samples' solid cells take the mask-aware resize, decided on the CPU
+            if cfg.data.res:  # which samples' solid cells take the mask-aware resize, decided on the CPU
                 batch["fluid_rule"] = fluid_rule_samples(spec.datasets, batch["dataset"], batch["mask"])
             loss, per_sample, grad_norm = train_step(cfg, ddp_model, opt, sched, batch, info.device, trainable)
             step, position = step + 1, position + cfg.batch_size

@@ -162,7 +162,8 @@ def test_preview_writes_fields_and_loss_mask_in_the_same_xyz_order(obstacle_out:
         np.testing.assert_array_equal(x[..., t, 0][mask], _code(t).T[mask])
         assert np.all(x[..., t, 0][~mask] == _stored(obstacle_out)[0][t, 0, 0, 2, 5])
     r = CliRunner().invoke(app, ["preview", "--manifest", str(obstacle_out), "--split", "train", "--out",
-                                 str(x_path), "--mask-out", str(m_path), "--backend", backend, "--normalize", "none", "--res", str(RES)])
+                                 str(x_path), "--mask-out", str(m_path), "--backend", backend, "--res", str(RES),
+                                 "--normalize", "none"])
     assert r.exit_code == 0, r.output
     fields, stored_mask, _ = _stored(obstacle_out)
     want_x, want_mask = _expected_at(fields, stored_mask, RES)
@@ -175,7 +176,7 @@ def test_preview_of_the_well_3d_is_xyz(well_out: tuple[Path, Path], tmp_path: Pa
     from dpot_train.preview import window
 
     out, path = well_out
-    x, mask, _ = window(out, split="train", index=0, normalize="none")  # as stored: own data is normalised by default
+    x, mask, _ = window(out, split="train", index=0, normalize="none")  # as stored: the values name their cells
     assert x.shape[:3] == (NX, NY, NZ) and mask.shape == (NX, NY, NZ)
     assert np.array_equal(~mask, obstacle_cells((NX, NY, NZ)))  # the Well's (x, y, z) is the model's order
     entry = json.loads((out / "manifest.json").read_text())["datasets"][0]
@@ -204,8 +205,8 @@ def _launched_loss_inputs(out: Path, run: Path, backend: str, monkeypatch: pytes
 
     cfg = apply_overrides(TrainConfig(), {
         "out": str(run), "model": "tiny", "data.manifests": [str(out)], "data.res": RES, "data.t_in": 2,
-        "data.t_out": 1, "data.backend": backend, "data.noise": 0.0, "data.normalize": "none",
-        "batch_size": 2, "steps": 24,
+        "data.t_out": 1, "data.backend": backend, "data.noise": 0.0, "data.normalize": "none", "batch_size": 2,
+        "steps": 24,
         "device": "cpu", "progress": False})
     cfg, cfg_path = prepare_run(cfg, False, Topology())
     release_run(run)  # this process trains in place of torchrun

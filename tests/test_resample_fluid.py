@@ -39,12 +39,12 @@ def _stored(out: Path) -> tuple[dict, np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def heat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The researcher's file (temperature 293 +- 3 K, a 6x6 NaN obstacle) on 24x32, ingested with the defaults
-    (resized to 128x128, bilinear); (file, output)."""
+    """The researcher's file (temperature 293 +- 3 K, a 6x6 NaN obstacle) on 24x32, ingested resized to 128x128
+    (bilinear by default; own data keeps its native grid unless --resolution is given); (file, output)."""
     base = tmp_path_factory.mktemp("heat")
     path = write_user_netcdf(base / "raw", samples=4, frames=4, ny=24, nx=32)
     out = base / "out"
-    _ingest(["xarray", str(path), "--out", str(out)])
+    _ingest(["xarray", str(path), "--out", str(out), "--resolution", "128"])
     return path, out
 
 

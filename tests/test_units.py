@@ -54,12 +54,11 @@ def test_the_zarr_attributes_carry_the_files_units(heat: Path) -> None:
 
 
 def test_the_card_names_the_units(heat: Path) -> None:
-    text = (heat / CARD_NAME).read_text(encoding="utf-8")
-    # Markdown shows `\[K\]` as [K] (the card escapes every text it takes from the manifest: dpot_format.text)
-    assert "(temperature \\[K\\])" in text  # the summary line names the data channels with their units
+    text = (heat / CARD_NAME).read_text(encoding="utf-8")  # Markdown: a card escapes brackets (dpot_format.text.md)
+    assert r"(temperature \[K\])" in text  # the summary line names the data channels with their units
     assert "| temperature | K | data |" in text
-    assert "- Grid: 12x16 (y \\[m\\], x \\[m\\])" in text and "- dt: 0.5 s" in text
-    assert "at t = 0 s, one panel per channel: temperature \\[K\\];" in text  # the preview's caption
+    assert r"- Grid: 12x16 (y \[m\], x \[m\])" in text and "- dt: 0.5 s" in text
+    assert r"at t = 0 s, one panel per channel: temperature \[K\];" in text  # the preview's caption
 
 
 def _image_axes(fig: plt.Figure) -> list:

@@ -22,6 +22,7 @@ from dpot_data.ingest.input_hashes import content_differs
 from dpot_data.ingest.options import PER_SOURCE as PER_SOURCE_RESOLUTION
 from dpot_data.ingest.options import IngestOptions, IngestOutcome, check_options, default_resolution
 from dpot_data.ingest.publish import existing_outcome
+from dpot_format.grid import grid_text
 from dpot_format.io import file_kind
 
 
@@ -213,10 +214,11 @@ def _settings_problem(datasets: list[Any], names: str, opts: IngestOptions) -> s
         grid = d.get("grid") or {}
         shape = list(grid.get("shape") or [])
         res = default_resolution(opts.resolution, len(shape))
-        expected = list(grid.get("native_shape") or shape) if res is None else [res] * len(shape)
+        expected = list(grid.get("native_shape") or shape) if res is None else \
+            list(res) if isinstance(res, tuple) else [res] * len(shape)
         if shape != expected:
             return (f"holds {d.get('name')} on a {'x'.join(map(str, shape))} grid, not the "
-                    f"{'x'.join(map(str, expected))} that --resolution {opts.resolution} asks for")
+                    f"{'x'.join(map(str, expected))} that --resolution {grid_text(opts.resolution)} asks for")
     return None
 
 

@@ -20,13 +20,16 @@ NOT_OUTPUT_OPTIONS = frozenset({"overwrite", "progress", "workers", "scheduler",
 # bytes whose exponents are random, so of its thousands of values some exceed any such bound.
 MAX_ABS = 1e15
 PER_SOURCE = "per-source"
+
+
 @dataclass
 class IngestOptions:
     """How to turn a ReadResult into shards. `split`: train fraction, or (train, valid) fractions, rest is test."""
 
-    # target size of every spatial axis; None or 0 keeps the native grid; PER_SOURCE (the default) is the
-    # reference's choice for the data (`default_resolution`)
-    resolution: int | str | None = PER_SOURCE
+    # target grid: one size for every spatial axis, or one per axis in the stored order ((y, x), (z, y, x)); None
+    # or 0 keeps the native grid; PER_SOURCE (the default) is the reference's choice for the data
+    # (`default_resolution`: 128 for the paper's 2D sources, the native grid for 3D data and own data)
+    resolution: int | tuple[int, ...] | str | None = PER_SOURCE
     channels: int | None = None  # pad to this many channels; None: 4, or the native count when larger (3D CNS: 5)
     fill: float = 1.0
     resample: str = "auto"  # auto | fourier | bilinear | bilinear-antialias | bicubic
@@ -71,15 +74,35 @@ class IngestOutcome:
     warnings: list[str] = field(default_factory=list)  # where the files differ from that catalog dataset
 
 
-def default_resolution(resolution: int | str | None, space_dims: int) -> int | None:
-    """The target size per axis, None for the native grid. PER_SOURCE follows the reference DPOT: 2D data is resized
-    to 128 (what it pre-trains on), 3D data keeps its native grid (finetune3d.py resizes each sample at train time),
-    so a small or 3D grid is never blown up by default."""
+def default_resolution(resolution: int | tuple[int, ...] | str | None, space_dims: int,
+                       source: str | None = None) -> int | tuple[int, ...] | None:
+    """The target size per axis (or the sizes, one per stored axis, as given), None for the native grid. PER_SOURCE
+    follows the reference DPOT for the paper's sources: 2D data is resized to 128 (what it pre-trains on), 3D data
+    keeps its native grid (finetune3d.py resizes each sample at train time), so a small or 3D grid is never blown up
+    by default; every other source (own data, The Well: not in `dpot_format.conventions.PAPER_SOURCES`, the reference
+    never saw them) keeps its native grid, whatever its aspect. `source` None: the paper's rule."""
     if resolution == PER_SOURCE:
-        return 128 if space_dims == 2 else None
+        from dpot_format.conventions import PAPER_SOURCES
+
+        return 128 if space_dims == 2 and (source is None or source in PAPER_SOURCES) else None
+    if isinstance(resolution, (tuple, list)):
+        return parse_resolution(",".join(map(str, resolution)))
     if resolution is not None and (isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 0):
-        raise InputError("--resolution", f"expected a grid size >= 0 or {PER_SOURCE!r}, got {resolution!r}")
+        raise InputError("--resolution", f"expected a grid size >= 0, one size per axis (H,W or D,H,W) or "
+                                         f"{PER_SOURCE!r}, got {resolution!r}")
     return resolution or None
+
+
+def parse_resolution(text: str) -> int | tuple[int, ...] | None:
+    """`--resolution` as typed: "128" (every axis), "48,64" (H,W = y, x) or "16,24,32" (D,H,W = z, y, x); "0" is
+    the native grid (None). InputError in one line otherwise."""
+    from dpot_format.grid import parse_grid
+
+    try:
+        return parse_grid(text, "--resolution") or None
+    except ValueError:
+        raise InputError("--resolution", "expected a grid size >= 0 (0: the native grid) or one size per axis, H,W "
+                                         f"(D,H,W for 3D), each a whole number of at least 1, got {text!r}") from None
 
 
 def parse_split(text: str | float | Sequence[float]) -> tuple[float, ...]:

@@ -20,6 +20,7 @@ from dpot_data.sources.base import ReadResult, check_result
 from dpot_data.transform import ANTIALIASED, choose_method
 from dpot_data.units import array_units
 from dpot_format.conventions import recorded_name
+from dpot_format.grid import target_shape
 from dpot_format.manifest import limit_problems
 from dpot_format.names import DATASET_NAME, MAX_DATASET_NAME, SPLITS
 
@@ -121,8 +122,11 @@ def plan_grid(result: ReadResult, opts: IngestOptions) -> Grid:
     ds = result.data
     dims = list(ds["fields"].dims[3:])
     native = tuple(int(ds.sizes[d]) for d in dims)
-    size = default_resolution(opts.resolution, len(dims))
-    target = native if not size else (size,) * len(dims)
+    size = default_resolution(opts.resolution, len(dims), ds.attrs.get("source"))
+    if isinstance(size, tuple) and len(size) != len(dims):
+        raise InputError("--resolution", f"expected {len(dims)} sizes ({','.join(dims)}) for this {len(dims)}D data, "
+                                         f"or one for every axis; got {','.join(map(str, size))}")
+    target = native if not size else target_shape(native, size, "--resolution")
     if target == native:
         return Grid(dims, native, target, "none", "none", False)
     try:
@@ -315,6 +319,16 @@ def _entry(result: ReadResult, opts: IngestOptions, p: IngestPlan, rule: str, se
     return entry
 
 
+def aspect_kept(native: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
+    """When `target` stretches `native` (the sides scale by different factors, beyond 1 %): the grid of `target`'s
+    largest side with `native`'s aspect; None when the aspect is kept."""
+    scales = [t / n for t, n in zip(target, native)]
+    if max(scales) <= min(scales) * 1.01:
+        return None
+    factor = max(target) / max(native)
+    return tuple(max(1, round(n * factor)) for n in native)
+
+
 def _warnings(result: ReadResult, p: IngestPlan, rule: str) -> list[str]:
     """What the user should know before the run: a grid that grows, an empty train or test split."""
     out = []
@@ -324,6 +338,11 @@ def _warnings(result: ReadResult, p: IngestPlan, rule: str) -> list[str]:
         out.append(f"{p.name}: resampling {'x'.join(map(str, p.grid.native))} -> "
                    f"{'x'.join(map(str, p.grid.target))} multiplies the data {grow:g}x: about {size / 1e9:.3g} GB "
                    f"per output format ({', '.join(p.formats)}); --resolution 0 keeps the native grid")
+    kept = aspect_kept(p.grid.native, p.grid.target)
+    if kept is not None:
+        out.append(f"{p.name}: resampling {'x'.join(map(str, p.grid.native))} -> {'x'.join(map(str, p.grid.target))} "
+                   f"stretches the grid's aspect ({', '.join(p.grid.dims)}); --resolution {','.join(map(str, kept))} "
+                   "keeps it, --resolution 0 keeps the native grid")
     if not p.count("train"):
         out.append(f"{p.name}: the split leaves no training trajectory ({rule})")
     elif not p.count("test"):

@@ -248,9 +248,14 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
                 note_scanned((ds.manifest, ds.entry) for ds in group)
 
 
-def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str, res: int = 0) -> None:
-    """Datasets trained together must share dimension, channel count and grid (any grid when each window is resized
-    to `res`), and hold enough frames per window."""
+def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str,
+                     res: int | list[int] = 0) -> None:
+    """Datasets trained together must share dimension, channel count and the grid the model sees (any stored grid
+    when each window is resized to `res`: N per axis, or one side per stored axis), and hold enough frames per
+    window."""
+    from dpot_format.grid import grid_text
+    from dpot_train.data.windows import run_grid
+
     first = datasets[0]
     other = next((ds for ds in datasets if len(ds.dims) != len(first.dims)), None)
     if other is not None:  # before any per-dataset check: the one line names the mix
@@ -265,9 +270,17 @@ def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: 
             raise DataError(f"mismatched channel counts: dataset {ds.name!r} ({ds.manifest}) has {len(ds.channels)} "
                             f"channels {ds.channels}, dataset {first.name!r} ({first.manifest}) has "
                             f"{len(first.channels)} {first.channels}; ingest them with the same --channels")
-        if ds.shape != first.shape and res <= 0:
+        try:
+            grid, first_grid = (run_grid(d.shape, d.model_layout, res, d.dims) for d in (ds, first))
+        except ValueError as exc:
+            raise DataError(f"{exc} (dataset {ds.name!r} ({ds.manifest}) has dims {ds.dims})") from None
+        if grid != first_grid and not res:
             raise DataError(f"mismatched grids: dataset {ds.name!r} is {list(ds.shape)}, dataset {first.name!r} is "
                             f"{list(first.shape)}; ingest them to the same grid, or resize both with --res")
+        if grid != first_grid:  # one --res, two orientations of the model's axes (docs/conventions.md)
+            raise DataError(f"--res {grid_text(res)}: dataset {ds.name!r} becomes {grid_text(grid)} in the model's "
+                            f"axes and dataset {first.name!r} {grid_text(first_grid)} (their model_layout differs); "
+                            "train them separately, or give one side for every axis")
         if ds.frames < t_in + t_out:
             raise DataError(f"dataset {ds.name!r} has {ds.frames} frames per trajectory, fewer than "
                             f"t_in + t_out = {t_in + t_out}")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpot_format.grid import target_shape
 from dpot_format.layout import space_order
 from dpot_format.resample import fluid_resample, keeps_reference_resize
 
@@ -26,6 +27,15 @@ def window_start(rng: np.random.Generator, frames: int, length: int) -> int:
 def model_shape(shape: tuple[int, ...] | list[int], model_layout: str) -> tuple[int, ...]:
     """A stored grid shape ((Y, X) or (Z, Y, X)) in the model's orientation ((H, W) or (X, Y, Z))."""
     return tuple(int(shape[a]) for a in space_order(len(shape), model_layout))
+
+
+def stored_shape(grid: tuple[int, ...] | list[int], model_layout: str) -> tuple[int, ...]:
+    """A grid in the model's orientation back in the stored order ((Y, X) or (Z, Y, X)): `model_shape`'s inverse."""
+    order = space_order(len(grid), model_layout)
+    out = [0] * len(grid)
+    for side, axis in zip(grid, order):
+        out[axis] = int(side)
+    return tuple(out)
 
 
 def _stored_reversed(a: np.ndarray, space_ndim: int, model_layout: str) -> np.ndarray:
@@ -94,38 +104,57 @@ def model_view(fields: np.ndarray) -> np.ndarray:
     return np.transpose(fields, tuple(range(fields.ndim - 1, 1, -1)) + (0, 1))
 
 
-def resize_frames(frames: torch.Tensor, res: int) -> torch.Tensor:
-    """(B, *S, T, C) resampled to (B, res, ..., T, C), each frame and channel alone, as the reference's loaders do:
-    trilinear for 3D (TemporalDataset3D), bilinear for 2D (both align_corners=False, no antialiasing).
-    res <= 0 or the grid already res on every axis: returned as it is."""
+def run_grid(shape: tuple[int, ...] | list[int], model_layout: str, res: int | tuple[int, ...] | list[int] = 0,
+             dims: list[str] | None = None) -> tuple[int, ...]:
+    """The grid the model sees, in its axis order: the stored grid `shape` ((Y, X) or (Z, Y, X)) after a run's
+    `res` (0: as stored; N: N on every axis; one side per stored axis, as `--res H,W` / `D,H,W` give them),
+    oriented by `model_layout`. ValueError in one line when `res` has another number of sides than the grid."""
+    return model_shape(target_shape(shape, res, "--res", dims), model_layout)
+
+
+def _size(res: int | tuple[int, ...], nd: int) -> tuple[int, ...] | None:
+    """The target sides of a resize (one per axis), None for no resize (res <= 0)."""
+    if isinstance(res, (tuple, list)):
+        return tuple(int(s) for s in res)
+    return (int(res),) * nd if res > 0 else None
+
+
+def resize_frames(frames: torch.Tensor, res: int | tuple[int, ...]) -> torch.Tensor:
+    """(B, *S, T, C) resampled to the grid `res` (one side for every axis, or one per axis in the model's order),
+    each frame and channel alone, as the reference's loaders do: trilinear for 3D (TemporalDataset3D), bilinear for
+    2D (both align_corners=False, no antialiasing). res <= 0 or the grid already res: returned as it is."""
     nd = frames.ndim - 3
-    if res <= 0 or all(s == res for s in frames.shape[1:1 + nd]):
+    size = _size(res, nd)
+    if size is None or tuple(frames.shape[1:1 + nd]) == size:
         return frames
     t, c = frames.shape[-2], frames.shape[-1]
     cf = frames.float().flatten(-2).movedim(-1, 1)  # (B, T*C, *S)
-    out = F.interpolate(cf, size=(res,) * nd, mode="trilinear" if nd == 3 else "bilinear", align_corners=False)
+    out = F.interpolate(cf, size=size, mode="trilinear" if nd == 3 else "bilinear", align_corners=False)
     return out.movedim(1, -1).unflatten(-1, (t, c)).to(frames.dtype)
 
 
-def resize_mask(mask: torch.Tensor, res: int) -> torch.Tensor:
-    """(B, *S) fluid mask to (B, res, ...) by nearest neighbour (a cell stays fluid or solid, never in between)."""
+def resize_mask(mask: torch.Tensor, res: int | tuple[int, ...]) -> torch.Tensor:
+    """(B, *S) fluid mask to the grid `res` (as `resize_frames`) by nearest neighbour (a cell stays fluid or solid,
+    never in between)."""
     nd = mask.ndim - 1
-    if res <= 0 or all(s == res for s in mask.shape[1:]):
+    size = _size(res, nd)
+    if size is None or tuple(mask.shape[1:]) == size:
         return mask
-    out = F.interpolate(mask[:, None].float(), size=(res,) * nd, mode="nearest")
+    out = F.interpolate(mask[:, None].float(), size=size, mode="nearest")
     return out[:, 0].to(mask.dtype)
 
 
-def resize_window(frames: torch.Tensor, mask: torch.Tensor, res: int, fluid_rule: bool | torch.Tensor = True
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, *S, T, C) frames and their (B, *S) fluid mask resized to `res` per axis: `resize_frames` and
-    `resize_mask`, except for samples with solid cells, which take the mask-aware rule
-    (`dpot_format.resample.fluid_resample`, the same bi/trilinear kernel). `fluid_rule`: True: every sample with a
-    solid cell; False: none (the reference's resize, `keeps_reference_resize`); a (B,) bool CPU tensor: those
-    samples (`fluid_rule_samples`, computed before a batch moves to the device, so that no step waits on it)."""
+def resize_window(frames: torch.Tensor, mask: torch.Tensor, res: int | tuple[int, ...],
+                  fluid_rule: bool | torch.Tensor = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, *S, T, C) frames and their (B, *S) fluid mask resized to the grid `res` (one side for every axis, or one
+    per axis in the model's order): `resize_frames` and `resize_mask`, except for samples with solid cells, which
+    take the mask-aware rule (`dpot_format.resample.fluid_resample`, the same bi/trilinear kernel). `fluid_rule`:
+    True: every sample with a solid cell; False: none (the reference's resize, `keeps_reference_resize`); a (B,)
+    bool CPU tensor: those samples (`fluid_rule_samples`, computed before a batch moves to the device, so that no
+    step waits on it)."""
     nd = mask.ndim - 1
-    shape = (res,) * nd
-    if res <= 0 or tuple(mask.shape[1:]) == shape or fluid_rule is False:
+    shape = _size(res, nd)
+    if shape is None or tuple(mask.shape[1:]) == shape or fluid_rule is False:
         return resize_frames(frames, res), resize_mask(mask, res)
     pick = (solid_samples(mask) if fluid_rule is True else fluid_rule.cpu()).nonzero()[:, 0]
     if len(pick) < len(mask):  # some samples keep the plain resize (computed for all: bit for bit as before)

@@ -17,6 +17,7 @@ from .config import PRESETS, DPOTConfig, preset
 from .dpot2d import DPOT2D
 from .dpot3d import DPOT3D, config_3d_from_2d, dpot3d_from_2d, transfer_2d_to_3d
 from .factory import build_model, resolve_config
+from .family_config import GridError
 from .fno import FNO2D, FNO3D, FNOConfig
 from .unet import UNet, UNetConfig
 from . import families  # noqa: E402  (registers the baselines with unwrap_model)
@@ -31,6 +32,7 @@ __all__ = [
     "FNO2D",
     "FNO3D",
     "FNOConfig",
+    "GridError",
     "PRESETS",
     "build_model",
     "config_3d_from_2d",

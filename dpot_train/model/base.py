@@ -27,7 +27,7 @@ class DPOTBase(nn.Module):
         self.config = config
         nd = self.spatial_dims
         dim = config.embed_dim
-        latent = (config.latent_size,) * nd
+        latent = config.latent_grid
         modes = (config.modes,) * 2 + ((config.modes_z,) if nd == 3 else ())
 
         # Parameter registration order follows the released checkpoints (pos_embed first).
@@ -60,7 +60,7 @@ class DPOTBase(nn.Module):
         """Clear error for a wrongly shaped input (the positional embedding fixes the grid)."""
         cfg = self.config
         nd = self.spatial_dims
-        expected = ("B",) + (cfg.img_size,) * nd + (cfg.in_timesteps, cfg.in_channels)
+        expected = ("B",) + cfg.grid + (cfg.in_timesteps, cfg.in_channels)
         if x.ndim != nd + 3 or tuple(x.shape[1:]) != expected[1:]:
             axes = "(B, X, Y, T, C)" if nd == 2 else "(B, X, Y, Z, T, C)"
             raise ValueError(f"{type(self).__name__} expects input {axes} = {expected}, got {tuple(x.shape)}")

@@ -6,15 +6,21 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .family_config import (GridError, canonical_grid, grid_problem, grid_sides, grid_text, multiple_problem)
+
 ACTIVATIONS = ("gelu", "tanh", "sigmoid", "relu", "leaky_relu", "softplus", "elu", "silu")
 TIME_AGGREGATIONS = ("exp_mlp", "mlp")
 
 
 @dataclass(frozen=True)
 class DPOTConfig:
-    """Constructor arguments of a DPOT network; names follow the released reference so saved arguments map 1:1."""
+    """Constructor arguments of a DPOT network; names follow the released reference so saved arguments map 1:1.
 
-    img_size: int = 128
+    `img_size` is the grid: one side for a square (2D) or cubic (3D) grid, the reference's form, or one side per
+    axis in the model's axis order, e.g. (48, 64); the latent grid of patches is each side divided by the patch
+    size, and the positional embedding has that shape."""
+
+    img_size: int | tuple[int, ...] = 128
     patch_size: int = 8
     in_channels: int = 4
     out_channels: int = 4
@@ -35,14 +41,30 @@ class DPOTConfig:
     norm_groups: int = field(default=8)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "img_size", canonical_grid(self.img_size, self.spatial_dims))
         problems = _validate(self)
         if problems:
-            raise ValueError("invalid DPOTConfig: " + "; ".join(problems))
+            message = "invalid DPOTConfig: " + "; ".join(problems)
+            if any(p.startswith("img_size ") and "multiple of patch_size" in p for p in problems):
+                raise GridError(message, self.grid, self.patch_size)
+            raise ValueError(message)
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The input grid, one side per spatial axis in the model's order."""
+        return grid_sides(self.img_size, self.spatial_dims)
+
+    @property
+    def latent_grid(self) -> tuple[int, ...]:
+        """The latent grid of patches: each side of the grid divided by the patch size (the positional embedding's)."""
+        return tuple(s // self.patch_size for s in self.grid)
 
     @property
     def latent_size(self) -> int:
-        """Side of the latent grid (image side divided by the patch size)."""
-        return self.img_size // self.patch_size
+        """Side of a square (cubic) latent grid; ValueError for another grid (see `latent_grid`)."""
+        if len(set(self.latent_grid)) != 1:
+            raise ValueError(f"the latent grid {grid_text(self.latent_grid)} is not square; use latent_grid")
+        return self.latent_grid[0]
 
     @property
     def block_size(self) -> int:
@@ -55,8 +77,11 @@ class DPOTConfig:
         return int(self.embed_dim * self.mlp_ratio)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict, stored in checkpoints next to the weights."""
-        return dataclasses.asdict(self)
+        """Plain JSON-able dict, stored in checkpoints next to the weights (a grid of several sides as a list)."""
+        values = dataclasses.asdict(self)
+        if isinstance(self.img_size, tuple):
+            values["img_size"] = list(self.img_size)
+        return values
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DPOTConfig":
@@ -77,16 +102,18 @@ class DPOTConfig:
 def _validate(cfg: DPOTConfig) -> list[str]:
     """Human-readable list of everything wrong with a config (empty when valid)."""
     problems: list[str] = []
-    positive = ("img_size", "patch_size", "in_channels", "out_channels", "in_timesteps", "out_timesteps",
+    positive = ("patch_size", "in_channels", "out_channels", "in_timesteps", "out_timesteps",
                 "n_blocks", "embed_dim", "out_layer_dim", "depth", "modes", "n_cls", "modes_z", "norm_groups")
     for name in positive:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             problems.append(f"{name} must be a positive integer, got {value!r}")
+    if cfg.spatial_dims not in (2, 3):
+        problems.append(f"spatial_dims must be 2 or 3, got {cfg.spatial_dims!r}")
+    problems += [p for p in [grid_problem("img_size", cfg.img_size, cfg.spatial_dims)] if p]
     if problems:
         return problems
-    if cfg.img_size % cfg.patch_size:
-        problems.append(f"img_size {cfg.img_size} must be divisible by patch_size {cfg.patch_size}")
+    problems += [p for p in [multiple_problem("img_size", cfg.grid, cfg.patch_size, "patch_size")] if p]
     if cfg.embed_dim % cfg.n_blocks:
         problems.append(f"embed_dim {cfg.embed_dim} must be divisible by n_blocks {cfg.n_blocks}")
     if cfg.embed_dim % cfg.norm_groups:
@@ -97,8 +124,6 @@ def _validate(cfg: DPOTConfig) -> list[str]:
         problems.append(f"act must be one of {ACTIVATIONS}, got {cfg.act!r}")
     if cfg.time_agg not in TIME_AGGREGATIONS:
         problems.append(f"time_agg must be one of {TIME_AGGREGATIONS}, got {cfg.time_agg!r}")
-    if cfg.spatial_dims not in (2, 3):
-        problems.append(f"spatial_dims must be 2 or 3, got {cfg.spatial_dims!r}")
     return problems
 
 

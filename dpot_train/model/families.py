@@ -23,6 +23,7 @@ from . import weights
 from .config import PRESETS as DPOT_PRESETS
 from .config import DPOTConfig
 from .factory import build_model as build_dpot
+from .family_config import grid_sides
 from .fno import FNO2D, FNO3D, FNOConfig
 from .unet import UNet, UNetConfig
 
@@ -56,7 +57,7 @@ def _dpot_fit(config: DPOTConfig, fixed: Mapping[str, Any], overrides: Mapping[s
 
 
 def _dpot_adapt(state: State, config: DPOTConfig) -> State:
-    return {**state, "pos_embed": weights.resize_pos_embed(state["pos_embed"], config.latent_size)}
+    return {**state, "pos_embed": weights.resize_pos_embed(state["pos_embed"], config.latent_grid)}
 
 
 def _dpot_count(config: DPOTConfig) -> int:
@@ -157,7 +158,7 @@ def _unet_fit(config: UNetConfig, fixed: Mapping[str, Any], overrides: Mapping[s
         mapped["n_dim"] = fixed["spatial_dims"]
     if "img_size" in fixed:
         nd = mapped.get("n_dim", config.n_dim)
-        mapped["in_shape"] = mapped["out_shape"] = (fixed["img_size"],) * nd
+        mapped["in_shape"] = mapped["out_shape"] = grid_sides(fixed["img_size"], nd)
     return config.replace(**{**mapped, **overrides})
 
 

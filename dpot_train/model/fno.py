@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .family_config import config_from_dict
+from .family_config import (GridError, canonical_grid, config_from_dict, grid_problem, grid_sides, grid_text,
+                            multiple_problem)
 from .layers import coordinate_grid
 
 FAMILY = "fno"
@@ -31,12 +32,12 @@ FAMILY = "fno"
 class FNOConfig:
     """Constructor arguments of the reference `FNO2d`/`FNO3d` (same names; `n_dim` picks the network, `modes3` is
     FNO3d's); `modes1`/`modes2`/`width` default to the reference training script's (`--modes 16 --width 32`),
-    `n_cls` to DPOT's 12 datasets."""
+    `n_cls` to DPOT's 12 datasets. `img_size`: one side (square or cubic grid) or one per axis, e.g. (48, 64)."""
 
     modes1: int = 16
     modes2: int = 16
     width: int = 32
-    img_size: int = 64
+    img_size: int | tuple[int, ...] = 64
     n_channels: int = 4
     in_timesteps: int = 10
     out_timesteps: int = 1
@@ -49,15 +50,19 @@ class FNOConfig:
     modes3: int = 8
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "img_size", canonical_grid(self.img_size, self.n_dim))
         problems = [f"{name} must be a positive integer, got {getattr(self, name)!r}"
-                    for name in ("modes1", "modes2", "width", "img_size", "n_channels", "in_timesteps",
+                    for name in ("modes1", "modes2", "width", "n_channels", "in_timesteps",
                                  "out_timesteps", "n_layers", "patch_size", "n_cls", "modes3")
                     if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool)
                     or getattr(self, name) <= 0]
-        if not problems and self.img_size % self.patch_size:
-            problems.append(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
         if self.n_dim not in (2, 3):
             problems.append(f"n_dim must be 2 or 3, got {self.n_dim!r}")
+        problems += [p for p in [grid_problem("img_size", self.img_size, self.n_dim)] if p]
+        patched = not problems and self.n_dim == 2  # FNO2D patch-embeds; FNO3D lifts every cell
+        off_grid = patched and multiple_problem("img_size", self.grid, self.patch_size, "patch_size")
+        if off_grid:
+            raise GridError(f"invalid FNOConfig: {off_grid}", self.grid, self.patch_size)
         if not problems:
             problems += self._mode_problems()
         if not problems and self.use_ln and self.width % 4:
@@ -65,14 +70,19 @@ class FNOConfig:
         if problems:
             raise ValueError("invalid FNOConfig: " + "; ".join(problems))
 
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The input grid, one side per spatial axis."""
+        return grid_sides(self.img_size, self.n_dim)
+
     def _mode_problems(self) -> list[str]:
-        """Modes the grid holds: the rFFT's last axis has side // 2 + 1 frequencies, the others `side` (the
-        reference fails inside einsum otherwise)."""
-        side = self.img_size // self.patch_size if self.n_dim == 2 else self.img_size
+        """Modes the grid holds, per axis: the rFFT's last axis has side // 2 + 1 frequencies, the others `side`
+        (the reference fails inside einsum otherwise)."""
+        sides = [s // self.patch_size for s in self.grid] if self.n_dim == 2 else list(self.grid)
         names = ("modes1", "modes2", "modes3")[:self.n_dim]
-        limits = [side] * (self.n_dim - 1) + [side // 2 + 1]
+        limits = sides[:-1] + [sides[-1] // 2 + 1]
         return [f"{name} {getattr(self, name)} exceeds the {limit} frequencies of a {side}-point axis"
-                for name, limit in zip(names, limits) if getattr(self, name) > limit]
+                for name, limit, side in zip(names, limits, sides) if getattr(self, name) > limit]
 
     # the names the trainer and evaluation read from any model config
     @property
@@ -91,8 +101,12 @@ class FNOConfig:
         return self.n_dim
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict with the family named, stored in checkpoints next to the weights."""
-        return {"family": FAMILY, **dataclasses.asdict(self)}
+        """Plain JSON-able dict with the family named, stored in checkpoints next to the weights (a grid of several
+        sides as a list)."""
+        values = dataclasses.asdict(self)
+        if isinstance(self.img_size, tuple):
+            values["img_size"] = list(self.img_size)
+        return {"family": FAMILY, **values}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "FNOConfig":
@@ -181,7 +195,7 @@ class FNO2D(nn.Module):
         p = cfg.patch_size
         if x.ndim != 5 or tuple(x.shape[3:]) != (cfg.in_timesteps, cfg.n_channels) or x.shape[1] % p or x.shape[2] % p:
             raise ValueError(f"FNO2D expects input (B, X, Y, T, C) with T={cfg.in_timesteps}, C={cfg.n_channels} "
-                             f"and X, Y multiples of the patch size {p} (trained on {cfg.img_size}), "
+                             f"and X, Y multiples of the patch size {p} (trained on {grid_text(cfg.grid)}), "
                              f"got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor, return_logits: bool = False) -> Any:
@@ -281,7 +295,7 @@ class FNO3D(nn.Module):
         cfg = self.config
         if x.ndim != 6 or tuple(x.shape[4:]) != (cfg.in_timesteps, cfg.n_channels):
             raise ValueError(f"FNO3D expects input (B, X, Y, Z, T, C) with T={cfg.in_timesteps}, C={cfg.n_channels} "
-                             f"(trained on {cfg.img_size}), got {tuple(x.shape)}")
+                             f"(trained on {grid_text(cfg.grid)}), got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor, return_logits: bool = False) -> Any:
         """Prediction (B, X, Y, Z, T_out, C); with `return_logits=True` the tuple (prediction, zeros (B, n_cls))."""

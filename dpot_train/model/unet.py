@@ -70,9 +70,14 @@ class UNetConfig:
         return self.n_dim
 
     @property
-    def img_size(self) -> int:
-        """Side of the input grid (the first of in_shape)."""
-        return self.in_shape[0]
+    def img_size(self) -> int | tuple[int, ...]:
+        """The input grid as the other families' configs give it: one side when square (cubic), else in_shape."""
+        return self.in_shape[0] if len(set(self.in_shape)) == 1 else self.in_shape
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The input grid, one side per spatial axis (in_shape)."""
+        return self.in_shape
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict with the family named, stored in checkpoints next to the weights."""

@@ -59,9 +59,9 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], hints: Mapping[str, Any
                               f"e.g. {sorted(state_dict)[:5]})")
     pos = _shape(state_dict, "pos_embed")
     nd = len(pos) - 2
-    if nd not in (2, 3) or len(set(pos[2:])) != 1:
-        raise CheckpointError(f"pos_embed has shape {pos}; expected (1, D, n, n) or (1, D, n, n, n)")
-    dim, latent = pos[1], pos[2]
+    if nd not in (2, 3):
+        raise CheckpointError(f"pos_embed has shape {pos}; expected (1, D, h, w) or (1, D, x, y, z)")
+    dim, latent = pos[1], pos[2:]
     patch_w = _shape(state_dict, "patch_embed.proj.0.weight")
     patch = patch_w[-1]
     in_channels = patch_w[1] - (nd + 1)
@@ -78,7 +78,7 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], hints: Mapping[str, Any
         depth += 1
     w1 = _shape(state_dict, "blocks.0.filter.w1")
     values: dict[str, Any] = dict(
-        img_size=latent * patch,
+        img_size=tuple(side * patch for side in latent),
         patch_size=patch,
         in_channels=in_channels,
         out_channels=out_channels,
@@ -103,14 +103,16 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], hints: Mapping[str, Any
         raise CheckpointError(f"weights imply an invalid DPOT config: {exc}") from exc
 
 
-def resize_pos_embed(pos: torch.Tensor, side: int) -> torch.Tensor:
-    """(1, D, n, n) positional embedding resampled bicubically to (1, D, side, side) (fine-tuning at another grid);
-    a 3D (1, D, n, n, n) one trilinearly."""
-    if pos.shape[-1] == side:
-        return pos
+def resize_pos_embed(pos: torch.Tensor, latent: int | tuple[int, ...]) -> torch.Tensor:
+    """(1, D, *n) positional embedding resampled to the latent grid `latent` (one side per axis, or one side for
+    all) as the reference resamples it to fine-tune at another resolution: bicubic in 2D, trilinear in 3D
+    (align_corners False); a square embedding onto a rectangular grid alike. Returned as it is when it fits."""
     nd = pos.ndim - 2
+    size = tuple(latent) if isinstance(latent, (tuple, list)) else (int(latent),) * nd
+    if tuple(pos.shape[2:]) == size:
+        return pos
     mode = "bicubic" if nd == 2 else "trilinear"
-    return F.interpolate(pos.float(), size=(side,) * nd, mode=mode, align_corners=False).to(pos.dtype)
+    return F.interpolate(pos.float(), size=size, mode=mode, align_corners=False).to(pos.dtype)
 
 
 def load_weights(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
