@@ -125,3 +125,20 @@ def test_stability_fields_equal_the_predictions_store(fno_train_shards: Path, tm
     want = [float(((first > 0) & (first <= k)).mean()) for k in (1, 2, 3)]
     assert scores["blowup_fraction_per_step"] == want == [0.0, 0.5, 1.0]
     assert result["datasets"][DS]["persistence"]["blowup_fraction_per_step"] == [0.0, 0.0, 0.0]
+
+
+def test_error_picture_marks_the_blowups(tmp_path: Path) -> None:
+    """DATASET_error.png draws each predictor's blow-up share per step on a second axis (a dpot-eval/2 result,
+    without it, draws the L2RE curves alone)."""
+    from dpot_train.eval_plots import plot_error_curve
+
+    curve = {"l2re_per_step": [0.1, 0.2, 0.4, 0.9], "frame_l2re_per_step": [0.1, 0.3, 0.6, 1.4]}
+    scores = {"model": {**curve, "blowup_fraction_per_step": [0.0, 0.0, 0.5, 1.0]},
+              "persistence": {**curve, "blowup_fraction_per_step": [0.0, 0.0, 0.0, 0.5]}}
+    drawn = plot_error_curve(DS, scores, tmp_path / "e.png")
+    assert drawn["model/blowup_fraction_per_step"].tolist() == [0.0, 0.0, 0.5, 1.0]
+    assert drawn["persistence/blowup_fraction_per_step"].tolist() == [0.0, 0.0, 0.0, 0.5]
+    assert (tmp_path / "e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    old = plot_error_curve(DS, {"model": curve, "persistence": curve}, tmp_path / "old.png")
+    assert set(old) == {"model/l2re_per_step", "model/frame_l2re_per_step", "persistence/l2re_per_step",
+                        "persistence/frame_l2re_per_step"}
