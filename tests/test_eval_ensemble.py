@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scoringrules as sr  # the test extra: the reference CRPS
 import torch
 from typer.testing import CliRunner
 
@@ -21,7 +22,6 @@ from dpot_train.eval_metrics import EnsembleAccumulator, crps_fair
 from dpot_train.eval_predictions import PredictionWriter
 from dpot_train.evaluate import evaluate_model
 
-sr = pytest.importorskip("scoringrules")  # the test extra
 
 DS = "fno-ns-v1e-3"
 
