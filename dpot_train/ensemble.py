@@ -138,17 +138,10 @@ class EnsembleScorer:
             if self.sink is not None:
                 self.sink.write_members(self.ds, ids, members, step0=t0)
 
-    def result(self, scored: bool) -> dict[str, Any]:
-        """The dataset's `ensemble` and `ensemble_mean` entries of eval.json (`scored` False: no trajectory had a
-        cell to score, every number null)."""
-        from dpot_train.evaluate import _no_numbers
-
+    def result(self) -> dict[str, Any]:
+        """The dataset's `ensemble` and `ensemble_mean` entries of eval.json."""
         found = self.acc.result()
-        out = {"ensemble": found["ensemble"], "ensemble_mean": found["mean"]}
-        if not scored:
-            out = _no_numbers(out)
-            out["ensemble"]["members"] = self.ens.members
-        return out
+        return {"ensemble": found["ensemble"], "ensemble_mean": found["mean"]}
 
 
 def recorded_noise(content: Any) -> float | None:

@@ -157,7 +157,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         }
         out["datasets"][ds.name]["units"] = _channel_units(ds)
         if members is not None:  # beside the single rollout's figures
-            out["datasets"][ds.name].update(members.result(bool(keep.any())))
+            out["datasets"][ds.name].update(members.result() if keep.any() else _no_numbers(members.result()))
         if not keep.all():  # left out of the means; none left: the metrics are null
             out["datasets"][ds.name]["unscored"] = (f"{int((~keep).sum())} of {len(refs)} trajectories have no fluid "
                                                     "cell in a valid channel: nothing to score, left out")
@@ -301,7 +301,7 @@ def print_table(result: dict[str, Any]) -> None:
     for title, head, rows in extra_tables(result):
         table = Table(title=title)
         for col in head:
-            table.add_column(escape(col), justify="left" if col in ("dataset", "channel [unit]") else "right")
+            table.add_column(escape(col), justify="left" if col.startswith(("dataset", "channel")) else "right")
         for row in rows:
             table.add_row(*(escape(cell) for cell in row))
         Console(width=120).print(table)
@@ -340,7 +340,7 @@ def extra_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list
             other = r["persistence"]["channels"][channel]["vrmse_window"]
             windows = [f"{number(v)} / {number(other.get(k))}" for k, v in scores["vrmse_window"].items()]
             blown = [number((r[w].get("blowup_fraction_per_step") or [None])[-1]) for w in ("model", "persistence")]
-            stability.append([name, label(channel, units.get(channel)), " | ".join(windows), " / ".join(blown)])
+            stability.append([name, str(channel), " | ".join(windows), " / ".join(blown)])  # VRMSE: no unit
         for channel, scores in ((r.get("ensemble") or {}).get("channels") or {}).items():
             ssr = scores["spread_skill_per_step"]
             members.append([name, label(channel, units.get(channel)), number(scores["crps"]),
@@ -349,8 +349,8 @@ def extra_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list
     out = []
     if stability:
         out.append(("Stability: The Well's VRMSE over steps 1-10 | 11-30 | 31-end, model / persistence; share of "
-                    "trajectories blown up (VRMSE > 1) by the last step", ["dataset", "channel [unit]",
-                                                                           "VRMSE by window", "blown up"],
+                    "trajectories blown up (VRMSE > 1) by the last step", ["dataset", "channel", "VRMSE by window",
+                                                                           "blown up"],
                     stability))
     if members:
         ens = result.get("ensemble", {})
