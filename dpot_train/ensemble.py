@@ -95,11 +95,11 @@ def noisy_predictor(model: torch.nn.Module, device: torch.device, eps: float, se
     """A predictor on windows in physical units: normalised (`stats`), noise injected (inject_noise, seeded by
     call_seed(seed, member, k) at its k-th call and each trajectory's `positions`), the model, denormalised."""
     calls = [0]
-    mask_d, cv_d, pos = mask.to(device), channel_valid.to(device), positions.cpu()
+    mask_d, cv_d = mask.to(device), channel_valid.to(device)
 
     def predict(window: torch.Tensor) -> torch.Tensor:
         x = window if stats is None else normalize(window, stats)
-        x = inject_noise(x.to(device), eps, pos, call_seed(seed, member, calls[0]), mask_d, cv_d)
+        x = inject_noise(x.to(device), eps, positions, call_seed(seed, member, calls[0]), mask_d, cv_d)
         calls[0] += 1
         out = model(x).float().cpu()
         return out if stats is None else denormalize(out, stats)
@@ -156,16 +156,17 @@ def recorded_noise(content: Any) -> float | None:
 
 def load_members(paths: list[str], cfg: Any, recorded_norm: Any, trusted: bool = False,
                  finish: Callable[[str, Any], torch.nn.Module] | None = None) -> list[torch.nn.Module]:
-    """The models of `--ensemble-checkpoints`: each read as evaluate reads a checkpoint (weights-only unless
-    `trusted`), and refused in one line unless it has the evaluated model's configuration `cfg` and, unless
-    `recorded_norm` is None (--normalize given), its recorded normalisation. `finish(path, loaded)` makes the model
-    as the evaluated one was made (a positional embedding resampled to the data's grid)."""
+    """The models of `--ensemble-checkpoints`: each read as evaluate reads a checkpoint (a file or a Hub reference;
+    weights-only unless `trusted`), and refused in one line unless it has the evaluated model's configuration `cfg`
+    and, unless `recorded_norm` is None (--normalize given), its recorded normalisation. `finish(path, loaded)`
+    makes the model as the evaluated one was made (a positional embedding resampled to the data's grid)."""
     from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint
+    from dpot_train.hub import is_reference, resolve
     from dpot_train.normalize import recorded
 
     models = []
     for path in paths:
-        content = read_checkpoint(path, trusted=trusted)
+        content = read_checkpoint(resolve(path).path if is_reference(path) else path, trusted=trusted)
         loaded = parse_checkpoint(content, path)
         model = pretrained_from(*loaded, source=str(path))
         if model.config != cfg:

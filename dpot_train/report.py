@@ -7,10 +7,10 @@ this module does not read is refused). The figure per run and dataset is the mod
 source (`check_paper` is the file's schema): a `datasets` table's columns are matched to the runs' datasets by catalog
 name (a manifest writes "." as "p") and each run's ratio to each paper row is given with its sign ("-" the run's
 error is lower (better), "+" higher); a `horizon` table's rows are set beside the runs' `l2re_per_step` at its steps;
-a `figures` table is printed as the paper gives it. Runs of schema dpot-eval/3 add the stability tables: The Well's VRMSE
-per channel averaged over steps 1-10, 11-30 and 31-end, and the share of trajectories blown up (VRMSE past 1) by
-steps 10, 30 and the last; a dpot-eval/2 run has neither (said in a note). The HTML form embeds the pictures of `evaluate --plot`
-that eval.json lists, only those under the eval.json's own folder, named as evaluate names them and holding PNG,
+a `figures` table is printed as the paper gives it. Runs of schema dpot-eval/3 add the stability tables: The Well's
+VRMSE per channel averaged over steps 1-10, 11-30 and 31-end, and the share of trajectories blown up (VRMSE past 1)
+by steps 10, 30 and the last; a dpot-eval/2 run has neither (said in a note). The HTML form embeds the pictures of
+`evaluate --plot` that eval.json lists, only those under the eval.json's own folder, named as evaluate names them and holding PNG,
 GIF or JPEG bytes; every other entry is named as refused or missing. Every text taken from an eval.json is bounded
 and escaped (dpot_format.text); runs are named by their path relative to the report.
 """

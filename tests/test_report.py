@@ -502,7 +502,7 @@ def test_report_reads_schema_2_and_3_and_shows_windows_and_blowups(tmp_path: Pat
     assert "| model 1-10 | model 11-30 | model 31-end | persistence 1-10 | persistence 11-30 | persistence 31-end |" \
         in text
     assert f"| {DS} | new | vorticity | 0.125 | 0.5 | 1.25 | 0.25 | 1 | 2.5 |" in text
-    assert f"| {DS} | short | vorticity | 0.3 | – | – | 0.6 | – | – |" in text  # windows the rollout does not reach
+    assert f"| {DS} | short | vorticity | 0.3 | – | – | 0.6 | – | – |" in text  # windows it does not reach
     assert "| steps | model by 10 | model by 30 | model by the last | persistence by the last |" in text
     assert f"| {DS} | new | 40 | 0.25 | 0.25 | 0.5 | 0.75 |" in text
     assert f"| {DS} | short | 3 | – | – | 0.5 | 0 |" in text
