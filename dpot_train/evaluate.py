@@ -17,7 +17,7 @@ from dpot_train.data.datasets import DatasetInfo, check_compatible
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import model_shape, resize_window, takes_fluid_rule, to_model_layout, to_model_mask
-from dpot_train.eval_metrics import DatasetSuite
+from dpot_train.eval_metrics import VRMSE_WINDOWS, DatasetSuite
 from dpot_train.eval_predictions import PredictionSink
 from dpot_train.eval_stream import STREAM_STEPS, score_streamed
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
@@ -338,9 +338,10 @@ def extra_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list
             if "vrmse_window" not in scores:
                 continue
             other = r["persistence"]["channels"][channel]["vrmse_window"]
-            windows = [f"{number(v)} / {number(other.get(k))}" for k, v in scores["vrmse_window"].items()]
+            windows = [f"{number(scores['vrmse_window'][k])} / {number(other.get(k))}"
+                       if k in scores["vrmse_window"] else "-" for k, _, _ in VRMSE_WINDOWS]
             blown = [number((r[w].get("blowup_fraction_per_step") or [None])[-1]) for w in ("model", "persistence")]
-            stability.append([name, str(channel), " | ".join(windows), " / ".join(blown)])  # VRMSE: no unit
+            stability.append([name, str(channel), *windows, " / ".join(blown)])  # VRMSE: no unit
         for channel, scores in ((r.get("ensemble") or {}).get("channels") or {}).items():
             ssr = scores["spread_skill_per_step"]
             members.append([name, label(channel, units.get(channel)), number(scores["crps"]),
@@ -348,10 +349,9 @@ def extra_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list
                             number(r["ensemble_mean"]["rollout_l2re"]), number(r["model"]["rollout_l2re"])])
     out = []
     if stability:
-        out.append(("Stability: The Well's VRMSE over steps 1-10 | 11-30 | 31-end, model / persistence; share of "
-                    "trajectories blown up (VRMSE > 1) by the last step", ["dataset", "channel", "VRMSE by window",
-                                                                           "blown up"],
-                    stability))
+        out.append(("Stability, model / persistence: The Well's VRMSE averaged over rollout steps, and the share of "
+                    "trajectories blown up (VRMSE > 1) by the last step",
+                    ["dataset", "channel"] + [f"VRMSE {k}" for k, _, _ in VRMSE_WINDOWS] + ["blown up"], stability))
     if members:
         ens = result.get("ensemble", {})
         out.append((f"Ensemble of {ens.get('members')} members (noise {ens.get('noise')}): CRPS ({ens.get('estimator')}"
