@@ -4,7 +4,9 @@
    per channel, one-step NRMSE) and without it (the suite's accumulator replaced by one that does nothing: the
    evaluation as it was, two L2RE scalars). Runs alternate, --repeat times each; the ratio of the medians.
 2. memory: peak RSS of a --long-steps rollout (default 500) at --long-res^2 (default 128), scored chunk by chunk
-   (eval_stream) and, for contrast, whole (the rollout held at once), each in a fresh process.
+   (eval_stream) and, for contrast, whole (the rollout held at once), each in a fresh process; with
+   --long-ensemble N also streamed with an ensemble of N members (`evaluate --ensemble`, dpot_train/ensemble.py)
+   at --long-steps and at --long-steps // 4, whose peaks should agree (memory bounded whatever the horizon).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/eval_cost.py --work /tmp/eval-cost
 
@@ -124,8 +126,9 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def long_rollout(shards: Path, steps: int, mode: str, device: str) -> dict[str, Any]:
-    """(In a fresh process) one --long-steps evaluation, streamed or whole; peak RSS before and after."""
+def long_rollout(shards: Path, steps: int, mode: str, device: str, members: int = 0) -> dict[str, Any]:
+    """(In a fresh process) one --long-steps evaluation, streamed or whole (with `members` > 0: an ensemble of that
+    many noisy members beside); peak RSS before and after."""
     import torch
 
     from dpot_train import evaluate
@@ -136,13 +139,19 @@ def long_rollout(shards: Path, steps: int, mode: str, device: str) -> dict[str, 
     model = tiny_model(len(ds.channels), ds.shape[0])
     if mode == "whole":
         evaluate.STREAM_STEPS = 10**9
+    ensemble = None
+    if members:
+        from dpot_train.ensemble import Ensemble
+
+        ensemble = Ensemble([model], ["tiny"], members, 5e-4)
     before = peak_rss_mib()
     t0 = time.perf_counter()
     res = evaluate.evaluate_model(model, DataConfig(manifests=[str(shards)]), rollout_steps=steps,
-                                  device=torch.device(device), verify=False)
+                                  device=torch.device(device), verify=False, ensemble=ensemble)
     peak = peak_rss_mib()
     r = res["datasets"][ds.name]
-    return {"mode": mode, "steps": r["rollout_steps"], "trajectories": r["trajectories"], "grid": list(ds.shape),
+    return {"mode": mode, "members": members, "steps": r["rollout_steps"], "trajectories": r["trajectories"],
+            "grid": list(ds.shape),
             "seconds": time.perf_counter() - t0, "peak_rss_mib_before": before, "peak_rss_mib": peak,
             "rollout_l2re": r["model"]["rollout_l2re"]}
 
@@ -157,11 +166,15 @@ def main() -> None:
     ap.add_argument("--long-steps", type=int, default=500)
     ap.add_argument("--long-res", type=int, default=128)
     ap.add_argument("--long-trajectories", type=int, default=2)
+    ap.add_argument("--long-ensemble", type=int, default=0, help="also an ensemble of N members, streamed")
+    ap.add_argument("--skip-whole", action="store_true", help="leave out the whole-rollout contrast (slow)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--skip-long", action="store_true")
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--child", choices=["streamed", "whole"], help=argparse.SUPPRESS)
+    ap.add_argument("--members", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--rollout", type=int, default=0, help=argparse.SUPPRESS)  # a child's steps (0: --long-steps)
     args = ap.parse_args()
     import torch
 
@@ -170,7 +183,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     if args.child:
         shards = make_shards(work, args.long_trajectories, args.long_steps + 10, args.long_res)
-        print(json.dumps(long_rollout(shards, args.long_steps, args.child, args.device)))
+        print(json.dumps(long_rollout(shards, args.rollout or args.long_steps, args.child, args.device,
+                                      args.members)))
         return
     from benchmarks.common import machine
 
@@ -185,10 +199,16 @@ def main() -> None:
     if not args.skip_long:
         make_shards(work, args.long_trajectories, args.long_steps + 10, args.long_res)
         out["long"] = []
-        for mode in ("streamed", "whole"):
+        runs = [("streamed", 0, args.long_steps)] + ([] if args.skip_whole else [("whole", 0, args.long_steps)])
+        if args.long_ensemble:
+            runs += [("streamed", args.long_ensemble, args.long_steps // 4),
+                     ("streamed", args.long_ensemble, args.long_steps)]
+        for mode, members, steps in runs:
             p = subprocess.run([sys.executable, __file__, "--work", str(work), "--child", mode, "--long-steps",
-                                str(args.long_steps), "--long-res", str(args.long_res), "--long-trajectories",
-                                str(args.long_trajectories), "--device", args.device, "--threads", str(args.threads)],
+                                str(args.long_steps), "--rollout", str(steps), "--long-res", str(args.long_res),
+                                "--long-trajectories",
+                                str(args.long_trajectories), "--device", args.device, "--threads", str(args.threads),
+                                "--members", str(members)],
                                capture_output=True, text=True, check=True)
             out["long"].append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(f"long rollout, {mode}: {out['long'][-1]}", file=sys.stderr)

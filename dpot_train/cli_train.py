@@ -240,6 +240,16 @@ def _check_request(cfg: TrainConfig, out: str | None, config: str | None, resume
                          "start one with --manifest DIR --out RUN_DIR, or name the run's folder with --out")
 
 
+def _comma_list(value: str | None, option: str) -> list[str]:
+    """The items of a comma list option (none: []); ValueError (one line) for an empty item."""
+    if value is None:
+        return []
+    items = [v.strip() for v in value.split(",")]
+    if not all(items):
+        raise ValueError(f"{option} {value}: expected a comma list of checkpoint files, without empty items")
+    return items
+
+
 def evaluate_cmd(
     checkpoint: str = typer.Argument(..., help="Checkpoint (ours, or the released {'model': state_dict} "
                                     "format): a file, dpot:Ti|S|M|L|H or hf://OWNER/REPO/FILE[@REVISION] (read "
@@ -275,6 +285,14 @@ def evaluate_cmd(
                                         "prediction / error at the first, middle and last step, error per step, "
                                         "power spectra (dpot recipe)."),
     video: bool = typer.Option(False, "--video", help="With --plot: also one rollout as a GIF."),
+    ensemble: int = typer.Option(0, "--ensemble", help="Also roll out N members (the model's noise injection on "
+                                 "the inputs, seeded; checkpoints of --ensemble-checkpoints in turn) and score their "
+                                 "CRPS and spread-skill ratio per channel and step, and their mean (dpot recipe)."),
+    ensemble_noise: Optional[float] = typer.Option(None, "--ensemble-noise", help="The members' noise epsilon S "
+                                                   "(x + S ||x|| N(0,1)); default: the run's data.noise."),
+    ensemble_checkpoints: Optional[str] = typer.Option(None, "--ensemble-checkpoints", help="Comma list of further "
+                                                       "checkpoints of the same model: members roll them out in turn "
+                                                       "(default --ensemble: one member per checkpoint)."),
 ) -> None:
     """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline, with
     per-step L2RE and The Well's NRMSE / VRMSE / spectral MSE per channel; writes eval.json."""
@@ -289,6 +307,8 @@ def evaluate_cmd(
         grid = res_option(res)
         if video and plot is None:
             raise ValueError("--video: name the folder for it with --plot DIR")
+        if (ensemble_noise is not None) and not ensemble and not ensemble_checkpoints:
+            raise ValueError("--ensemble-noise: give the member count with --ensemble N")
         if plot is not None:
             from dpot_train.eval_plots import SCRATCH_STEM, check_plot_folder
 
@@ -308,7 +328,10 @@ def evaluate_cmd(
                                          verify_checksums=not no_verify_checksums, trusted=trust, recipe=recipe,
                                          allow_convention_mismatch=allow_convention_mismatch, res=grid,
                                          cache_dir=cache_dir, cache_limit=cache_limit,
-                                         sha256=check_sha256_option(sha256), normalize=normalize, sink=sink)
+                                         sha256=check_sha256_option(sha256), normalize=normalize, sink=sink,
+                                         ensemble=ensemble, ensemble_noise=ensemble_noise,
+                                         ensemble_checkpoints=_comma_list(ensemble_checkpoints,
+                                                                          "--ensemble-checkpoints"))
         if sink is not None and result["recipe"] == "reference":
             raise ValueError("--predictions/--plot: the reference recipe (released weights) writes no predictions; "
                              "add --recipe dpot")

@@ -5,7 +5,8 @@
                         of the first test trajectory; truth and prediction share one colour scale per channel, the
                         error a symmetric one; solid cells outlined; 3D data: the mid-plane of the first stored axis
   DATASET_error.png     L2RE per step of the model and of the persistence baseline (each frame alone, solid; the
-                        rollout up to that step, dashed)
+                        rollout up to that step, dashed) and, on a second axis, the share of trajectories blown up
+                        (VRMSE past 1) by each step (dotted, triangles; dpot-eval/3)
   DATASET_spectrum.png  isotropic power spectra of truth and prediction, and of the error, at the first, middle and
                         last step, per channel
   DATASET_rollout.gif   (--video) truth, prediction and error of every valid channel over the rollout, one colour
@@ -161,7 +162,8 @@ def plot_fields(group: Any, out: Path, trajectory: int = 0) -> dict[str, np.ndar
 
 
 def plot_error_curve(dataset: str, scores: dict[str, Any], out: Path) -> dict[str, np.ndarray]:
-    """DATASET_error.png from eval.json's per-step L2RE; returns {"WHO/KEY": the y values drawn}."""
+    """DATASET_error.png from eval.json's per-step L2RE and blow-up shares; returns {"WHO/KEY": the y values
+    drawn}."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     keys = (("frame_l2re_per_step", "-", "frame"), ("l2re_per_step", "--", "rollout to step"))
@@ -172,10 +174,21 @@ def plot_error_curve(dataset: str, scores: dict[str, Any], out: Path) -> dict[st
     ax.set_xlabel("rollout step")
     ax.set_ylabel("L2RE")
     ax.set_title(f"{dataset}: error per step")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
+    axes = [ax]
+    if any(scores[who].get("blowup_fraction_per_step") for who in ("model", "persistence")):
+        share = ax.twinx()  # the blow-ups: trajectories whose VRMSE passed 1, on their own axis
+        for who, colour in (("model", "C0"), ("persistence", "C1")):
+            y = scores[who].get("blowup_fraction_per_step") or []
+            share.plot(np.arange(1, len(y) + 1), y, ":", marker="v", markersize=4, color=colour, alpha=0.8,
+                       label=f"{who}, blown up (VRMSE > 1)", gid=f"{who}/blowup_fraction_per_step")
+        share.set_ylim(-0.02, 1.02)
+        share.set_ylabel("share of trajectories blown up")
+        share.legend(fontsize=8, loc="lower right")
+        axes.append(share)
     fig.tight_layout()
     fig.savefig(out, dpi=80, **_PNG)
-    drawn = {line.get_gid(): np.asarray(line.get_ydata()) for line in ax.get_lines()}
+    drawn = {line.get_gid(): np.asarray(line.get_ydata()) for a in axes for line in a.get_lines()}
     plt.close(fig)
     return drawn
 

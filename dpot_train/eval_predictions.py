@@ -3,9 +3,13 @@
 One group per dataset (`xarray.open_zarr(PATH, group=DATASET)`), with variables
   prediction, truth  (trajectory, step, channel, *spatial)  float32
   mask               (trajectory, *spatial)                 bool, True on fluid cells
+  first_blowup_step  (trajectory,)                          int32, the first step whose VRMSE (mean over valid
+                                                            channels) passed 1 (eval_metrics.BLOWUP_VRMSE); -1: never
+  ensemble_prediction (trajectory, member, step, channel, *spatial)  float32, with `evaluate --ensemble` only
 and coordinates `trajectory` (ids "dataset:index"), `step` (1..R, frames after the t_in inputs), `frame` (the
 trajectory's frame index of each step), `time` (the time of each step's frame, where the dataset states times) and
-`channel` (names; padded channels included, see the `channel_valid` attribute); the spatial coordinates where the
+`channel` (names; padded channels included, see the `channel_valid` attribute), with an ensemble `member` (0..N-1)
+and `member_checkpoint` (the checkpoint each member rolled out); the spatial coordinates where the
 dataset's Zarr store holds them. `prediction`, `truth` (`channel_units`, one per channel), `time` and the coordinates
 carry the data's CF `units` (dpot_format.units). The spatial axes are named and ordered as the manifest stores them (its `dims`, e.g. y, x), whatever
 orientation the model reads them in. Chunks hold one trajectory and at most STEP_CHUNK steps, and every batch is
@@ -44,6 +48,8 @@ class PredictionSink(Protocol):
 
     def write(self, ds: Any, ids: list[str], pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None,
               step0: int = 0) -> None: ...
+
+    def write_blowups(self, ds: Any, ids: list[str], first: torch.Tensor) -> None: ...
 
 
 def _stored_axes(space_ndim: int, model_layout: str) -> list[int]:
@@ -101,6 +107,12 @@ class PredictionWriter:
         self.tmp = temporary_name(self.path)
         remove_entry(self.tmp)  # left by a killed process that had this pid
         self._groups: dict[str, dict[str, Any]] = {}
+        self.ensemble: dict[str, Any] | None = None
+
+    def set_ensemble(self, record: dict[str, Any]) -> None:
+        """Every dataset's group gains `ensemble_prediction` for the members `record` describes (ensemble.Ensemble
+        .record: members, noise, seed, checkpoints, member_checkpoint)."""
+        self.ensemble = dict(record)
 
     def begin(self, ds: Any, ids: list[str], steps: int, t_in: int) -> None:
         """Dataset `ds` will have `ids` trajectories, each rolled out `steps` frames after `t_in` inputs."""
@@ -119,11 +131,26 @@ class PredictionWriter:
         axes = dataset_axes(ds)
         units = {"units": fields_units(axes.units["channels"], ds.channel_valid),
                  "channel_units": axes.units["channels"]}
+        arrays = {"prediction": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk), units),
+                  "truth": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk), units),
+                  "mask": (("trajectory", *spatial), da.zeros((n, *shape), dtype=bool, chunks=(1, *shape))),
+                  "first_blowup_step": (("trajectory",), da.full((n,), -1, dtype=np.int32, chunks=(n,)),
+                                        {"meaning": "first rollout step whose VRMSE, mean over valid channels, "
+                                                    "passed 1; -1: never"})}
+        members: dict[str, Any] = {}
+        if self.ensemble is not None:
+            m = int(self.ensemble["members"])
+            arrays["ensemble_prediction"] = (
+                ("trajectory", "member", "step", "channel", *spatial),
+                da.zeros((n, m, steps, c, *shape), dtype=np.float32, chunks=(1, 1, *chunk[1:])),
+                {**units, "noise": float(self.ensemble["noise"]), "seed": int(self.ensemble["seed"])})
+            names = [str(x) for x in self.ensemble["checkpoints"]]
+            members = {"member": np.arange(m),
+                       "member_checkpoint": ("member", np.array([names[i] for i in self.ensemble["member_checkpoint"]],
+                                                                dtype=object))}
         tmpl = xr.Dataset(
-            {"prediction": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk), units),
-             "truth": (field, da.zeros((n, steps, c, *shape), dtype=np.float32, chunks=chunk), units),
-             "mask": (("trajectory", *spatial), da.zeros((n, *shape), dtype=bool, chunks=(1, *shape)))},
-            coords={"trajectory": np.array(g["ids"], dtype=object), "step": np.arange(1, steps + 1),
+            arrays,
+            coords={**members, "trajectory": np.array(g["ids"], dtype=object), "step": np.arange(1, steps + 1),
                     "frame": ("step", np.arange(g["t_in"], g["t_in"] + steps)),
                     "channel": np.array(ds.channels, dtype=object),  # variable-length UTF-8 strings
                     **step_coords(axes, spatial, shape, g["t_in"], steps)},
@@ -131,7 +158,7 @@ class PredictionWriter:
                    "native_shape": [int(s) for s in ds.entry.get("grid", {}).get("native_shape", ds.shape)],
                    "channel_valid": [bool(v) for v in ds.channel_valid],
                    "mask_meaning": "True on fluid cells; metrics count only these"})
-        encoding = {k: {"chunks": tmpl[k].data.chunksize} for k in ("prediction", "truth", "mask")}
+        encoding = {k: {"chunks": tmpl[k].data.chunksize} for k in arrays}
         tmpl.to_zarr(str(self.tmp), group=ds.name, mode="a" if self.tmp.exists() else "w", compute=False,
                      encoding=encoding, zarr_format=3, consolidated=False)
         g["created"] = True
@@ -155,6 +182,26 @@ class PredictionWriter:
             m = np.ones((len(ids), *p.shape[3:]), dtype=bool) if mask is None else \
                 mask_to_stored(mask.bool(), ds.model_layout)
             group["mask"][rows] = m
+
+    def write_blowups(self, ds: Any, ids: list[str], first: torch.Tensor) -> None:
+        """One batch's `first_blowup_step` (B,), 1-based, -1 where never (written after its rollout)."""
+        import zarr
+
+        start = self._groups[ds.name]["ids"].index(ids[0])
+        group = zarr.open_group(str(self.tmp / ds.name), mode="r+")
+        group["first_blowup_step"][start:start + len(ids)] = first.cpu().numpy().astype(np.int32)
+
+    def write_members(self, ds: Any, ids: list[str], members: torch.Tensor, step0: int = 0) -> None:
+        """One batch's ensemble rollouts, steps [step0, step0 + T), (M, B, *S, T, C) in the model's layout."""
+        import zarr
+
+        g = self._groups[ds.name]
+        stored = np.stack([to_stored_order(m.float(), ds.model_layout) for m in members], axis=1)  # (B, M, T, C, *S)
+        if not g["created"]:
+            self._create(ds, tuple(stored.shape[4:]))
+        start = g["ids"].index(ids[0])
+        group = zarr.open_group(str(self.tmp / ds.name), mode="r+")
+        group["ensemble_prediction"][start:start + len(ids), :, step0:step0 + stored.shape[2]] = stored
 
     def close(self) -> Path:
         """Publish the store at `path` (replacing one there) and return it."""

@@ -18,7 +18,7 @@ from dpot_train.data.prepare import checked_index, data_reader, load_datasets, n
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import model_shape, resize_window, run_grid, stored_shape, takes_fluid_rule, \
     to_model_layout, to_model_mask
-from dpot_train.eval_metrics import DatasetSuite
+from dpot_train.eval_metrics import VRMSE_WINDOWS, DatasetSuite
 from dpot_train.eval_predictions import PredictionSink
 from dpot_train.eval_stream import STREAM_STEPS, score_streamed
 from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
@@ -26,7 +26,7 @@ from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence
 from dpot_train.normalize import Stats, denormalize, normalize
 
 RECIPES = ("dpot", "reference")
-EVAL_SCHEMA = "dpot-eval/2"  # docs/training.md, "eval.json"
+EVAL_SCHEMA = "dpot-eval/3"  # docs/training.md, "eval.json"
 
 
 def _predictor(model: torch.nn.Module, device: torch.device) -> Any:
@@ -53,7 +53,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
                    device: torch.device | str = "cpu", max_trajectories: int = 0, batch_size: int = 8,
                    verify: bool | None = None, recipe: str = "dpot", datasets: list[DatasetInfo] | None = None,
                    trajectories: Mapping[str, list[TrajRef]] | None = None,
-                   sink: PredictionSink | None = None) -> dict[str, Any]:
+                   sink: PredictionSink | None = None, ensemble: Any = None) -> dict[str, Any]:
     """L2RE per dataset of the model and of the persistence baseline (the last input frame repeated).
 
     recipe "dpot": valid channels and fluid cells; rollout and one-step from the first t_in true frames; padded
@@ -69,6 +69,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
     `trajectories`: per dataset, its `split` trajectories already indexed (their shards' headers are not read again).
     `sink`: receives the model's rollouts batch by batch (dpot recipe; eval_predictions.PredictionWriter).
+    `ensemble`: an ensemble.Ensemble whose members are rolled out and scored beside (dpot recipe).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
@@ -85,6 +86,10 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     t_in = data.t_in
     out: dict[str, Any] = {"schema": EVAL_SCHEMA, "split": split, "t_in": t_in, "recipe": recipe,
                            "normalization": {"normalize": data.normalize, "stats": norm}, "datasets": {}}
+    if ensemble is not None:  # the members' models on the device; the predictions store gains their rollouts
+        out["ensemble"] = ensemble.to(device).record()
+        if sink is not None:
+            sink.set_ensemble(out["ensemble"])
     for ds in datasets:
         predict = _normalized(_predictor(model, device), norm[ds.name])
         refs = given[ds.name] if ds.name in given else reader.refs(ds, split)
@@ -101,17 +106,23 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
         suite = DatasetSuite(ds.channels, ds.channel_valid, steps)
         if sink is not None:
             sink.begin(ds, [r.id for r in refs], steps, t_in)
+        members = ensemble.scorer(ds, norm[ds.name], steps, t_in, sink) if ensemble is not None else None
         scored = []  # per trajectory: any fluid cell in a valid channel (else its L2RE is 0/0, not a perfect 0)
         valid = torch.tensor(ds.channel_valid, dtype=torch.bool)
         for i in range(0, len(refs), batch_size):
             chunk = refs[i:i + batch_size]
             if steps > STREAM_STEPS:  # a long rollout: read and scored chunk by chunk (eval_stream)
-                found = score_streamed(predict, lambda t0, n, c=chunk: _read_batch(reader, c, ds, t0, n, data.res),
-                                       t_in, steps, ds.channel_valid, suite, sink, ds, [r.id for r in chunk])
+                read = lambda t0, n, c=chunk: _read_batch(reader, c, ds, t0, n, data.res)  # noqa: E731
+                found = score_streamed(predict, read, t_in, steps, ds.channel_valid, suite, sink, ds,
+                                       [r.id for r in chunk])
                 for k, v in found.items():
                     sums[k].append(v)
                 mask = _read_batch(reader, chunk, ds, 0, 1, data.res)[1]
                 scored.append(mask.flatten(1).any(1) & valid.any())
+                if sink is not None:  # the suite saw every trajectory of the batch
+                    sink.write_blowups(ds, [r.id for r in chunk], suite.by["model"].first_blowup)
+                if members is not None:
+                    members.score_batch(read, i, [r.id for r in chunk])
                 continue
             frames, mask = _read_batch(reader, chunk, ds, 0, t_in + steps, data.res)
             cv = torch.tensor([ds.channel_valid] * len(chunk), dtype=torch.bool)
@@ -127,6 +138,14 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
                 if who == "model" and sink is not None:
                     sink.write(ds, [r.id for r in chunk], pred, true, mask)
             scored.append(rows)
+            if sink is not None:  # the suite saw the trajectories with something to score
+                first = torch.full((len(chunk),), -1, dtype=torch.int64)
+                if rows.any():
+                    first[rows] = suite.by["model"].first_blowup
+                sink.write_blowups(ds, [r.id for r in chunk], first)
+            if members is not None:
+                members.score_batch(lambda t0, n, f=frames, m=mask: (f[..., t0:t0 + n, :], m), i,
+                                    [r.id for r in chunk])
         keep = torch.cat(scored)
         vals = {k: float(torch.cat(v)[keep].mean()) if keep.any() else None for k, v in sums.items()}
         more = suite.result() if keep.any() else _no_numbers(suite.result())
@@ -138,6 +157,8 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
                             **more["persistence"]},
         }
         out["datasets"][ds.name]["units"] = _channel_units(ds)
+        if members is not None:  # beside the single rollout's figures
+            out["datasets"][ds.name].update(members.result() if keep.any() else _no_numbers(members.result()))
         if not keep.all():  # left out of the means; none left: the metrics are null
             out["datasets"][ds.name]["unscored"] = (f"{int((~keep).sum())} of {len(refs)} trajectories have no fluid "
                                                     "cell in a valid channel: nothing to score, left out")
@@ -276,6 +297,13 @@ def print_table(result: dict[str, Any]) -> None:
         for row in rmse:
             table.add_row(*(escape(cell) for cell in row))
         Console(width=120).print(table)
+    for title, head, rows in extra_tables(result):
+        table = Table(title=title)
+        for col in head:
+            table.add_column(escape(col), justify="left" if col.startswith(("dataset", "channel")) else "right")
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        Console(width=120).print(table)
     for line in result.get("notes", []):  # what was scored differs from what was asked or trained on
         print(f"note: {line}", file=sys.stderr, flush=True)
 
@@ -296,13 +324,50 @@ def rmse_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def extra_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of the stability table (VRMSE by window, blow-ups by the last step; dpot-eval/3) and,
+    with an ensemble, its scores: what print_table adds to the L2RE and RMSE tables."""
+    def number(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.4g}"
+
+    stability, members = [], []
+    for name, r in result["datasets"].items():
+        units = r.get("units") or {}
+        for channel, scores in (r["model"].get("channels") or {}).items():
+            if "vrmse_window" not in scores:
+                continue
+            other = r["persistence"]["channels"][channel]["vrmse_window"]
+            windows = [f"{number(scores['vrmse_window'][k])} / {number(other.get(k))}"
+                       if k in scores["vrmse_window"] else "-" for k, _, _ in VRMSE_WINDOWS]
+            blown = [number((r[w].get("blowup_fraction_per_step") or [None])[-1]) for w in ("model", "persistence")]
+            stability.append([name, str(channel), *windows, " / ".join(blown)])  # VRMSE: no unit
+        for channel, scores in ((r.get("ensemble") or {}).get("channels") or {}).items():
+            ssr = scores["spread_skill_per_step"]
+            members.append([name, label(channel, units.get(channel)), number(scores["crps"]),
+                            number(ssr[-1] if ssr else None),
+                            number(r["ensemble_mean"]["rollout_l2re"]), number(r["model"]["rollout_l2re"])])
+    out = []
+    if stability:
+        out.append(("Stability, model / persistence: The Well's VRMSE averaged over rollout steps, and the share of "
+                    "trajectories blown up (VRMSE > 1) by the last step",
+                    ["dataset", "channel"] + [f"VRMSE {k}" for k, _, _ in VRMSE_WINDOWS] + ["blown up"], stability))
+    if members:
+        ens = result.get("ensemble", {})
+        out.append((f"Ensemble of {ens.get('members')} members (noise {ens.get('noise')}): CRPS ({ens.get('estimator')}"
+                    " estimator, mean over steps; the channel's unit), spread-skill at the last step (1: reliable)",
+                    ["dataset", "channel [unit]", "CRPS", "spread-skill", "mean rollout L2RE", "model rollout L2RE"],
+                    members))
+    return out
+
+
 def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: int = 0, split: str = "test",
                         backend: str = "webdataset", device: str = "auto", max_trajectories: int = 0,
                         verify_checksums: bool = True, trusted: bool = False, recipe: str | None = None,
                         allow_convention_mismatch: bool = False, res: int | list[int] | None = None,
                         cache_dir: str | None = None, cache_limit: str | None = None,
                         sha256: str | None = None, normalize: str | None = None,
-                        sink: PredictionSink | None = None) -> dict[str, Any]:
+                        sink: PredictionSink | None = None, ensemble: int = 0, ensemble_noise: float | None = None,
+                        ensemble_checkpoints: list[str] | None = None) -> dict[str, Any]:
     """Load a checkpoint (ours or the released format; a file or a Hub reference, dpot:Ti or hf://..., whose commit
     and sha256 go to the result's `hub`) and evaluate it on the manifests' `split`.
 
@@ -312,8 +377,10 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     `normalization` entry); released weights without a record: none. A mode (auto, manifest, none) instead takes
     the statistics from the manifests. Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to, as
-    data.res (None: the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's
-    expected digest."""
+    data.res (None: the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest.
+    `ensemble` N > 0 (or `ensemble_checkpoints`): also roll out and score an ensemble (dpot_train/ensemble.py) of N
+    members (default: one per checkpoint) over this checkpoint and `ensemble_checkpoints`, with noise
+    `ensemble_noise` (None: the run's data.noise)."""
     from dpot_train.checkpoint import (parse_checkpoint, pretrained_from, read_checkpoint, trained_on, trained_res,
                                        weights_recipe)
     from dpot_train.data.datasets import read_manifests
@@ -363,6 +430,16 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     if tuple(cfg.grid) != seen:  # weights of another grid: DPOT resamples its positional embedding
         model = init_model(checkpoint, data_overrides(cfg.in_channels, seen, frames_in, cfg.out_timesteps), trusted,
                            loaded=loaded)
+    members = None
+    if ensemble or ensemble_checkpoints:  # dpot_train/ensemble.py; its other checkpoints made as `model` was
+        from dpot_train.ensemble import build_ensemble
+
+        resample = tuple(cfg.grid) != seen  # as for `model`: the positional embedding resampled to the grid seen
+        members = build_ensemble(
+            str(checkpoint), model, content, recipe, ensemble, ensemble_noise, list(ensemble_checkpoints or []),
+            cfg, None if normalize is not None else (mode, stats), trusted,
+            lambda path, found: init_model(path, data_overrides(cfg.in_channels, seen, frames_in, cfg.out_timesteps),
+                                           trusted, loaded=found) if resample else pretrained_from(*found, source=path))
     data = DataConfig(manifests=list(manifests), backend=backend, t_in=frames_in, t_out=cfg.out_timesteps,
                       verify_checksums=verify_checksums, res=res, cache_dir=cache_dir, cache_limit=cache_limit,
                       normalize=mode, norm_stats=stats)
@@ -372,7 +449,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     index = checked_index(data, datasets, split)  # the manifests read above are not read again
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,
-                            trajectories=indexed_trajectories(datasets, split, index), sink=sink)
+                            trajectories=indexed_trajectories(datasets, split, index), sink=sink,
+                            ensemble=members)
     for line in reversed(notes):  # what the data is to the model, before what the evaluation clamped
         result.setdefault("notes", []).insert(0, line)
     result["checkpoint"] = hub.pinned if hub else str(checkpoint)

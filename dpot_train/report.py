@@ -7,8 +7,10 @@ this module does not read is refused). The figure per run and dataset is the mod
 source (`check_paper` is the file's schema): a `datasets` table's columns are matched to the runs' datasets by catalog
 name (a manifest writes "." as "p") and each run's ratio to each paper row is given with its sign ("-" the run's
 error is lower (better), "+" higher); a `horizon` table's rows are set beside the runs' `l2re_per_step` at its steps;
-a `figures` table is printed as the paper gives it. The HTML form embeds the pictures of `evaluate --plot`
-that eval.json lists, only those under the eval.json's own folder, named as evaluate names them and holding PNG,
+a `figures` table is printed as the paper gives it. Runs of schema dpot-eval/3 add the stability tables: The Well's
+VRMSE per channel averaged over steps 1-10, 11-30 and 31-end, and the share of trajectories blown up (VRMSE past 1)
+by steps 10, 30 and the last; a dpot-eval/2 run has neither (said in a note). The HTML form embeds the pictures of
+`evaluate --plot` that eval.json lists, only those under the eval.json's own folder, named as evaluate names them and holding PNG,
 GIF or JPEG bytes; every other entry is named as refused or missing. Every text taken from an eval.json is bounded
 and escaped (dpot_format.text); runs are named by their path relative to the report.
 """
@@ -29,11 +31,13 @@ import yaml
 from dpot_format.text import TEXT_LIMIT, bound, file_name, html_text, md, relative_name
 
 HORIZONS = (20, 50, 100, 200, 500)
+WINDOWS = ("1-10", "11-30", "31-end")  # eval.json's vrmse_window keys (dpot-eval/3; eval_metrics.VRMSE_WINDOWS)
+BLOWUP_STEPS = (10, 30)  # the blow-up shares shown besides the one at the last step
 PAPER_FILE = "dpot_icml2024.yaml"
 PAPER_KINDS = ("datasets", "horizon", "figures")  # how a table of the paper data file is set beside the runs
 SCHEMA_NAME = "dpot-eval"
 # eval.json major versions this report reads -> the highest minor version it knows of each (docs/training.md)
-SCHEMA_READS = {2: 0}
+SCHEMA_READS = {2: 0, 3: 0}
 OUT_SUFFIXES = (".md", ".html")
 # the first bytes of each picture kind the HTML embeds, by file suffix, and its MIME subtype
 PICTURES = {".png": ("png", (b"\x89PNG\r\n\x1a\n",)), ".gif": ("gif", (b"GIF87a", b"GIF89a")),
@@ -208,6 +212,18 @@ def check_figures(path: Path, result: dict[str, Any]) -> None:
         per_step = entry["model"].get("l2re_per_step")
         if per_step is not None and not (isinstance(per_step, list) and all(_number(v) for v in per_step)):
             raise ValueError(f"{where}.model.l2re_per_step: expected a list of numbers")
+        for who in ("model", "persistence"):
+            figures = entry.get(who) or {}
+            blown = figures.get("blowup_fraction_per_step")
+            if blown is not None and not (isinstance(blown, list) and all(_number(v) for v in blown)):
+                raise ValueError(f"{where}.{who}.blowup_fraction_per_step: expected a list of numbers")
+            channels = figures.get("channels")
+            for channel, scores in (channels.items() if isinstance(channels, dict) else []):
+                windows = scores.get("vrmse_window") if isinstance(scores, dict) else None
+                if windows is not None and not (isinstance(windows, dict) and all(_number(v) for v in
+                                                                                  windows.values())):
+                    raise ValueError(f"{where}.{who}.channels.{bound(str(channel), 60)}.vrmse_window: expected an "
+                                     "object of numbers")
 
 
 def load_runs(paths: list[str | Path]) -> list[Run]:
@@ -342,6 +358,7 @@ def build(runs: list[Run], paper: bool = False, base: str | Path | None = None,
     if horizon_rows:
         rep.sections.append(("Rollout L2RE at horizon (steps after the inputs)",
                              ["dataset", "run"] + [str(h) for h in HORIZONS], horizon_rows))
+    _stability_sections(rep, datasets)
     for r in runs:
         rep.warnings += [f"{r.path}: {w}" for w in r.warnings]
         rep.notes += [f"{rep.run_paths[r.label]}: {w}" for w in r.warnings]
@@ -357,6 +374,52 @@ def build(runs: list[Run], paper: bool = False, base: str | Path | None = None,
             raise ValueError(f"paper data: {check_paper(doc)[0]}")
         _paper_sections(rep, load_paper() if doc is None else doc)
     return rep
+
+
+def _stability_sections(rep: Report, datasets: list[str]) -> None:
+    """The runs' VRMSE by window of steps per channel and their blow-up shares (dpot-eval/3), model and persistence;
+    runs without them (dpot-eval/2) named in a note."""
+    windows, blowups, without = [], [], []
+    for r in rep.runs:
+        found = False
+        for d in datasets:
+            entry = r.result["datasets"].get(d)
+            if not isinstance(entry, dict):
+                continue
+            model, persist = entry.get("model") or {}, entry.get("persistence") or {}
+            for channel, scores in (model.get("channels") or {}).items():
+                if not isinstance(scores, dict) or "vrmse_window" not in scores:
+                    continue
+                found = True
+                other = ((persist.get("channels") or {}).get(channel) or {}).get("vrmse_window") or {}
+                windows.append([bound(d), r.label, bound(str(channel))] +
+                               [_fmt(scores["vrmse_window"].get(w)) for w in WINDOWS] +
+                               [_fmt(other.get(w)) for w in WINDOWS])
+            if "blowup_fraction_per_step" in model:
+                found = True
+                blowups.append([bound(d), r.label, str(len(model["blowup_fraction_per_step"]))] +
+                               _shares(model["blowup_fraction_per_step"]) +
+                               _shares(persist.get("blowup_fraction_per_step") or [])[-1:])
+        if not found and r.result["datasets"]:
+            without.append(r.label)
+    if windows:
+        rep.sections.append(("The Well's VRMSE averaged over rollout steps 1-10, 11-30, 31-end (lower is better; "
+                             "– where the rollout does not reach them)",
+                             ["dataset", "run", "channel"] + [f"model {w}" for w in WINDOWS] +
+                             [f"persistence {w}" for w in WINDOWS], windows))
+    if blowups:
+        rep.sections.append(("Blow-ups: share of trajectories whose VRMSE (mean over channels) passed 1 by a step",
+                             ["dataset", "run", "steps"] + [f"model by {s}" for s in BLOWUP_STEPS] +
+                             ["model by the last", "persistence by the last"], blowups))
+    if without and (windows or blowups):
+        rep.notes.append(f"No VRMSE windows or blow-ups in {', '.join(without)} (schema dpot-eval/2: evaluate again "
+                         "for them).")
+
+
+def _shares(per_step: list[Any]) -> list[str]:
+    """A blow-up curve at BLOWUP_STEPS and at its last step ("–" past its end)."""
+    at = [per_step[s - 1] if s <= len(per_step) else None for s in BLOWUP_STEPS]
+    return [_fmt(v) for v in at + [per_step[-1] if per_step else None]]
 
 
 def _paper_sections(rep: Report, doc: dict[str, Any]) -> None:

@@ -76,7 +76,7 @@ def test_evaluate_predictions_plots_video_and_report(fno_train_shards: Path, tmp
                         "--out", str(out), "--predictions", str(store), "--plot", str(plots), "--video"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ev = json.loads(out.read_text())
-    assert ev["schema"] == "dpot-eval/2" and ev["predictions"] == str(store)
+    assert ev["schema"] == "dpot-eval/3" and ev["predictions"] == str(store)
     scores = ev["datasets"][DS]
 
     group = xr.open_zarr(str(store), group=DS)

@@ -65,7 +65,7 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
     ev = json.loads((run / "eval.json").read_text())
     r = ev["datasets"]["fno-ns-v1e-3"]
     assert ev["split"] == "test" and r["trajectories"] == 2 and r["rollout_steps"] == 3
-    assert ev["schema"] == "dpot-eval/2" and ev["recipe"] == "dpot"  # scored as the run trained
+    assert ev["schema"] == "dpot-eval/3" and ev["recipe"] == "dpot"  # scored as the run trained
     for who in ("model", "persistence"):
         assert all(0 < r[who][k] < 10 for k in ("one_step_l2re", "rollout_l2re", "one_step_nrmse"))
         assert len(r[who]["l2re_per_step"]) == 3 and r[who]["l2re_per_step"][-1] == pytest.approx(

@@ -431,9 +431,12 @@ def test_schema_and_out_suffix_are_checked(tmp_path: Path) -> None:
 
     assert check_schema(Path("e.json"), {"schema": EVAL_SCHEMA}) is None  # what evaluate writes is read
     a = _eval(tmp_path / "run" / "eval.json", {DS: 0.01})
-    for schema, said in (("dpot-eval/1", "schema dpot-eval/1; this version of dpot-train reads dpot-eval/2"),
-                         ("dpot-eval/9", "schema dpot-eval/9; this version of dpot-train reads dpot-eval/2"),
-                         (None, "no 'schema'; expected an eval.json of `dpot-train evaluate` (schema dpot-eval/2)"),
+    for schema, said in (("dpot-eval/1", "schema dpot-eval/1; this version of dpot-train reads dpot-eval/2 or "
+                                         "dpot-eval/3"),
+                         ("dpot-eval/9", "schema dpot-eval/9; this version of dpot-train reads dpot-eval/2 or "
+                                         "dpot-eval/3"),
+                         (None, "no 'schema'; expected an eval.json of `dpot-train evaluate` (schema dpot-eval/2 or "
+                                "dpot-eval/3)"),
                          ("other/2", 'schema "other/2"; expected an eval.json of `dpot-train evaluate`')):
         doc = json.loads(a.read_text())
         doc["schema"] = schema
@@ -471,3 +474,42 @@ def test_report_names_runs_relative_to_itself(tmp_path: Path) -> None:
         assert str(tmp_path) not in text and str(tmp_path) not in r.stdout.rsplit("\nwrote ", 1)[0]
         assert "Runs: a (../runs/a/eval.json), b (../runs/b/eval.json)" in text.replace("<p>", "")
     assert "<h2>Pictures of run a (../runs/a/eval.json)</h2>" in text
+
+
+def _stability(path: Path, steps: int, model: list[float], persistence: list[float],
+               windows: dict[str, float]) -> Path:
+    """A dpot-eval/3 eval.json: `_eval`'s, with blow-up shares and the vorticity channel's VRMSE windows."""
+    doc = json.loads(_eval(path, {DS: 0.02}, steps=steps).read_text())
+    entry = doc["datasets"][DS]
+    entry["model"].update(blowup_fraction_per_step=model,
+                          channels={"vorticity": {"vrmse_window": windows, "rmse": 0.1}})
+    entry["persistence"].update(blowup_fraction_per_step=persistence,
+                                channels={"vorticity": {"vrmse_window": {k: 2 * v for k, v in windows.items()},
+                                                        "rmse": 0.2}})
+    doc["schema"] = "dpot-eval/3"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_report_reads_schema_2_and_3_and_shows_windows_and_blowups(tmp_path: Path) -> None:
+    old = _eval(tmp_path / "old" / "eval.json", {DS: 0.01})
+    new = _stability(tmp_path / "new" / "eval.json", 40, [0.0] * 9 + [0.25] * 21 + [0.5] * 10, [0.0] * 39 + [0.75],
+                     {"1-10": 0.125, "11-30": 0.5, "31-end": 1.25})
+    short = _stability(tmp_path / "short" / "eval.json", 3, [0.0, 0.0, 0.5], [0.0, 0.0, 0.0], {"1-10": 0.3})
+    r = _report(str(old), str(new), str(short), "--out", str(tmp_path / "r.md"))
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    text = (tmp_path / "r.md").read_text()
+    assert "| model 1-10 | model 11-30 | model 31-end | persistence 1-10 | persistence 11-30 | persistence 31-end |" \
+        in text
+    assert f"| {DS} | new | vorticity | 0.125 | 0.5 | 1.25 | 0.25 | 1 | 2.5 |" in text
+    assert f"| {DS} | short | vorticity | 0.3 | – | – | 0.6 | – | – |" in text  # windows it does not reach
+    assert "| steps | model by 10 | model by 30 | model by the last | persistence by the last |" in text
+    assert f"| {DS} | new | 40 | 0.25 | 0.25 | 0.5 | 0.75 |" in text
+    assert f"| {DS} | short | 3 | – | – | 0.5 | 0 |" in text
+    assert "- No VRMSE windows or blow-ups in old (schema dpot-eval/2: evaluate again for them)." in text
+    assert "| old |" not in text.split("VRMSE averaged", 1)[1].split("- No VRMSE", 1)[0]  # no rows for the /2 run
+    _with(new, datasets={DS: {**json.loads(new.read_text())["datasets"][DS],
+                              "model": {"rollout_l2re": 0.1, "blowup_fraction_per_step": ["x"]}}})
+    r = _report(str(new), "--out", str(tmp_path / "r2.md"))
+    assert r.exit_code == 2 and r.output.strip() == (f"error: {new}: datasets.{DS}.model.blowup_fraction_per_step: "
+                                                     "expected a list of numbers")
