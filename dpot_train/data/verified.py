@@ -55,6 +55,7 @@ MAX_RECORD_BYTES = 1 << 30  # about 4 million entries; anything larger is not a 
 _STAT = ("size", "inode", "mtime_ns", "ctime_ns")
 _ARRAY_STAT = _STAT + ("files", "listing")
 _KINDS = ("shard", "zarr")
+_HEX = frozenset("0123456789abcdef")
 
 Stamp = dict[str, int]
 
@@ -148,7 +149,7 @@ def _entry_problem(key: Any, entry: Any) -> str | None:
     if not isinstance(st, dict) or set(st) != set(want) or not all(_is_int(v) for v in st.values()):
         return f"entry {key!r} has no valid stat"
     digest = entry["sha256"]
-    if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
         return f"entry {key!r} has no valid sha256"
     if not _is_int(entry["hashed_ns"]):
         return f"entry {key!r} has no valid hashed_ns"
@@ -388,12 +389,20 @@ class Records:
         left: list[dict[str, Any]] = []
         for path, entries in outputs:
             record = self.record(path)
-            if record is None or not record.consult or part != "shards":
+            if record is None or not record.consult:
                 left += entries
                 continue
             base = _folder(path)
-            left += [{**e, "shards": [s for s in e["shards"] if not record.vouches(
-                s["path"], file_stamp(os.path.join(base, *s["path"].split("/"))), s["sha256"])]} for e in entries]
+            for e in entries:
+                if part == "shards":
+                    left.append({**e, "shards": [s for s in e["shards"] if not record.vouches(
+                        s["path"], file_stamp(os.path.join(base, *s["path"].split("/"))), s["sha256"])]})
+                    continue
+                z = e.get("zarr")
+                store = os.path.join(base, *z["path"].split("/")) if z else ""
+                arrays = {a: d for a, d in (z["arrays"] if z else {}).items() if not record.vouches(
+                    f"{z['path']}/{z['group']}/{a}", array_stamp(store, z["group"], a), d)}
+                left.append({**e, "zarr": {**z, "arrays": arrays} if arrays else None})
         return to_hash(left, part, splits)
 
     def progress(self, path: str, bar: Callable[[Item, list[Problem]], None] | None
