@@ -227,8 +227,8 @@ def verify_overrides(mode: str | None, no_verify: bool) -> dict[str, Any]:
     if mode not in VERIFY_MODES:
         raise ValueError(f"--verify-checksums: expected auto, always or never, got {mode!r}")
     if no_verify and mode != "never":
-        raise ValueError(f"--verify-checksums {mode}: contradicts --no-verify-checksums (the same as --verify-checksums "
-                         "never); give one of them")
+        raise ValueError(f"--verify-checksums {mode}: contradicts --no-verify-checksums (the same as "
+                         "--verify-checksums never); give one of them")
     verify, record = VERIFY_MODES[mode]
     return {"data.verify_checksums": verify, "data.checksum_record": record}
 

@@ -249,7 +249,8 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progres
     records = Records(record if any(rehashed.values()) else None)
     size, count = records.to_hash([(p, ((docs or {}).get(manifest_url(p)) or {}).get("datasets", []))
                                    for p in paths if rehashed[p]], part)
-    with records, hash_runner(any(rehashed.values()), part, workers) as runner, \
+    pool = any(rehashed.values()) and (count > 0 or not docs)  # none when the records vouch for everything
+    with records, hash_runner(pool, part, workers) as runner, \
             HashProgress(size, count, part, progress) as bar:
         for path in paths:
             doc = (docs or {}).get(manifest_url(path))

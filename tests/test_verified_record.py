@@ -75,7 +75,8 @@ def settled(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _cfg(tmp_path: Path, root: Path, name: str, **data: object) -> TrainConfig:
     return TrainConfig(out=str(tmp_path / name), steps=2, batch_size=1, device="cpu", progress=False,
-                       data=DataConfig(manifests=[str(root)], t_in=3, normalize="none", **data))  # type: ignore[arg-type]
+                       data=DataConfig(manifests=[str(root)], t_in=3, normalize="none",
+                                       **data))  # type: ignore[arg-type]
 
 
 def _launch(cfg: TrainConfig) -> list[str]:
@@ -248,6 +249,36 @@ def test_an_output_this_user_cannot_write_keeps_its_record_in_the_cache_folder(
     assert verified.record_path(str(output), verified.named_cache(None)) is None
 
 
+def test_zarr_arrays_are_recorded_and_a_changed_chunk_is_hashed_again(output: Path, settled: None,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import zarr
+
+    import dpot_format.validate as validate
+    from dpot_format.io import zarr_store
+    from dpot_train.data.datasets import DataError, read_manifest_docs
+    from dpot_train.data.verified import RecordPolicy
+    from dpot_train.launch import check_outputs
+
+    hashed: list[str] = []
+    real = validate.sha256_array
+    monkeypatch.setattr(validate, "sha256_array", lambda array: (hashed.append(array.basename), real(array))[1])
+    data = DataConfig(manifests=[str(output)], backend="zarr")
+
+    def check() -> list[str]:
+        hashed.clear()
+        check_outputs(data, read_manifest_docs([str(output)]), progress=False, record=RecordPolicy())
+        return sorted(hashed)
+
+    arrays = sorted(json.loads((output / "manifest.json").read_text())["datasets"][0]["zarr"]["arrays"])
+    assert check() == arrays and check() == []
+    group = zarr.open_group(zarr_store(str(output / "data.zarr"), read_only=False), mode="r+", path="toy")
+    group["fields"][0, 0, 0, 0, 0] = 123.0  # one chunk rewritten
+    with pytest.raises(DataError) as info:
+        check()
+    assert hashed == ["fields"] and len(str(info.value).splitlines()) == 1
+    assert str(info.value).startswith(f"{output}/data.zarr/toy/fields: sha256 mismatch (manifest ")
+
+
 def test_two_writers_at_once_keep_both_and_wait_for_each_other(output: Path, settled: None) -> None:
     """Two launches on one node: each read the record before the other wrote it, each hashes another shard; the
     second write merges into the first's, and a writer waits while the other holds the record's lock."""
@@ -322,7 +353,8 @@ def test_time_to_first_step_parts_add_up_on_the_first_steps_line(tmp_path: Path)
 
     tracker = Tracker()
     path = tmp_path / "metrics.jsonl"
-    log = _StepLog(TrainConfig(steps=4, log_every=2, batch_size=2), 8, path, Writer(), None, tracker)  # type: ignore[arg-type]
+    cfg = TrainConfig(steps=4, log_every=2, batch_size=2)
+    log = _StepLog(cfg, 8, path, Writer(), None, tracker)  # type: ignore[arg-type]
     log.extra[1] = fields
     _flush([(s, 2 * s, 1e-3, torch.tensor(1.0 / s), torch.tensor(0.5)) for s in (1, 2)], log)
     lines = [json.loads(x) for x in path.read_text().splitlines()]

@@ -236,7 +236,8 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
     records = Records(record if checksums else None)
     size, count = records.to_hash([(root, [ds.entry for ds in group]) for root, group in by_root.items()], part,
                                   {split})
-    with records, hash_runner(checksums, part) as runner, HashProgress(size, count, part, checksums) as bar:
+    with records, hash_runner(checksums and count > 0, part) as runner, \
+            HashProgress(size, count, part, checksums) as bar:
         for root, group in by_root.items():  # the sha256 pass on every core (hash_pool), problems in manifest order
             named = {ds.name: ds for ds in group}
             problems = [p for p in validate_output(root, rehash=checksums, datasets=set(named), splits={split},
