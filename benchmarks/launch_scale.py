@@ -11,9 +11,9 @@ of main) on the same output, so that before and after are measured side by side 
 
 `--record` measures the record of verified shards instead (dpot_train/data/verified.py): a local output of about
 `--gib` GiB in `--shards` shards of 128x128, 11-frame trajectories whose first ten frames are zeros written as holes
-(sparse files: fast to write, no disk used, read back at page-cache speed, so the first launch's sha256 pass is
-bound by sha256 itself, the cheapest the pass can be), with the same shard count of one-trajectory 16x16 shards
-(about 30 KB each) and ten times as many beside it. On each: a real `launch --steps 1` twice (the first hashes every
+(sparse files: fast to write, little disk used, read back at page-cache speed, so the first launch's sha256 pass is
+bound by sha256 itself, the cheapest the pass can be), beside it the same shards and trajectories at 16x16 (1/64 of
+the bytes) and ten times as many of those. On each: a real `launch --steps 1` twice (the first hashes every
 shard and writes the record, the second consults it; both print their time to first step, parsed here), then
 `launch --dry-run` consulting the record, with `--verify-checksums always`, and from every `--tree` (main: its
 sha256 of every shard on every launch):
@@ -184,25 +184,27 @@ def _sparse_trajectory(fh, digest, i: int, name: str, at: int, frames: int, grid
     return SampleIndex(key, members), at
 
 
-def fabricate_sparse(out: Path, shards: int, total: int, work: Path) -> dict:
-    """An output of `shards` train shards of about total/shards bytes each, 128x128 trajectories of FRAMES frames
-    with their leading frames as holes; its manifest (real sha256s, shard index)."""
-    from dpot_format.manifest import build, write_manifest
-    from launch_hash import template as big_template
+def per_shard(total: int, shards: int, grid: int = BIG_GRID) -> int:
+    """Trajectories (grid x grid, FRAMES frames) per shard that make `shards` shards about `total` bytes."""
+    return max(1, round(total / shards / (FRAMES * grid * grid * 4 + grid * grid + 4 * 1024)))
 
-    entry = big_template(work / "big", BIG_GRID, FRAMES)["datasets"][0]
+
+def fabricate_sparse(out: Path, shards: int, trajectories: int, grid: int, work: Path) -> dict:
+    """An output of `shards` train shards of `trajectories` grid x grid trajectories of FRAMES frames each, their
+    leading frames as holes; its manifest (real sha256s, shard index)."""
+    from dpot_format.manifest import build, write_manifest
+
+    entry = template(work / f"template-{grid}", grid, FRAMES)["datasets"][0]
     name = entry["name"]
     folder = out / "shards" / name
     folder.mkdir(parents=True)
-    per_trajectory = FRAMES * BIG_GRID * BIG_GRID * 4 + BIG_GRID * BIG_GRID + 4 * 1024
-    per_shard = max(1, round(total / shards / per_trajectory))
     listed, rows, i = [], [], 0
     for s in range(shards):
         file, at, samples = shard_file("train", s), 0, []
         digest = hashlib.sha256()
         with open(folder / file, "wb") as fh:
-            for _ in range(per_shard):
-                sample, at = _sparse_trajectory(fh, digest, i, name, at, FRAMES, BIG_GRID)
+            for _ in range(trajectories):
+                sample, at = _sparse_trajectory(fh, digest, i, name, at, FRAMES, grid)
                 samples.append(sample)
                 i += 1
             tail = 1024 + (-(at + 1024) % 10240)
@@ -211,7 +213,7 @@ def fabricate_sparse(out: Path, shards: int, total: int, work: Path) -> dict:
             for k in range(0, tail, len(_ZERO)):
                 digest.update(memoryview(_ZERO)[:min(len(_ZERO), tail - k)])
         listed.append({"path": f"shards/{name}/{file}", "split": "train", "sha256": digest.hexdigest(),
-                       "bytes": at + tail, "samples": per_shard})
+                       "bytes": at + tail, "samples": trajectories})
         rows.append((file, digest.hexdigest(), samples))
     data = index_bytes(index_document(name, rows))
     (folder / INDEX_NAME).write_bytes(data)
@@ -260,15 +262,11 @@ def record_bench(args: argparse.Namespace) -> dict:
                                               text=True, cwd=ROOT).stdout.strip(),
                      "trees": [str(t) for t in trees], "machine": machine(work)}
     try:
-        outputs = {}
         t0 = time.perf_counter()
-        big = work / "big"
-        doc = fabricate_sparse(big, args.shards, int(args.gib * (1 << 30)), work)
-        outputs["big"] = (big, doc)
-        small = work / "small"
-        outputs["small"] = (small, fabricate(small, args.shards, True, work / "t1"))
-        many = work / "many"
-        outputs["many"] = (many, fabricate(many, 10 * args.shards, True, work / "t2"))
+        k = per_shard(int(args.gib * (1 << 30)), args.shards)  # the same trajectories per shard in all three
+        outputs = {label: (work / label, fabricate_sparse(work / label, n, k, grid, work))
+                   for label, n, grid in (("big", args.shards, BIG_GRID), ("small", args.shards, GRID),
+                                          ("many", 10 * args.shards, GRID))}
         results["fabricate_s"] = round(time.perf_counter() - t0, 1)
         time.sleep(2.5)  # the files settle: an entry hashed within 2 s of a file's change is not trusted
         for label, (out, doc) in outputs.items():
