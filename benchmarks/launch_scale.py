@@ -15,6 +15,7 @@ of main) on the same output, so that before and after are measured side by side 
 bound by sha256 itself, the cheapest the pass can be), beside it the same shards and trajectories at 16x16 (1/64 of
 the bytes) and ten times as many of those. On each: a real `launch --steps 1` twice (the first hashes every
 shard and writes the record, the second consults it; both print their time to first step, parsed here), then
+`launch`'s data check alone in this process (`check_outputs`, consulting the record, and without sha256),
 `launch --dry-run` consulting the record, with `--verify-checksums always`, and from every `--tree` (main: its
 sha256 of every shard on every launch):
 
@@ -250,6 +251,21 @@ def real_launch(tree: Path, manifest: str, run: Path, env: dict[str, str]) -> di
             "line": next((m.group(0) for m in map(_TTFS.search, r.stdout.splitlines()) if m), "")}
 
 
+def pass_seconds(out: Path, verify: bool) -> float:
+    """Wall seconds of launch's data check alone (`launch.check_outputs`, in this process, this checkout), the
+    manifest already read: with the record consulted (nothing written), or without sha256 (--no-verify-checksums)."""
+    from dpot_train.config import DataConfig
+    from dpot_train.data.datasets import read_manifest_docs
+    from dpot_train.data.verified import RecordPolicy
+    from dpot_train.launch import check_outputs
+
+    docs = read_manifest_docs([str(out)])
+    start = time.perf_counter()
+    check_outputs(DataConfig(manifests=[str(out)], verify_checksums=verify), docs, progress=False,
+                  record=RecordPolicy(write=False) if verify else None)
+    return round(time.perf_counter() - start, 3)
+
+
 def record_bench(args: argparse.Namespace) -> dict:
     """The record of verified shards: first and second launch on a big sparse output and on small ones, against the
     other trees' launch (docstring)."""
@@ -275,6 +291,10 @@ def record_bench(args: argparse.Namespace) -> dict:
                          "disk_bytes": sum(os.stat(out / s["path"]).st_blocks * 512 for s in listed)}
             row["first"] = real_launch(ROOT, str(out), work / "run", env)  # hashes every shard, writes the record
             row["second"] = real_launch(ROOT, str(out), work / "run", env)  # consults it
+            pass_seconds(out, True)  # untimed: imports, the record and index read into the page cache
+            for _ in range(args.repeat):  # the check alone, alternated: what the record adds to a pass without sha256
+                for variant, verify in (("pass_no_sha256_s", False), ("pass_record_s", True)):
+                    row.setdefault(variant, []).append(pass_seconds(out, verify))
             row["dry_run_record_s"] = [launch(ROOT, str(out), work / "dry", [], env)[0] for _ in range(args.repeat)]
             if label == "big":
                 row["dry_run_always_s"] = [launch(ROOT, str(out), work / "dry", ["--verify-checksums", "always"],
