@@ -394,3 +394,20 @@ def test_a_real_launch_prints_its_time_to_first_step_and_the_next_one_hashes_not
     assert hashing[0] == []  # the first launch hashed every shard
     assert hashing[1] == [f"note: sha256 of {len(listed)} of {len(listed)} shards taken from {shards / RECORD_NAME} "
                           "(unchanged since they were hashed), 0 hashed; --verify-checksums always hashes every one"]
+
+
+def test_the_benchmarks_sparse_output_is_one_the_full_validator_accepts(tmp_path: Path) -> None:
+    """benchmarks/launch_scale.py --record measures real shards: holes where the leading frames are, every byte
+    hashed into the listed sha256, tar headers, .npy headers and meta.json as the writer lays them out."""
+    sys.path.insert(0, str(train_runs.ROOT / "benchmarks"))
+    import launch_scale
+
+    from dpot_format.validate import validate_output
+
+    doc = launch_scale.fabricate_sparse(tmp_path / "out", 2, 3, 64, tmp_path)
+    listed = doc["datasets"][0]["shards"]
+    assert [s["samples"] for s in listed] == [3, 3] and validate_output(str(tmp_path / "out")) == []
+    for s in listed:
+        path = tmp_path / "out" / s["path"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == s["sha256"] and path.stat().st_size == s["bytes"]
+        assert path.stat().st_blocks * 512 < s["bytes"]  # sparse: the zero frames take no blocks
