@@ -210,13 +210,15 @@ def launch_overrides(given: dict[str, Any]) -> dict[str, Any]:
     switch's value where it is on, None (keep the run config's) elsewhere; --steps wins over a config's epochs."""
     out = {key: given[name] for name, key in _VALUES.items()}
     out.update({key: value if given[name] else None for name, (key, value) in _SWITCHES.items()})
-    out.update(verify_overrides(given.get("verify_checksums"), bool(given.get("no_verify_checksums"))))
+    out.update(verify_overrides(given["verify_checksums"], bool(given["no_verify_checksums"])))
     out["data.manifests"] = [str(m) for m in given["manifest"]] or None
     out["epochs"] = given["epochs"] if given["epochs"] is not None else (0 if given["steps"] is not None else None)
     return out
 
 
 VERIFY_MODES = {"auto": (True, True), "always": (True, False), "never": (False, None)}  # -> (verify, record)
+# launch options that set several run-config keys through a function (launch_overrides): option -> keys
+_DERIVED = {"verify_checksums": ("data.verify_checksums", "data.checksum_record")}
 
 
 def verify_overrides(mode: str | None, no_verify: bool) -> dict[str, Any]:
