@@ -167,6 +167,28 @@ def test_a_changed_shard_is_refused_in_one_line_even_with_its_mtime_set_back(out
                      f"{listed[TRAIN]['bytes'] + 512})"]
 
 
+def test_a_shard_whose_manifest_sha256_changed_is_hashed_again(output: Path, tmp_path: Path, settled: None) -> None:
+    """The record vouches for the sha256 it found, not for the manifest: a manifest that now lists another sha256 for
+    an unchanged shard (a re-ingest elsewhere, a manifest edited) has it hashed again, and refused."""
+    _launch(_cfg(tmp_path, output, "a"))
+    from dpot_format.shard_index import index_bytes
+
+    manifest = json.loads((output / "manifest.json").read_text())
+    entry = manifest["datasets"][0]
+    listed = next(s for s in entry["shards"] if s["path"] == TRAIN)
+    found, listed["sha256"] = listed["sha256"], "0" * 64
+    index_file = output / entry["shard_index"]["path"]  # the shard index lists it too, as a re-ingest writes it
+    index = json.loads(index_file.read_text())
+    next(s for s in index["shards"] if TRAIN.endswith(s["path"]))["sha256"] = "0" * 64
+    data = index_bytes(index)
+    index_file.write_bytes(data)
+    entry["shard_index"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    (output / "manifest.json").write_text(json.dumps(manifest))
+    code, opened, lines, _ = _dry_run(output, tmp_path / "b")
+    assert code == 2 and opened == [str(output / TRAIN)]
+    assert lines == [f"error: {output / TRAIN}: sha256 mismatch (manifest {'0' * 64}, found {found})"]
+
+
 @pytest.mark.parametrize("damage, reason", [
     ("edit", "its content does not match its sha256 (edited or damaged)"),
     ("cut", "is not UTF-8 JSON (cut short or overwritten)"),
