@@ -3,6 +3,7 @@ every problem named by file, member or array instead of raised, so that one run 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -68,6 +69,14 @@ class Runner(Protocol):
     """Anything that maps a function over items in order (dpot_data.ingest.scheduler.Runner, for one)."""
 
     def imap(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]: ...
+
+
+class DigestMemo(Protocol):
+    """Remembers sha256s taken before (dpot_train.data.verified, launch's record of what it verified):
+    `digest(item, compute)` is the item's sha256 as recorded when the memo vouches that the file or array is
+    unchanged since it was hashed, else compute(), which reads it. Called on the item's own (pool) thread."""
+
+    def digest(self, item: "Item", compute: Callable[[], str]) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -194,7 +203,15 @@ def _check_samples(item: Item, fh: Any, samples: list[SampleIndex]) -> ItemResul
     return ItemResult(out, keys, ids)
 
 
-def _recorded_shard(item: Item) -> ItemResult:
+def _file_sha256(item: Item, memo: DigestMemo | None) -> str:
+    """The shard's sha256: read (at most its listed bytes + 1), or from `memo` when it vouches for the file."""
+    def compute() -> str:
+        return sha256_file(item.location, expected_bytes=item.bytes)[0]
+
+    return compute() if memo is None else memo.digest(item, compute)
+
+
+def _recorded_shard(item: Item, memo: DigestMemo | None = None) -> ItemResult:
     """A shard whose member index is recorded and trusted: no header is read. The shard is still a regular file
     of the listed size (lstat, or a HEAD in object storage), and of the listed sha256 when rehashing; with
     `stat_remote` False a shard in object storage is not contacted at all unless rehashing (launch: the shard cache
@@ -208,7 +225,7 @@ def _recorded_shard(item: Item) -> ItemResult:
             problems.append(Problem(item.what, "bytes", str(item.bytes), str(size), dataset=item.dataset))
     if item.rehash and not problems:
         try:
-            digest, _ = sha256_file(item.location, expected_bytes=item.bytes)
+            digest = _file_sha256(item, memo)
         except (FormatError, OSError) as exc:
             return ItemResult([Problem(item.what, "unreadable", "a readable file", str(exc), dataset=item.dataset)])
         if digest != item.sha256:
@@ -219,13 +236,13 @@ def _recorded_shard(item: Item) -> ItemResult:
     return ItemResult([], [s.index for s in samples], samples=samples)
 
 
-def check_shard(item: Item) -> ItemResult:
+def check_shard(item: Item, memo: DigestMemo | None = None) -> ItemResult:
     """One shard: a regular file (not a link) of the listed size and sha256 (when rehashing), whose members follow
     the rules, with the listed sample count, .npy headers matching the manifest, and meta.json matching the shard;
     and, when the dataset records its member index, that index equal to the shard's tar headers. With
-    `trust_index` and a recorded index, no header is read (`_recorded_shard`)."""
+    `trust_index` and a recorded index, no header is read (`_recorded_shard`). `memo`: sha256s taken before."""
     if item.trust_index and item.recorded is not None:
-        return _recorded_shard(item)
+        return _recorded_shard(item, memo)
     problems, size = _stat_problem(item)
     if size is None:
         return ItemResult(problems)
@@ -233,7 +250,7 @@ def check_shard(item: Item) -> ItemResult:
         problems.append(Problem(item.what, "bytes", str(item.bytes), str(size), dataset=item.dataset))
     if item.rehash:
         try:
-            digest, _ = sha256_file(item.location, expected_bytes=item.bytes)
+            digest = _file_sha256(item, memo)
         except (FormatError, OSError) as exc:
             return ItemResult(problems + [Problem(item.what, "unreadable", "a readable file", str(exc),
                                                   dataset=item.dataset)])
@@ -270,9 +287,10 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def check_zarr_array(item: Item) -> ItemResult:
+def check_zarr_array(item: Item, memo: DigestMemo | None = None) -> ItemResult:
     """One listed Zarr array: present, and (when rehashing) of the listed sha256 over its uncompressed C-order
-    bytes; a chunk that does not decode is a problem naming the array, not an exception."""
+    bytes (or as `memo` recorded it); a chunk that does not decode is a problem naming the array, not an
+    exception."""
     import zarr
 
     try:
@@ -283,7 +301,7 @@ def check_zarr_array(item: Item) -> ItemResult:
         array = group[item.array]
         if not item.rehash:
             return ItemResult([])
-        digest = sha256_array(array)
+        digest = sha256_array(array) if memo is None else memo.digest(item, lambda: sha256_array(array))
     except Exception as exc:  # noqa: BLE001 - a codec, store or metadata failure is a problem of this array
         return ItemResult([Problem(item.what, "unreadable", "readable chunks and metadata", _short(exc),
                                    dataset=item.dataset)])
@@ -292,9 +310,9 @@ def check_zarr_array(item: Item) -> ItemResult:
     return ItemResult([])
 
 
-def run_item(item: Item) -> ItemResult:
+def run_item(item: Item, memo: DigestMemo | None = None) -> ItemResult:
     """Check one item (what a runner runs; module level so that it pickles for a dask.distributed worker)."""
-    return check_shard(item) if item.kind == "shard" else check_zarr_array(item)
+    return check_shard(item, memo) if item.kind == "shard" else check_zarr_array(item, memo)
 
 
 @dataclass
@@ -576,7 +594,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
                     parts: Collection[str] = PARTS, scan: bool = True,
                     manifest: dict[str, Any] | None = None,
                     indexes: dict[str, list[SampleIndex]] | None = None,
-                    trust_index: bool = False, stat_remote: bool = True) -> list[Problem]:
+                    trust_index: bool = False, stat_remote: bool = True,
+                    memo: DigestMemo | None = None) -> list[Problem]:
     """Every problem of the output folder (or URL, or its manifest.json) `root` against docs/format.md, never
     stopping at the first.
 
@@ -595,7 +614,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     launch, evaluate, preview and plain inspect use): where the index is recorded, it stands in for the shards'
     headers, and no tar header, .npy header or meta.json is read (see `_recorded_shard`); `indexes` then receives
     the recorded index. `stat_remote=False` (launch through the shard cache) also leaves shards in object storage
-    uncontacted: no request per shard.
+    uncontacted: no request per shard. `memo` (launch's record of what it verified, dpot_train.data.verified)
+    stands in for the sha256 of every file or array it vouches for: those are not read.
     """
     root = os.fspath(root)
     path = manifest_path(root)
@@ -616,7 +636,8 @@ def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner
     plan = _plan(root, manifest, rehash, limits, datasets, splits, tuple(parts), trust_index, stat_remote)
     problems = list(plan.problems)
     results: dict[str, ItemResult] = {}
-    outcomes = runner.imap(run_item, plan.items) if runner is not None else map(run_item, plan.items)
+    check = run_item if memo is None else functools.partial(run_item, memo=memo)
+    outcomes = runner.imap(check, plan.items) if runner is not None else map(check, plan.items)
     for item, result in zip(plan.items, outcomes):
         if progress is not None:
             progress(item, result.problems)

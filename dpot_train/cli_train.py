@@ -17,6 +17,9 @@ CACHE_DIR_HELP = ("Node-local folder caching shards read from object storage (s3
                   "a run).")
 SHA256_HELP = ("sha256 of the checkpoint file (64 hex digits, as published with released weights): it is checked "
                "before the file is loaded; our checkpoints also carry a .sha256 record beside them.")
+VERIFY_HELP = ("sha256 of local shards and Zarr arrays before torchrun: auto (default) hashes only those the record "
+               "of verified shards (.dpot-verified.json beside the data, or in the cache folder) does not vouch for, "
+               "always hashes every one, never none (sizes are still checked).")
 CACHE_LIMIT_HELP = "Size bound of the shard cache, least recently used shards evicted (e.g. 200GiB; default 100GiB)."
 TRACKER_HELP = ("Mirror metrics.jsonl and eval.json's scalars to Weights & Biases or MLflow from rank 0 (repeat, or "
                 "a comma list; none: off; a --resume continues the same tracker run); needs "
@@ -134,7 +137,10 @@ def launch_cmd(
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation at the end (RUN_DIR/eval.json)."),
     no_verify_checksums: bool = typer.Option(False, "--no-verify-checksums",
-                                             help="Skip sha256 of shards (sizes are still checked)."),
+                                             help="Skip sha256 of shards (sizes are still checked); the same as "
+                                                  "--verify-checksums never."),
+    verify_checksums: Optional[str] = typer.Option(None, "--verify-checksums", metavar="auto|always|never",
+                                                   help=VERIFY_HELP),
     nproc_per_node: Optional[int] = typer.Option(
         None, "--nproc-per-node",
         help="Processes per node (GPUs, or CPU processes). Default 1; a --resume reuses the run's layout."),
@@ -176,6 +182,9 @@ def launch_cmd(
     if topo.waiting_message():
         typer.echo(topo.waiting_message(), err=True)
     if not dry_run:
+        from dpot_train import startup
+
+        os.environ[startup.ENV] = startup.handover()  # the workers' rank 0 prints the time to its first step
         os.execv(cmd[0], cmd)
 
 
@@ -222,9 +231,29 @@ def launch_overrides(given: dict[str, Any]) -> dict[str, Any]:
     switch's value where it is on, None (keep the run config's) elsewhere; --steps wins over a config's epochs."""
     out = {key: given[name] for name, key in _VALUES.items()}
     out.update({key: value if given[name] else None for name, (key, value) in _SWITCHES.items()})
+    out.update(verify_overrides(given["verify_checksums"], bool(given["no_verify_checksums"])))
     out["data.manifests"] = [str(m) for m in given["manifest"]] or None
     out["epochs"] = given["epochs"] if given["epochs"] is not None else (0 if given["steps"] is not None else None)
     return out
+
+
+VERIFY_MODES = {"auto": (True, True), "always": (True, False), "never": (False, None)}  # -> (verify, record)
+# launch options that set several run-config keys through a function (launch_overrides): option -> keys
+_DERIVED = {"verify_checksums": ("data.verify_checksums", "data.checksum_record")}
+
+
+def verify_overrides(mode: str | None, no_verify: bool) -> dict[str, Any]:
+    """data.verify_checksums and data.checksum_record for --verify-checksums MODE (--no-verify-checksums: never);
+    ValueError naming the option for another word, or for both options disagreeing."""
+    if mode is None:
+        return {}
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"--verify-checksums: expected auto, always or never, got {mode!r}")
+    if no_verify and mode != "never":
+        raise ValueError(f"--verify-checksums {mode}: contradicts --no-verify-checksums (the same as "
+                         "--verify-checksums never); give one of them")
+    verify, record = VERIFY_MODES[mode]
+    return {"data.verify_checksums": verify, "data.checksum_record": record}
 
 
 def _check_request(cfg: TrainConfig, out: str | None, config: str | None, resume: bool) -> None:

@@ -36,6 +36,9 @@ class DataConfig:
     num_workers: int = 0
     worker_kind: str = "thread"  # loader workers: "thread" (the default) or "process" (DataLoader worker processes)
     verify_checksums: bool = True
+    # with verify_checksums: skip what the record of verified shards vouches for (--verify-checksums auto); False:
+    # hash every local shard and Zarr array (always); dpot_train/data/verified.py
+    checksum_record: bool = True
     cache_dir: str | None = None  # shard cache for shards in object storage (docs/training.md); None: the default
     cache_limit: str | None = None  # its size bound ("200GiB"); None: 100 GiB
     # per-channel normalisation from the manifests' train statistics (dpot_train/normalize.py): "auto" (every dataset

@@ -29,10 +29,12 @@ from dpot_format.readers import hold_shared
 from dpot_format.tar import SampleIndex
 from dpot_format.validate import validate_output
 from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
-from dpot_train.data.cached_reader import uses_cache, with_cache
+from dpot_train import startup
+from dpot_train.data.cached_reader import cache_dir, uses_cache, with_cache
 from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
                                       note_scanned, read_manifest_docs)
-from dpot_train.data.hash_pool import HashProgress, hash_runner, to_hash
+from dpot_train.data.hash_pool import HashProgress, hash_runner
+from dpot_train.data.verified import RecordPolicy, Records
 from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
@@ -50,7 +52,7 @@ __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_
 # Fields a resume may change: they do not alter the data stream or the optimisation.
 _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", "eval_at_end", "eval_split",
               "eval_every", "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
-              "data.worker_kind", "data.verify_checksums", "deterministic", "trust",
+              "data.worker_kind", "data.verify_checksums", "data.checksum_record", "deterministic", "trust",
               "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256", "tracker",
               "tracker_project"}
 
@@ -239,7 +241,7 @@ MAX_PROBLEM_LINES = 50  # lines `launch` prints before counting the rest
 
 
 def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progress: bool = True,
-                  workers: int | None = None) -> dict[str, list[SampleIndex]]:
+                  workers: int | None = None, record: RecordPolicy | None = None) -> dict[str, list[SampleIndex]]:
     """Run dpot_format's validator on every output the config names (the parts the backend reads, every split);
     DataError with one line per fatal problem (prefixed by its output folder) when any is found. `docs`: the
     manifests already read (manifest url -> document), not read again. Returns the member index of every shard
@@ -248,7 +250,9 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progres
 
     The sha256 pass runs on a local thread pool (`dpot_train.data.hash_pool`; `workers` threads, None: one per
     usable core), results in manifest order, so the lines are those of a one-thread pass; its bar (over the bytes
-    `docs` list) is shown unless `progress` is False (--no-progress)."""
+    `docs` list) is shown unless `progress` is False (--no-progress). `record` (launch's): each local output's
+    record of what was verified before (`dpot_train.data.verified`) serves the sha256 of every shard or array
+    unchanged since, and receives what this pass verifies; None: every listed item is hashed."""
     lines: list[str] = []
     index: dict[str, list[SampleIndex]] = {}
     scanned: list[tuple[str, dict]] = []
@@ -257,9 +261,12 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progres
     # the cache checks each download's size and sha256: only the outputs read without it are rehashed here
     cached = {p: uses_cache([p], data.backend) for p in paths}
     rehashed = {p: data.verify_checksums and not cached[p] for p in paths}
-    size, count = to_hash([e for p in paths if rehashed[p]
-                           for e in ((docs or {}).get(manifest_url(p)) or {}).get("datasets", [])], part)
-    with hash_runner(any(rehashed.values()), part, workers) as runner, \
+    started = time.perf_counter()
+    records = Records(record if any(rehashed.values()) else None)
+    size, count = records.to_hash([(p, ((docs or {}).get(manifest_url(p)) or {}).get("datasets", []))
+                                   for p in paths if rehashed[p]], part)
+    pool = any(rehashed.values()) and (count > 0 or not docs)  # none when the records vouch for everything
+    with records, hash_runner(pool, part, workers) as runner, \
             HashProgress(size, count, part, progress) as bar:
         for path in paths:
             doc = (docs or {}).get(manifest_url(path))
@@ -268,18 +275,22 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progres
             for problem in validate_output(path, rehash=rehashed[path], parts=(part,), scan=False, manifest=doc,
                                            indexes=index, trust_index=True, stat_remote=not cached[path],
                                            runner=runner if rehashed[path] else None,
-                                           progress=bar if rehashed[path] else None):
+                                           progress=records.progress(path, bar) if rehashed[path] else None,
+                                           memo=records.record(path, doc, part) if rehashed[path] else None):
                 if not problem.fatal:
                     continue
                 if problem.kind in ("manifest", "schema"):  # names manifest.json itself: say which one
                     lines.append(f"{manifest_url(path)}: {problem.actual}")
                 else:
                     lines.append(f"{path.rstrip('/')}/{problem}")  # the file, member or array by its full path
+    if any(rehashed.values()):
+        startup.note("hashing", time.perf_counter() - started)
     if lines:
         more = len(lines) - MAX_PROBLEM_LINES
         shown = lines[:MAX_PROBLEM_LINES] + ([f"... and {more} more problem(s)"] if more > 0 else [])
         raise DataError("\n".join(shown))
     note_scanned(scanned)
+    records.note(part)
     return index
 
 
@@ -508,7 +519,8 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
         raise DataError(f"{source}: {exc}" if source and isinstance(cfg.data.mixture, dict) else str(exc)) from None
     weights = resolve_weights([d.name for d in datasets], mixture, cfg.data.mixture_partial)
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
-    index = check_outputs(cfg.data, docs, cfg.progress)  # docs/format.md on every output, sha256 unless disabled
+    index = check_outputs(cfg.data, docs, cfg.progress,  # docs/format.md on every output, sha256 unless disabled
+                          record=RecordPolicy(cfg.data.checksum_record, write, cache_dir(cfg.data.cache_dir, cfg.out)))
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility
     normalise = describe(cfg.data.normalize, spec.datasets, spec.norm, cfg.data.norm_stats)  # said once all is checked
     cfg = replace(cfg, data=replace(cfg.data, norm_stats=applied(spec.norm)))  # the statistics, in config.yaml

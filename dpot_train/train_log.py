@@ -54,6 +54,19 @@ class TrainLog:
             if self.by_dataset is not None:
                 self.by_dataset.flush(self.writer, step)
 
+    def first_step(self, step: int, fields: dict[str, float]) -> None:
+        """Rank 0, at the launch's first optimizer step: print the time to it (dpot_train.startup) in one line and
+        add its parts to that step's metrics.jsonl line (the trackers get them with it)."""
+        if self.steps is None:
+            return
+        from dpot_train.startup import line
+
+        if self.bar is not None:
+            self.bar.write(line(fields))
+        else:
+            print(line(fields), flush=True)
+        self.steps.extra[step] = dict(fields)
+
     def close(self) -> None:
         """Close the files, the bar and the TensorBoard writer."""
         for thing in (self.audit, self.bar, self.writer):
@@ -175,6 +188,7 @@ class _StepLog:
                  tracker: Trackers | None = None) -> None:
         self.cfg, self.epoch_length, self.path, self.writer, self.bar = cfg, epoch_length, path, writer, bar
         self.tracker = tracker
+        self.extra: dict[int, dict[str, float]] = {}  # step -> more fields of its line (the time to first step)
         self.t_last, self.n_last = time.perf_counter(), 0
         self.t_start = self.t_last
 
@@ -182,7 +196,7 @@ class _StepLog:
         cfg = self.cfg
         self.n_last += cfg.batch_size
         rec: dict[str, Any] = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                               "epoch": position / self.epoch_length}
+                               "epoch": position / self.epoch_length, **self.extra.pop(step, {})}
         if step % cfg.log_every == 0 or step == cfg.steps:
             now = time.perf_counter()
             rec["samples_per_s"] = self.n_last / max(now - self.t_last, 1e-9)

@@ -18,6 +18,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpot_train import distributed as D
+from dpot_train import startup
 from dpot_train.checkpoint import (RunDirError, checkpoint_path, data_record, latest_checkpoint, list_checkpoints,
                                    prune, restore_training, rng_state, rng_states, save_atomic, set_rng_state,
                                    stored_config, trained_config, training_payload)
@@ -308,6 +309,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     guard = FiniteGuard([d.name for d in spec.datasets])
     trainable = [p for p in model.parameters() if p.requires_grad]
     ddp_model.train()
+    first = startup.FirstStep.begin(info.is_main)  # a launch's time to its first step (rank 0)
     try:
         while step < cfg.steps:
             batch = next(it)
@@ -315,6 +317,9 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
                 batch["fluid_rule"] = fluid_rule_samples(spec.datasets, batch["dataset"], batch["mask"])
             loss, per_sample, grad_norm = train_step(cfg, ddp_model, opt, sched, batch, info.device, trainable)
             step, position = step + 1, position + cfg.batch_size
+            if first is not None:
+                log.first_step(step, first.end(info.device))
+                first = None
             guard.add(step, per_sample, grad_norm, batch)
             if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.steps:
                 guard.check()  # before the log and the checkpoint of these steps are written

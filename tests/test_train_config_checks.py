@@ -74,13 +74,13 @@ def test_the_shipped_presets_are_within_the_model_limit() -> None:
 def test_every_launch_option_sets_its_run_config_key_or_is_the_launchers_own() -> None:
     import inspect
 
-    from dpot_train.cli_train import _SWITCHES, _VALUES, launch_cmd, launch_overrides
+    from dpot_train.cli_train import _DERIVED, _SWITCHES, _VALUES, launch_cmd, launch_overrides
     from dpot_train.config import TrainConfig
 
     launcher = {"config", "nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_timeout", "resume",
                 "dry_run"}
     names = set(inspect.signature(launch_cmd).parameters)
-    assert names == set(_VALUES) | set(_SWITCHES) | {"manifest", "epochs"} | launcher  # none silently dropped
+    assert names == set(_VALUES) | set(_SWITCHES) | set(_DERIVED) | {"manifest", "epochs"} | launcher  # none dropped
     defaults = TrainConfig().to_dict()
 
     def exists(key: str) -> bool:
@@ -98,6 +98,9 @@ def test_every_launch_option_sets_its_run_config_key_or_is_the_launchers_own() -
         assert launch_overrides({**none_given, name: 7})[key] == 7
     for name, (key, value) in _SWITCHES.items():
         assert exists(key) and launch_overrides({**none_given, name: True})[key] is value
+    for name, keys in _DERIVED.items():  # --verify-checksums always: both keys set
+        assert all(exists(k) for k in keys) and all(launch_overrides({**none_given, name: "always"})[k] is not None
+                                                    for k in keys)
     both = launch_overrides({**none_given, "steps": 5, "manifest": ["a"]})
     assert both["steps"] == 5 and both["epochs"] == 0 and both["data.manifests"] == ["a"]  # --steps beats epochs
     assert launch_overrides({**none_given, "steps": 5, "epochs": 2.0})["epochs"] == 2.0

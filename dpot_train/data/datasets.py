@@ -16,7 +16,8 @@ from dpot_format.paths import resolve_member
 from dpot_format.shard_index import load_index
 from dpot_format.tar import SampleIndex
 from dpot_format.validate import Problem, validate_output
-from dpot_train.data.hash_pool import HashProgress, hash_runner, to_hash
+from dpot_train.data.hash_pool import HashProgress, hash_runner
+from dpot_train.data.verified import RecordPolicy, Records
 
 
 class DataError(FormatError):
@@ -213,12 +214,14 @@ def recorded_index(datasets: list[DatasetInfo], split: str) -> dict[str, list[Sa
 
 
 def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webdataset",
-                  checksums: bool = True, indexes: dict[str, list[SampleIndex]] | None = None) -> None:
+                  checksums: bool = True, indexes: dict[str, list[SampleIndex]] | None = None,
+                  record: RecordPolicy | None = None) -> None:
     """Check the data of `split` with dpot_format's validator before training: for the webdataset backend every
     shard of the split (regular file, size, members, .npy headers, meta.json, keys; sha256 unless disabled), for
     the zarr backend the store (metadata; array digests unless disabled). DataError naming the first problems.
     `indexes` receives each shard's member index (shard url -> samples): the dataset's recorded index where it has
-    one (no tar header is read), else as the validator scanned it."""
+    one (no tar header is read), else as the validator scanned it. `record`: each local output's record of verified
+    shards (dpot_train.data.verified, launch's) serves the sha256 of what is unchanged since and is updated."""
     by_root: dict[str, list[DatasetInfo]] = {}
     for ds in datasets:
         if backend == "zarr":
@@ -230,13 +233,17 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
                             f"(splits: {ds.split_counts})")
         by_root.setdefault(ds.manifest, []).append(ds)
     part = "zarr" if backend == "zarr" else "shards"
-    with hash_runner(checksums, part) as runner, \
-            HashProgress(*to_hash([ds.entry for ds in datasets], part, {split}), part, checksums) as bar:
+    records = Records(record if checksums else None)
+    size, count = records.to_hash([(root, [ds.entry for ds in group]) for root, group in by_root.items()], part,
+                                  {split})
+    with records, hash_runner(checksums and count > 0, part) as runner, \
+            HashProgress(size, count, part, checksums) as bar:
         for root, group in by_root.items():  # the sha256 pass on every core (hash_pool), problems in manifest order
             named = {ds.name: ds for ds in group}
             problems = [p for p in validate_output(root, rehash=checksums, datasets=set(named), splits={split},
                                                    parts=(part,), scan=False, indexes=indexes, trust_index=True,
-                                                   runner=runner, progress=bar if checksums else None)
+                                                   runner=runner, progress=records.progress(root, bar) if checksums
+                                                   else None, memo=records.record(root))
                         if p.fatal]
             if problems:
                 lines = [problem_message(named[p.dataset], p) if p.dataset in named else f"{group[0].manifest}: {p}"
@@ -246,6 +253,7 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
                 raise DataError("; ".join(lines) + more)
             if part == "shards":
                 note_scanned((ds.manifest, ds.entry) for ds in group)
+    records.note(part)
 
 
 def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str,

@@ -16,6 +16,7 @@ from dpot_train.data.datasets import (DataError, DatasetInfo, check_compatible, 
 from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.readers import ShardIndex, TrajectoryReader
 from dpot_train.data.stream import StreamSpec
+from dpot_train.data.verified import RecordPolicy, named_cache
 from dpot_train.normalize import resolve
 
 
@@ -33,11 +34,18 @@ def checked_index(cfg: DataConfig, datasets: list[DatasetInfo], split: str, veri
     check_compatible(datasets, cfg.t_in, cfg.t_out, split, cfg.res)
     index: dict[str, list[SampleIndex]] = {}
     if not uses_cache(list(cfg.manifests), cfg.backend):  # the cache checks each shard's sha256 as it downloads it
-        verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
+        verify_shards(datasets, split, cfg.backend, cfg.verify_checksums if verify is None else verify, index,
+                      record_policy(cfg))
     elif cfg.backend == "webdataset":  # the recorded member indexes: the cache builds its entries from them
         index = recorded_index(datasets, split)
         note_scanned((d.manifest, d.entry) for d in datasets)
     return index
+
+
+def record_policy(cfg: DataConfig) -> RecordPolicy:
+    """How a check outside launch (evaluate, the trainer's own, open_dataset) uses the records of verified shards:
+    consulted unless `checksum_record` is off, written beside the data or in a cache folder the user named."""
+    return RecordPolicy(cfg.checksum_record, True, named_cache(cfg.cache_dir))
 
 
 def data_reader(cfg: DataConfig, datasets: Sequence[DatasetInfo] = ()) -> TrajectoryReader:
@@ -68,7 +76,8 @@ def prepare_stream(cfg: DataConfig, seed: int, verify: bool | None = None, valid
     check_compatible(datasets, cfg.t_in, cfg.t_out, cfg.split, cfg.res)
     if not validated and not uses_cache(list(cfg.manifests), cfg.backend):
         index = {**(index or {})}
-        verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify, index)
+        verify_shards(datasets, cfg.split, cfg.backend, cfg.verify_checksums if verify is None else verify, index,
+                      record_policy(cfg))
     elif not validated and cfg.backend == "webdataset":
         index = {**recorded_index(datasets, cfg.split), **(index or {})}
         note_scanned((d.manifest, d.entry) for d in datasets)
