@@ -421,3 +421,26 @@ def test_block_option_reaches_the_reader_and_sets_the_task_size(fno_pair, tmp_pa
     assert result.exit_code == 0, result.output
     assert seen == [1]
     assert real_read([fno_pair["v5"]], block=1).data["fields"].data.chunks[0] == (1, 1, 1, 1)
+
+
+def test_a_v5_variable_header_with_damaged_sizes_is_one_line(fno_pair, tmp_path):
+    """Flipped bytes in the header of the last variable (its flags sub-element's size now points far past the
+    header): one line naming the file and the offset, exit 2, nothing written (it was a struct.error traceback)."""
+    import struct
+
+    data = bytearray(fno_pair["v5"].read_bytes())
+    pos, last = 128, 128
+    while pos < len(data):  # the top-level elements: tag (type, bytes) then the padded body
+        last = pos
+        pos += 8 + (struct.unpack_from("<II", data, pos)[1] + 7) // 8 * 8
+    for i in range(last + 8, last + 16):
+        data[i] ^= 0xFF
+    bad = tmp_path / fno_pair["v5"].name
+    bad.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["ingest", "fno", str(bad), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: {bad}: the variable header at offset {last + 8} is damaged (its element sizes point past its 64 "
+        "bytes); expected a MAT v5 matrix element"], result.stderr
+    assert not out.exists()

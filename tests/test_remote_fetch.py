@@ -161,3 +161,21 @@ def test_a_failed_download_in_a_loader_worker_process_is_reported_as_its_own_lin
     monkeypatch.setattr(trainer, "train", train)
     assert worker.main(["--config", str(cfg)]) == worker.REPORTED
     assert capsys.readouterr().err == f"error: {line}\n"
+
+
+def test_an_hf_url_with_hub_offline_mode_is_one_line(tmp_path: Path) -> None:
+    """`ingest auto hf://...` with HF_HUB_OFFLINE=1: one line naming the URL and the offline mode, exit 2, nothing
+    written (huggingface_hub's OfflineModeIsEnabled was a traceback)."""
+    import subprocess
+    import sys
+
+    url = "hf://datasets/nobody/nothing/x.h5"
+    out = tmp_path / "out"
+    proc = subprocess.run([str(Path(sys.executable).parent / "dpot-data"), "ingest", "auto", url, "--out", str(out),
+                           "--no-progress"], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf")))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {url}: cannot be reached: HF_HUB_OFFLINE=1 is set; expected a local copy of the file, or "
+        "HF_HUB_OFFLINE unset to download it"], proc.stderr
+    assert not out.exists()

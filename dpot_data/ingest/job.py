@@ -142,6 +142,11 @@ def _localized(path: str, cache: Path) -> str:
     except PermissionError as exc:
         raise InputError(path, f"cannot be read ({exc.strerror or exc}); expected a readable file or folder at "
                                "this URL") from None
+    except ConnectionError as exc:
+        if type(exc).__name__ != "OfflineModeIsEnabled":  # huggingface_hub's, for hf:// with HF_HUB_OFFLINE=1
+            raise
+        raise InputError(path, "cannot be reached: HF_HUB_OFFLINE=1 is set; expected a local copy of the file, "
+                               "or HF_HUB_OFFLINE unset to download it") from None
 
 
 def localize_inputs(paths: Sequence[str], target: Target) -> tuple[list[str], dict[str, str]]:

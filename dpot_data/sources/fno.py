@@ -111,7 +111,18 @@ def _pad8(n: int) -> int:
 
 
 def _parse_matrix(path: Path, file: str, head: bytes, base: int, endian: str, size: int) -> tuple[str, _Var | None]:
-    """Parse an miMATRIX element body (head = its first bytes, base = file offset of the body) into (name, var)."""
+    """Parse an miMATRIX element body (head = its first bytes, base = file offset of the body) into (name, var); a
+    header whose sub-element sizes point past its bytes (a damaged file) is an InputError."""
+    try:
+        return _parse_matrix_head(path, file, head, base, endian, size)
+    except struct.error:
+        raise InputError(path, f"the variable header at offset {base} is damaged (its element sizes point past its "
+                               f"{len(head)} bytes); expected a MAT v5 matrix element") from None
+
+
+def _parse_matrix_head(path: Path, file: str, head: bytes, base: int, endian: str, size: int
+                       ) -> tuple[str, _Var | None]:
+    """The parse of _parse_matrix; struct.error where the header is shorter than its sizes say."""
     mtype, n, off = _tag(head, 0, endian)
     flags = struct.unpack_from(endian + "I", head, off)[0]
     mclass, complex_ = flags & 0xFF, bool(flags & 0x0800)
