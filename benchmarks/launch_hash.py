@@ -36,9 +36,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from common import machine  # noqa: E402
-from launch_scale import template, trajectory_members  # noqa: E402
+from launch_scale import publish_synthetic, template, trajectory_members  # noqa: E402
 from dpot_format.names import shard_file  # noqa: E402
-from dpot_format.shard_index import INDEX_NAME, index_bytes, index_document  # noqa: E402
 
 FRAMES, GRID = 11, 128
 MIB = 1 << 20
@@ -47,8 +46,6 @@ VARIANTS = ("serial", "pool", "no_sha256")  # no_sha256: --no-verify-checksums, 
 
 def fabricate(out: Path, shards: int, shard_mib: float, work: Path) -> dict:
     """Write an output of `shards` train shards of about `shard_mib` MiB each; returns its manifest."""
-    from dpot_format.manifest import build, write_manifest
-
     entry = template(work, GRID, FRAMES)["datasets"][0]
     name = entry["name"]
     folder = out / "shards" / name
@@ -74,16 +71,7 @@ def fabricate(out: Path, shards: int, shard_mib: float, work: Path) -> dict:
         listed.append({"path": f"shards/{name}/{file}", "split": "train", "sha256": digest.hexdigest(),
                        "bytes": size, "samples": per_shard})
         rows.append((file, digest.hexdigest(), samples))
-    data = index_bytes(index_document(name, rows))
-    (folder / INDEX_NAME).write_bytes(data)
-    entry = {**entry, "trajectories": i, "shards": listed, "zarr": None,
-             "shard_index": {"path": f"shards/{name}/{INDEX_NAME}", "sha256": hashlib.sha256(data).hexdigest(),
-                             "bytes": len(data)},
-             "splits": {**entry["splits"], "counts": {"train": i},
-                        "ids": {"train": [f"synthetic#{k}" for k in range(i)]}}}
-    doc = build([entry], "launch_hash", tool_version="bench")
-    write_manifest(out, doc)
-    return doc
+    return publish_synthetic(out, folder, entry, listed, rows, i, "launch_hash")
 
 
 def dry_run(out: Path, run: Path, serial: bool, checksums: bool = True) -> tuple[float, float]:

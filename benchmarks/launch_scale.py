@@ -193,8 +193,6 @@ def per_shard(total: int, shards: int, grid: int = BIG_GRID) -> int:
 def fabricate_sparse(out: Path, shards: int, trajectories: int, grid: int, work: Path) -> dict:
     """An output of `shards` train shards of `trajectories` grid x grid trajectories of FRAMES frames each, their
     leading frames as holes; its manifest (real sha256s, shard index)."""
-    from dpot_format.manifest import build, write_manifest
-
     entry = template(work / f"template-{grid}", grid, FRAMES)["datasets"][0]
     name = entry["name"]
     folder = out / "shards" / name
@@ -216,14 +214,24 @@ def fabricate_sparse(out: Path, shards: int, trajectories: int, grid: int, work:
         listed.append({"path": f"shards/{name}/{file}", "split": "train", "sha256": digest.hexdigest(),
                        "bytes": at + tail, "samples": trajectories})
         rows.append((file, digest.hexdigest(), samples))
+    return publish_synthetic(out, folder, entry, listed, rows, i, "launch_scale")
+
+
+def publish_synthetic(out: Path, folder: Path, entry: dict, listed: list[dict], rows: list, count: int,
+                      tool: str) -> dict:
+    """The manifest of a fabricated output: the shards `listed`, their member index (`rows`) written into `folder`
+    and recorded, `count` train trajectories named synthetic#k; written to `out`, returned."""
+    from dpot_format.manifest import build, write_manifest
+
+    name = entry["name"]
     data = index_bytes(index_document(name, rows))
     (folder / INDEX_NAME).write_bytes(data)
-    entry = {**entry, "trajectories": i, "shards": listed, "zarr": None,
+    entry = {**entry, "trajectories": count, "shards": listed, "zarr": None,
              "shard_index": {"path": f"shards/{name}/{INDEX_NAME}", "sha256": hashlib.sha256(data).hexdigest(),
                              "bytes": len(data)},
-             "splits": {**entry["splits"], "counts": {"train": i},
-                        "ids": {"train": [f"synthetic#{k}" for k in range(i)]}}}
-    doc = build([entry], "launch_scale", tool_version="bench")
+             "splits": {**entry["splits"], "counts": {"train": count},
+                        "ids": {"train": [f"synthetic#{k}" for k in range(count)]}}}
+    doc = build([entry], tool, tool_version="bench")
     write_manifest(out, doc)
     return doc
 

@@ -13,7 +13,7 @@ import torch
 
 from dpot_format.units import entry_units, label
 from dpot_train.config import DataConfig
-from dpot_train.data.datasets import DatasetInfo, check_compatible
+from dpot_train.data.datasets import DatasetInfo, check_compatible, without_split
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import model_shape, resize_window, run_grid, stored_shape, takes_fluid_rule, \
@@ -237,11 +237,8 @@ def _reference_scores(predict: Any, ds: Any, reader: Any, refs: list[TrajRef], t
 def require_split(datasets: list[Any], split: str, remedy: str) -> None:
     """ValueError naming every dataset without trajectories in `split` (checked from the manifests, before any data
     is read), so that an evaluation that would have nothing to score stops with what to do instead."""
-    empty = [d for d in datasets if d.split_counts.get(split, 0) <= 0]
-    if empty:
-        names = ", ".join(f"{d.name!r} ({d.manifest}: "
-                          f"{', '.join(f'{k} {v}' for k, v in d.split_counts.items() if v) or 'no trajectories'})"
-                          for d in empty)
+    names = without_split(datasets, split)
+    if names:
         raise ValueError(f"no {split!r} trajectories to evaluate in dataset(s) {names}: re-ingest with a test split "
                          f"(`dpot-data ingest ... --split 0.8 --overwrite`: 80% train, the rest test), or {remedy}")
 

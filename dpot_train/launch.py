@@ -316,13 +316,11 @@ def check_names(cfg: TrainConfig, datasets: list[DatasetInfo], weights: dict[str
 def check_validation_split(datasets: list[DatasetInfo], every: int) -> None:
     """`--eval-every` scores the `valid` split of every dataset: ValueError naming those without one (from the
     manifests, before torchrun), instead of a run that validates nothing and keeps no best.pt."""
+    from dpot_train.data.datasets import without_split
     from dpot_train.validation import VALID_SPLIT
 
-    empty = [d for d in datasets if d.split_counts.get(VALID_SPLIT, 0) <= 0]
-    if empty:
-        names = ", ".join(f"{d.name!r} ({d.manifest}: "
-                          f"{', '.join(f'{k} {v}' for k, v in d.split_counts.items() if v) or 'no trajectories'})"
-                          for d in empty)
+    names = without_split(datasets, VALID_SPLIT)
+    if names:
         raise ValueError(f"--eval-every {every}: no {VALID_SPLIT!r} trajectories to validate on in dataset(s) {names}; "
                          "re-ingest with a validation split (`dpot-data ingest ... --split TRAIN,VALID --overwrite`, "
                          "e.g. --split 0.8,0.1: 80% train, 10% valid, the rest test), or drop --eval-every")

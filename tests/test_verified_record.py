@@ -90,14 +90,15 @@ def _launch(cfg: TrainConfig) -> list[str]:
 
 def _dry_run(root: Path, run: Path, *extra: str) -> tuple[int, list[str], list[str], str]:
     """`dpot-train launch --dry-run` in this process: (exit code, .tar files opened under `root`, stderr lines
-    without the torchrun command, stderr)."""
+    without the torchrun command and the `normalise:` line, stderr)."""
     from dpot_train.cli import app
 
     args = ["launch", "--manifest", str(root), "--out", str(run), "--steps", "2", "--batch-size", "1", "--device",
             "cpu", "--normalize", "none", "--no-progress", "--no-eval", "--dry-run", *extra]
     with _TarOpens() as opened:
         result = CliRunner().invoke(app, args)
-    lines = [ln for ln in result.stderr.splitlines() if "dpot_train.torchrun" not in ln]
+    lines = [ln for ln in result.stderr.splitlines() if "dpot_train.torchrun" not in ln
+             and not ln.startswith("normalise: ")]
     return result.exit_code, sorted(p for p in opened if p.startswith(str(root))), lines, result.stderr
 
 

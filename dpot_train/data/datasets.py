@@ -169,6 +169,14 @@ def read_manifests(paths: list[str]) -> list[DatasetInfo]:
 MAX_REPORTED = 3  # problems named in one DataError; `dpot-data verify` lists them all
 
 
+def without_split(datasets: list[DatasetInfo], split: str) -> str:
+    """The datasets with no trajectory in `split`, named for a one-line refusal: "'a' (PATH: train 8, test 2), ..."
+    ("" when every dataset has some)."""
+    return ", ".join(f"{d.name!r} ({d.manifest}: "
+                     f"{', '.join(f'{k} {v}' for k, v in d.split_counts.items() if v) or 'no trajectories'})"
+                     for d in datasets if d.split_counts.get(split, 0) <= 0)
+
+
 def problem_message(ds: DatasetInfo, problem: Problem) -> str:
     """One problem of a dataset's files as the trainer words it (the shard's URL, the manifest's figure)."""
     where = f"{ds.manifest}: dataset {ds.name!r}"
@@ -253,7 +261,7 @@ def verify_shards(datasets: list[DatasetInfo], split: str, backend: str = "webda
                 raise DataError("; ".join(lines) + more)
             if part == "shards":
                 note_scanned((ds.manifest, ds.entry) for ds in group)
-    records.note(part)
+    # no note of the record here (evaluate, the trainer's own check): only `launch` says what it took from it
 
 
 def check_compatible(datasets: list[DatasetInfo], t_in: int, t_out: int, split: str,
