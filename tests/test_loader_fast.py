@@ -103,8 +103,8 @@ def test_read_batch_reads_each_window_once_into_the_batch_buffer(canonical_shard
     slots: list[int] = []
     inner = reader.read_into
 
-    def spy(ref, t0, length, into):
-        fields, mask = inner(ref, t0, length, into)
+    def spy(ref, t0, length, into, mask_into=None):
+        fields, mask = inner(ref, t0, length, into, mask_into)
         slots.append(fields.ctypes.data)
         return fields, mask
 
