@@ -1,6 +1,7 @@
 """The loader's batch path (`stream.read_batch`: each window read straight into its slot of the batch buffer) gives
 bit for bit the batches of the plain path (`collate` of `make_sample`s: read, copy, stack), with the same strides,
-for several seeds and starts, without workers and with 2 thread workers, for stored-order ("xy") and swapped ("yx")
+for several seeds and starts, without workers, with 2 thread workers and with 1 or 2 process workers (batches
+built in a shared ring of slots, `dpot_train.data.process_ring`), for stored-order ("xy") and swapped ("yx")
 datasets, normalised or not, mixed in one batch, and through a reader without `read_into` (Zarr). Windows copied
 from a shard's memory map equal read() windows, a shard cut after it was mapped is reported, not read past, and
 only shards on local filesystems are mapped."""
@@ -54,11 +55,25 @@ def _same_bits(a: dict, b: dict, where: str) -> None:
         assert _bits(x) == _bits(y), f"{where}: {k} differs"
 
 
-def _batches(spec, reader, start: int, workers: int, direct: bool) -> list[dict]:
+def _batches(spec, reader, start: int, workers: int, direct: bool, kind: str = "thread") -> list[dict]:
+    """STEPS batches; with process workers each copied out of its ring slot (which the next batch recycles),
+    strides kept."""
     stream = WindowStream(spec, reader, start=start, global_batch=BATCH, direct=direct)
-    it = iter(make_loader(stream, workers, kind="thread"))
-    out = [next(it) for _ in range(STEPS)]
+    it = iter(make_loader(stream, workers, kind=kind))
+    out = [_owned(next(it)) if kind == "process" else next(it) for _ in range(STEPS)]
     del it
+    return out
+
+
+def _owned(batch: dict) -> dict:
+    """The batch with each tensor copied into memory of its own, with the same shape, strides and bytes."""
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor):
+            base = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+            out[k] = base.copy_(v)
+        else:
+            out[k] = v
     return out
 
 
@@ -67,23 +82,33 @@ def _config(manifests: list[Path], backend: str = "webdataset", normalize: str =
                       verify_checksums=False, normalize=normalize)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers,kind", [(0, "thread"), (2, "thread"), (1, "process"), (2, "process")])
 @pytest.mark.parametrize("seed", [0, 7, 123])
 @pytest.mark.parametrize("data", ["yx", "xy", "mixed"])
 def test_read_batch_gives_the_plain_batches_bitwise(fno_train_shards: Path, canonical_shards: Path, data: str,
-                                                    seed: int, workers: int) -> None:
+                                                    seed: int, workers: int, kind: str) -> None:
     manifests = {"yx": [fno_train_shards], "xy": [canonical_shards],
                  "mixed": [fno_train_shards, canonical_shards]}[data]
     spec, reader = prepare_stream(_config(manifests), seed=seed, verify=False)
     assert {d.model_layout for d in spec.datasets} == ({"yx", "xy"} if data == "mixed" else {data})
     assert any(s is not None for s in spec.norm.values()) == (data != "yx")  # canonical data is normalised
     for start in (0, 3 * BATCH + 1):
-        fast = _batches(spec, reader, start, workers, direct=True)
+        fast = _batches(spec, reader, start, workers, direct=True, kind=kind)
         plain = _batches(spec, reader, start, 0, direct=False)
         if data == "mixed":  # both layouts met in one batch: a sample unlike the batch's first goes by copy
             assert any(len(set(b["dataset"].tolist())) == 2 for b in fast)
         for step, (a, b) in enumerate(zip(fast, plain)):
-            _same_bits(a, b, f"{data} seed {seed} start {start} workers {workers} step {step}")
+            _same_bits(a, b, f"{data} seed {seed} start {start} workers {workers} {kind} step {step}")
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_the_plain_path_through_workers_keeps_its_batches(canonical_shards: Path, kind: str) -> None:
+    """direct=False (collate of make_sample, buffers of their own) through 2 workers of either kind: the batches
+    of no workers, strides included (process workers send such a batch through their pipe)."""
+    spec, reader = prepare_stream(_config([canonical_shards]), seed=4, verify=False)
+    for step, (a, b) in enumerate(zip(_batches(spec, reader, 2, 2, direct=False, kind=kind),
+                                      _batches(spec, reader, 2, 0, direct=False))):
+        _same_bits(a, b, f"plain {kind} step {step}")
 
 
 @pytest.mark.parametrize("normalize", ["none", "manifest"])
@@ -93,8 +118,10 @@ def test_read_batch_without_read_into_and_with_normalisation_in_place(fno_train_
     for backend in ("zarr", "webdataset"):
         spec, reader = prepare_stream(_config([fno_train_shards], backend, normalize), seed=3, verify=False)
         assert hasattr(reader, "read_into") == (backend == "webdataset")
-        for a, b in zip(_batches(spec, reader, 5, 2, True), _batches(spec, reader, 5, 0, False)):
-            _same_bits(a, b, f"{backend} normalize {normalize}")
+        plain = _batches(spec, reader, 5, 0, False)
+        for kind in ("thread", "process"):
+            for a, b in zip(_batches(spec, reader, 5, 2, True, kind), plain):
+                _same_bits(a, b, f"{backend} normalize {normalize} {kind}")
 
 
 def test_read_batch_reads_each_window_once_into_the_batch_buffer(canonical_shards: Path) -> None:

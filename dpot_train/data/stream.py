@@ -338,9 +338,10 @@ class WindowStream(IterableDataset):
         wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
         return self.worker_batches(wid, nworkers)
 
-    def worker_batches(self, worker: int, workers: int, pin: bool = False) -> Iterator[dict[str, Any]]:
+    def worker_batches(self, worker: int, workers: int, pin: bool = False, alloc: Alloc | None = None
+                       ) -> Iterator[dict[str, Any]]:
         """The batches of steps worker, worker + workers, ... (worker `worker` of `workers`, process or thread);
-        `pin`: built in page-locked memory (CUDA only)."""
+        `pin`: built in page-locked memory (CUDA only); `alloc`: where their buffers come from (`BatchBuffers`)."""
         plans = EpochPlans(self.spec)  # per worker: the plan cache is not shared between threads
         prefetch = getattr(self.reader, "prefetch", None)  # readers of remote shards fetch ahead of the stream
         ahead = EpochPlans(self.spec)
@@ -348,7 +349,7 @@ class WindowStream(IterableDataset):
         while True:
             if prefetch is not None:
                 prefetch(self.upcoming_urls(step, ahead))
-            yield self.batch(step, plans, pin)
+            yield self.batch(step, plans, pin, alloc)
             step += workers
 
     def upcoming_urls(self, step: int, plans: EpochPlans, steps: int = 2) -> list[str]:
@@ -359,11 +360,12 @@ class WindowStream(IterableDataset):
             urls += [plans.lookup(p)[1].url for p in rank_slice(first, self.global_batch, self.world, self.rank)]
         return list(dict.fromkeys(urls))
 
-    def batch(self, step: int, plans: EpochPlans, pin: bool = False) -> dict[str, Any]:
-        """This rank's collated batch of step `step` (counted from `start`); `pin`: in page-locked memory."""
+    def batch(self, step: int, plans: EpochPlans, pin: bool = False, alloc: Alloc | None = None) -> dict[str, Any]:
+        """This rank's collated batch of step `step` (counted from `start`); `pin`: in page-locked memory;
+        `alloc`: where its buffers come from (`BatchBuffers`; the plain path, direct=False, takes none)."""
         first = self.start + step * self.global_batch
         picks = [(k, ref, p) for p in rank_slice(first, self.global_batch, self.world, self.rank)
                  for k, ref, _ in [plans.lookup(p)]]
         if self.direct:
-            return read_batch(self.spec, self.reader, picks, pin)
+            return read_batch(self.spec, self.reader, picks, pin, alloc)
         return collate([make_sample(self.spec, self.reader, k, ref, p) for k, ref, p in picks], self.spec.t_in)
