@@ -74,19 +74,24 @@ def test_a_batch_travels_as_slot_offsets_not_bytes(stream_data) -> None:
 
 
 def test_a_slot_is_reused_only_after_the_consumer_let_go_of_its_batch(stream_data) -> None:
+    """One worker, 2 slots: step 0's slot is not written while its batch is the current one; asking for step 1
+    gives it back, and step 2 is built into it. A batch the caller still holds then keeps its values (its tensors
+    moved out of the slot first); one it dropped costs no copy."""
     spec, reader = stream_data
-    want = [b["x"].clone() for b, _ in zip(iter(make_loader(WindowStream(spec, reader, 0, BATCH), 0)), range(3))]
-    it = process_ring.ProcessBatches(WindowStream(spec, reader, 0, BATCH), 1, prefetch=1)  # 2 slots
+    want = [b["x"].clone() for b, _ in zip(iter(make_loader(WindowStream(spec, reader, 0, BATCH), 0)), range(4))]
+    it = process_ring.ProcessBatches(WindowStream(spec, reader, 0, BATCH), 1, prefetch=1)
     first = next(it)
+    in_slot = first["x"][0]  # a view made before the release stays a view of the slot
     assert torch.equal(first["x"], want[0])
     assert it._ready[0].poll(120)  # the worker built step 1 into the other slot; it has no free slot for step 2
     time.sleep(0.5)  # (time for a worker that took step 0's slot anyway to write into it)
     assert torch.equal(first["x"], want[0])
-    it.release()  # step 0's slot goes back: the worker builds step 2 into it
-    second = next(it)
-    assert torch.equal(second["x"], want[1])
-    assert it._ready[0].poll(120)  # step 2 delivered, in the slot `first` views
-    assert torch.equal(first["x"], want[2])
+    second = next(it)  # step 0's slot goes back, `first` is still held: its x, y and mask are copied out
+    assert it.copies == 3 and torch.equal(second["x"], want[1])
+    assert it._ready[0].poll(120)  # step 2 delivered, built in step 0's slot
+    assert torch.equal(in_slot, want[2][0]) and torch.equal(first["x"], want[0])
+    del second
+    assert torch.equal(next(it)["x"], want[2]) and it.copies == 3  # nothing held: the slot goes back as it is
     it.close()
 
 
@@ -197,3 +202,36 @@ def test_a_killed_worker_is_named_without_a_hang(fno_train_shards: Path) -> None
     assert lines[0].startswith("loader process 1 (pid ") and " was killed by SIGKILL without delivering step " \
         in lines[0], r.stdout
     assert lines[-1] == "left: []"
+
+
+def test_training_with_process_workers_copies_no_batch_and_equals_thread_workers(fno_train_shards: Path,
+                                                                                 tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
+    """A tiny run in this process with 2 process workers: every batch's slot goes back untouched (the loop drops
+    each batch before it asks for the next), and the losses and weights are those of 2 thread workers."""
+    import json
+
+    from dpot_train.config import TrainConfig
+    from dpot_train.trainer import train
+
+    loaders: list[process_ring.ProcessBatches] = []
+    start = process_ring.ProcessBatches.__init__
+
+    def spy(self, *args, **kwargs) -> None:
+        start(self, *args, **kwargs)
+        loaders.append(self)
+
+    monkeypatch.setattr(process_ring.ProcessBatches, "__init__", spy)
+    runs = {}
+    for kind in ("process", "thread"):
+        out = tmp_path / kind
+        cfg = TrainConfig(out=str(out), model="tiny", steps=6, batch_size=4, device="cpu", progress=False,
+                          ckpt_every=6, log_every=1, eval_at_end=False,
+                          data=DataConfig(manifests=[str(fno_train_shards)], num_workers=2, worker_kind=kind))
+        train(cfg)
+        runs[kind] = ([json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()],
+                      torch.load(out / "checkpoints" / "step-00000006.pt", weights_only=True)["model"])
+    assert len(loaders) == 1 and loaders[0]._step == 6 and loaders[0].copies == 0
+    assert runs["process"][0] == runs["thread"][0] and len(runs["process"][0]) == 6
+    assert all(torch.equal(runs["process"][1][k], runs["thread"][1][k]) for k in runs["thread"][1])

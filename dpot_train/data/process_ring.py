@@ -11,6 +11,9 @@ pickled, no shared-memory segment is made per batch (a DataLoader's per-batch co
 Slots are recycled only once the consumer is done with them: a batch's slot goes back to its worker when the next
 batch is asked for (or at `release()`); with page-locked slots on CUDA, once the copies queued from it so far have
 run (an event recorded on the current stream at that moment). Each worker owns prefetch + 1 slots (+ 1 on CUDA).
+A batch still referenced at that moment (kept by the caller beyond its step) is not overwritten: its x, y and mask
+are first moved to memory of their own (`Tensor.set_`, the same shapes, strides and bytes; `copies` counts them), so
+holding batches is safe and only costs a copy. The trainer drops each batch before it asks for the next.
 
 A worker's exception is raised by `next()` as WorkerError with the worker's traceback in the message and the
 original exception as its cause; a worker that dies (killed, out of memory) is noticed while the consumer waits for
@@ -255,7 +258,8 @@ class ProcessBatches:
         self._procs: list[Any] = []
         self._free: list[Connection] = []
         self._ready: list[Connection] = []
-        self._held: tuple[int, int] | None = None  # (worker, slot) of the batch last handed out
+        self._held: tuple[int, int, list] | None = None  # (worker, slot, weakrefs to its slot tensors) last handed out
+        self.copies = 0  # slot tensors moved to memory of their own because the caller still held them
         self._pending: deque[tuple[int, int, Any]] = deque()  # (worker, slot, CUDA event) of copies in flight
         self._step = 0
         pin = pin_memory and torch.cuda.is_available()
@@ -308,17 +312,24 @@ class ProcessBatches:
         _, step, slot, described = message
         if step != self._step:
             self._fail(WorkerError(f"loader process {w} delivered step {step} where step {self._step} was due"))
-        self._held = (w, slot)
+        batch = rebuild(self.ring, slot, described)
+        self._held = (w, slot, [weakref.ref(batch[key]) for key, kind, _ in described if kind == "slot"])
         self._step += 1
-        return rebuild(self.ring, slot, described)
+        return batch
 
     def release(self) -> None:
-        """Give the slot of the batch last handed out back to its worker (also done by the next `next()`): the
-        batch's large tensors must not be read after this (with pinned slots: after the copies already queued)."""
+        """Give the slot of the batch last handed out back to its worker (also done by the next `next()`); its
+        tensors the caller still holds are first copied out of it (views made of them before stay in the slot)."""
         if self._held is None:
             return
-        w, slot = self._held
+        w, slot, refs = self._held
         self._held = None
+        for ref in refs:
+            tensor = ref()
+            if tensor is not None:  # still held by the caller: give it memory of its own before the slot is reused
+                own = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor)
+                tensor.set_(own.untyped_storage(), own.storage_offset(), own.shape, own.stride())
+                self.copies += 1
         if self.ring.pinned:
             event = torch.cuda.Event()
             event.record()
