@@ -14,11 +14,14 @@ loop's model-only step ran at 807-874 samples/s (22.9-24.8 ms, `train_step.py`);
 
 Data: benchmarks/loader.py's (PDEBench diffusion-reaction synthesized and ingested to 128^2 x 4 channels, windows of
 10 + 1 frames, 2.9 MB). For each loader setting (no workers; `--workers` thread and process workers) it measures, in
-this one process run, one after the other:
+this one process run, one after the other (first "ready": one batch made beforehand and handed out again and again,
+the loop's own cost):
   * loader alone: batches per second pulled from the loader with nothing else running (`samples_per_s`);
   * loop: `dpot_train.trainer._loop` (the trainer's loop: next batch, the step, the finite-loss guard, the log) with
     `trainer.train_step` replaced by the emulated step and checkpoints left out; steps per second between the first
-    and the last timed step, after `--warmup` steps (`loop_samples_per_s`), and `ratio` = loop / bound.
+    and the last timed step, after `--warmup` steps (`loop_samples_per_s`), and `ratio` = loop / bound;
+    `between_steps_ms`, the median time from the end of one step to the start of the next (the loop's own work
+    and its wait for the batch).
 The last line of output is one JSON object with every figure, the machine (benchmarks/common.py) and the load
 average at the start and the end: on a shared machine, compare only figures of one run.
 """
@@ -95,9 +98,10 @@ def loader_alone(stream: Any, workers: int, kind: str, batches: int, warmup: int
 
 
 def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, host_s: float, device_s: float,
-              run: Path) -> tuple[float, int]:
-    """Samples per second of the trainer's loop with the emulated step, over the steps after `warmup`; and the
-    slot copies a process loader made (0 when the loop dropped every batch in time)."""
+              run: Path) -> tuple[float, int, float]:
+    """Samples per second of the trainer's loop with the emulated step, over the steps after `warmup`; the slot
+    copies a process loader made (0 when the loop dropped every batch in time); and the median time between the
+    end of one emulated step and the start of the next (the loop's own work and its wait for the batch)."""
     from dpot_train import trainer
     from dpot_train.config import TrainConfig
     from dpot_train.data.loader import make_loader
@@ -114,7 +118,11 @@ def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, hos
     saved = trainer.train_step, trainer._save
     trainer.train_step = emulated_step(host_s, device_s, stamps)
     trainer._save = lambda *args, **kwargs: None  # checkpoints are not what is measured
-    it = iter(make_loader(stream, workers, kind=kind))
+    if kind == "ready":  # one batch made beforehand, handed out again and again: the loop's own cost
+        made = next(iter(make_loader(stream, 0)))
+        it: Any = (made for _ in range(warmup + steps))
+    else:
+        it = iter(make_loader(stream, workers, kind=kind))
     try:
         trainer._loop(cfg, DistInfo(0, 1, 0, torch.device("cpu")), model, model, opt, sched, it, stream.spec, 0, 0,
                       run)
@@ -123,12 +131,14 @@ def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, hos
     copies = getattr(it, "copies", 0)
     del it
     timed = stamps[warmup:]
-    return batch * (len(timed) - 1) / (timed[-1] - timed[0]), copies
+    gaps = sorted(b - a - host_s - device_s for a, b in zip(timed, timed[1:]))
+    return batch * (len(timed) - 1) / (timed[-1] - timed[0]), copies, gaps[len(gaps) // 2]
 
 
 def settings(workers: list[int]) -> list[tuple[str, int]]:
-    """(kind, workers) to measure: no workers once, then thread and process workers for each count."""
-    out = [("none", 0)] if 0 in workers else []
+    """(kind, workers) to measure: batches made beforehand ("ready": the loop alone), no workers once, then thread
+    and process workers for each count."""
+    out = [("ready", 0)] + ([("none", 0)] if 0 in workers else [])
     return out + [(kind, w) for w in workers if w > 0 for kind in ("thread", "process")]
 
 
@@ -172,19 +182,22 @@ def main(argv: list[str] | None = None) -> int:
         stream = make_stream(data.manifest, args.batch)
         print(f"# step: {args.host_ms:g} ms holding the GIL + {args.device_ms:g} ms without, batch {args.batch}: "
               f"bound {bound:.1f} samples/s; {os.cpu_count()} cores, load average {load_start[0]:.2f}", flush=True)
-        print(f"{'workers':>7} {'kind':>8} {'loader alone':>13} {'loop':>8} {'bound':>8} {'loop/bound':>10}",
-              flush=True)
+        print(f"{'workers':>7} {'kind':>8} {'loader alone':>13} {'loop':>8} {'bound':>8} {'loop/bound':>10} "
+              f"{'between ms':>12}", flush=True)
         for i, (kind, workers) in enumerate(settings(args.worker_counts)):
-            alone = loader_alone(stream, workers, "thread" if kind == "none" else kind,
-                                 max(args.steps // 2, 2), args.warmup)
-            loop, copies = loop_rate(stream, workers, "thread" if kind == "none" else kind, args.steps,
-                                     args.warmup, host_s, device_s, root / f"run-{i}")
-            row = {"kind": kind, "workers": workers, "loader_samples_per_s": round(alone, 1),
+            loader_kind = "thread" if kind == "none" else kind
+            alone = (float("inf") if kind == "ready" else
+                     loader_alone(stream, workers, loader_kind, max(args.steps // 2, 2), args.warmup))
+            loop, copies, between = loop_rate(stream, workers, loader_kind, args.steps, args.warmup, host_s,
+                                              device_s, root / f"run-{i}")
+            row = {"kind": kind, "workers": workers,
+                   "loader_samples_per_s": None if kind == "ready" else round(alone, 1),
                    "loop_samples_per_s": round(loop, 1), "bound_samples_per_s": round(bound, 1),
-                   "ratio": round(loop / bound, 3), "loader_feeds_bound": alone >= bound, "slot_copies": copies}
+                   "ratio": round(loop / bound, 3), "loader_feeds_bound": alone >= bound, "slot_copies": copies,
+                   "between_steps_ms": round(between * 1e3, 2)}
             rows.append(row)
-            print(f"{workers:>7} {kind:>8} {alone:>13.1f} {loop:>8.1f} {bound:>8.1f} {loop / bound:>10.3f}",
-                  flush=True)
+            print(f"{workers:>7} {kind:>8} {alone:>13.1f} {loop:>8.1f} {bound:>8.1f} {loop / bound:>10.3f} "
+                  f"{between * 1e3:>12.2f}", flush=True)
         summary = {
             "benchmark": "loop_bound",
             "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -90,6 +90,7 @@ def test_a_slot_is_reused_only_after_the_consumer_let_go_of_its_batch(stream_dat
     assert it.copies == 3 and torch.equal(second["x"], want[1])
     assert it._ready[0].poll(120)  # step 2 delivered, built in step 0's slot
     assert torch.equal(in_slot, want[2][0]) and torch.equal(first["x"], want[0])
+    assert first["x"].untyped_storage().data_ptr() == first["y"].untyped_storage().data_ptr()  # still one window
     del second
     assert torch.equal(next(it)["x"], want[2]) and it.copies == 3  # nothing held: the slot goes back as it is
     it.close()

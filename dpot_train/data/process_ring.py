@@ -324,12 +324,9 @@ class ProcessBatches:
             return
         w, slot, refs = self._held
         self._held = None
-        for ref in refs:
-            tensor = ref()
-            if tensor is not None:  # still held by the caller: give it memory of its own before the slot is reused
-                own = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor)
-                tensor.set_(own.untyped_storage(), own.storage_offset(), own.shape, own.stride())
-                self.copies += 1
+        held = [t for t in (ref() for ref in refs) if t is not None]
+        if held:  # still held by the caller: give them memory of their own before the slot is reused
+            self._move_out(slot, held)
         if self.ring.pinned:
             event = torch.cuda.Event()
             event.record()
@@ -337,6 +334,18 @@ class ProcessBatches:
             self._return_finished()
         else:
             self._give(w, slot)
+
+    def _move_out(self, slot: int, held: list[torch.Tensor]) -> None:
+        """Copy the part of `slot` the `held` tensors view into one new storage and point them at it (`set_`): the
+        same shapes, strides and bytes, and views of one another as before (x and y share their windows)."""
+        first = slot * self.ring.size
+        end = max(t.storage_offset() * t.element_size()
+                  + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size() for t in held)
+        own = self.ring.base[first:end].clone()
+        for t in held:
+            offset = t.storage_offset() * t.element_size() - first
+            t.set_(own.untyped_storage(), offset // t.element_size(), t.shape, t.stride())
+        self.copies += len(held)
 
     def _give(self, w: int, slot: int) -> None:
         try:

@@ -78,15 +78,6 @@ def seed_pool(entropy: list[int]) -> list[int]:
     return pool
 
 
-def pool_state(pool: list[int], n_words: int = 4) -> list[int]:
-    """SeedSequence.generate_state(n_words, np.uint64) as Python ints (n_words <= 4)."""
-    words = []
-    for i, (x, y) in enumerate(_STATE_STEPS[:2 * n_words]):
-        v = ((pool[i % _POOL] ^ x) * y) & _M32
-        words.append(v ^ (v >> 16))
-    return [words[2 * i] | (words[2 * i + 1] << 32) for i in range(n_words)]
-
-
 def _pcg_state(pool: list[int]) -> tuple[int, int]:
     """(seed, increment) of the PCG64 seeded from a SeedSequence with this pool: generate_state(4, np.uint64) as
     two 128-bit numbers (words 0-1 and 2-3, the first word the high half), written out."""
