@@ -261,20 +261,22 @@ def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path, k
 
 
 @pytest.mark.slow
-def test_training_with_thread_workers_is_bitwise_the_run_without_workers(
-        fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_training_with_loader_workers_is_bitwise_the_run_without_workers(
+        fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory, kind: str) -> None:
     import json
 
     from tests import train_runs
 
     reference = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))  # 0 workers
-    out = tmp_path_factory.mktemp("threads") / "run"
-    r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--audit", "--num-workers", "2", "--no-eval"))
+    out = tmp_path_factory.mktemp(kind) / "run"
+    r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--audit", "--num-workers", "2",
+                                              "--worker-kind", kind, "--no-eval"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     final = f"step-{train_runs.STEPS:08d}.pt"
     a = torch.load(reference / "checkpoints" / final, weights_only=True)
     b = torch.load(out / "checkpoints" / final, weights_only=True)
-    assert b["train_config"]["data"]["num_workers"] == 2 and b["train_config"]["data"]["worker_kind"] == "thread"
+    assert b["train_config"]["data"]["num_workers"] == 2 and b["train_config"]["data"]["worker_kind"] == kind
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
     assert a["loader"] == b["loader"]
