@@ -21,7 +21,7 @@ the loop's own cost):
     `trainer.train_step` replaced by the emulated step and checkpoints left out; steps per second between the first
     and the last timed step, after `--warmup` steps (`loop_samples_per_s`), and `ratio` = loop / bound;
     `between_steps_ms`, the median time from the end of one step to the start of the next (the loop's own work
-    and its wait for the batch).
+    and its wait for the batch), and `next_ms`, the median time of those in the loader's next().
 The last line of output is one JSON object with every figure, the machine (benchmarks/common.py) and the load
 average at the start and the end: on a shared machine, compare only figures of one run.
 """
@@ -97,11 +97,29 @@ def loader_alone(stream: Any, workers: int, kind: str, batches: int, warmup: int
     return n / seconds
 
 
+class _Timed:
+    """The loader's iterator, with the wall time of each next() recorded (the loop's wait for its batch)."""
+
+    def __init__(self, it: Any) -> None:
+        self.it, self.waits = it, []
+
+    def __iter__(self) -> "_Timed":
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return next(self.it)
+        finally:
+            self.waits.append(time.perf_counter() - start)
+
+
 def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, host_s: float, device_s: float,
-              run: Path) -> tuple[float, int, float]:
-    """Samples per second of the trainer's loop with the emulated step, over the steps after `warmup`; the slot
-    copies a process loader made (0 when the loop dropped every batch in time); and the median time between the
-    end of one emulated step and the start of the next (the loop's own work and its wait for the batch)."""
+              run: Path) -> dict[str, float]:
+    """The trainer's loop with the emulated step: samples per second over the steps after `warmup` (`loop`); the
+    slot copies a process loader made (`copies`: 0 when the loop dropped every batch in time); the median time from
+    the end of one emulated step to the start of the next (`between`: the loop's own work and its wait for the
+    batch) and the median time in the loader's next() (`next`), in seconds."""
     from dpot_train import trainer
     from dpot_train.config import TrainConfig
     from dpot_train.data.loader import make_loader
@@ -120,19 +138,22 @@ def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, hos
     trainer._save = lambda *args, **kwargs: None  # checkpoints are not what is measured
     if kind == "ready":  # one batch made beforehand, handed out again and again: the loop's own cost
         made = next(iter(make_loader(stream, 0)))
-        it: Any = (made for _ in range(warmup + steps))
+        inner: Any = (made for _ in range(warmup + steps))
     else:
-        it = iter(make_loader(stream, workers, kind=kind))
+        inner = iter(make_loader(stream, workers, kind=kind))
+    it = _Timed(inner)
     try:
         trainer._loop(cfg, DistInfo(0, 1, 0, torch.device("cpu")), model, model, opt, sched, it, stream.spec, 0, 0,
                       run)
     finally:
         trainer.train_step, trainer._save = saved
-    copies = getattr(it, "copies", 0)
-    del it
+    copies = getattr(inner, "copies", 0)
+    waits = sorted(it.waits[warmup + 1:])  # the next() calls between timed steps
+    del it, inner
     timed = stamps[warmup:]
     gaps = sorted(b - a - host_s - device_s for a, b in zip(timed, timed[1:]))
-    return batch * (len(timed) - 1) / (timed[-1] - timed[0]), copies, gaps[len(gaps) // 2]
+    return {"loop": batch * (len(timed) - 1) / (timed[-1] - timed[0]), "copies": copies,
+            "between": gaps[len(gaps) // 2], "next": waits[len(waits) // 2] if waits else 0.0}
 
 
 def settings(workers: list[int]) -> list[tuple[str, int]]:
@@ -183,21 +204,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# step: {args.host_ms:g} ms holding the GIL + {args.device_ms:g} ms without, batch {args.batch}: "
               f"bound {bound:.1f} samples/s; {os.cpu_count()} cores, load average {load_start[0]:.2f}", flush=True)
         print(f"{'workers':>7} {'kind':>8} {'loader alone':>13} {'loop':>8} {'bound':>8} {'loop/bound':>10} "
-              f"{'between ms':>12}", flush=True)
+              f"{'between ms':>12} {'next ms':>9}", flush=True)
         for i, (kind, workers) in enumerate(settings(args.worker_counts)):
             loader_kind = "thread" if kind == "none" else kind
             alone = (float("inf") if kind == "ready" else
                      loader_alone(stream, workers, loader_kind, max(args.steps // 2, 2), args.warmup))
-            loop, copies, between = loop_rate(stream, workers, loader_kind, args.steps, args.warmup, host_s,
-                                              device_s, root / f"run-{i}")
+            got = loop_rate(stream, workers, loader_kind, args.steps, args.warmup, host_s, device_s,
+                            root / f"run-{i}")
+            loop = got["loop"]
             row = {"kind": kind, "workers": workers,
                    "loader_samples_per_s": None if kind == "ready" else round(alone, 1),
                    "loop_samples_per_s": round(loop, 1), "bound_samples_per_s": round(bound, 1),
-                   "ratio": round(loop / bound, 3), "loader_feeds_bound": alone >= bound, "slot_copies": copies,
-                   "between_steps_ms": round(between * 1e3, 2)}
+                   "ratio": round(loop / bound, 3), "loader_feeds_bound": alone >= bound,
+                   "slot_copies": got["copies"], "between_steps_ms": round(got["between"] * 1e3, 2),
+                   "next_ms": round(got["next"] * 1e3, 2)}
             rows.append(row)
             print(f"{workers:>7} {kind:>8} {alone:>13.1f} {loop:>8.1f} {bound:>8.1f} {loop / bound:>10.3f} "
-                  f"{between * 1e3:>12.2f}", flush=True)
+                  f"{got['between'] * 1e3:>12.2f} {got['next'] * 1e3:>9.2f}", flush=True)
         summary = {
             "benchmark": "loop_bound",
             "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
