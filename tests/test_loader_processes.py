@@ -236,3 +236,49 @@ def test_training_with_process_workers_copies_no_batch_and_equals_thread_workers
     assert len(loaders) == 1 and loaders[0]._step == 6 and loaders[0].copies == 0
     assert runs["process"][0] == runs["thread"][0] and len(runs["process"][0]) == 6
     assert all(torch.equal(runs["process"][1][k], runs["thread"][1][k]) for k in runs["thread"][1])
+
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event: complete once the test says so (the copies queued before it have run)."""
+
+    made: list["_FakeEvent"] = []
+
+    def __init__(self) -> None:
+        self.done = False
+        _FakeEvent.made.append(self)
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_with_pinned_slots_a_slot_goes_back_only_after_its_copies_ran(stream_data,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA rule, on the CPU with a stand-in event: a page-locked slot whose batch was copied with
+    non_blocking=True goes back only once the event recorded when the next batch was asked for has completed; the
+    consumer keeps polling those events while it waits (no deadlock when the worker has no free slot)."""
+    import threading
+
+    spec, reader = stream_data
+    want = [b["x"].clone() for b, _ in zip(iter(make_loader(WindowStream(spec, reader, 0, BATCH), 0)), range(3))]
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    _FakeEvent.made.clear()
+    it = process_ring.ProcessBatches(WindowStream(spec, reader, 0, BATCH), 1, prefetch=1)  # slots A and B
+    it.ring.pinned = True  # as if cudaHostRegister had been called (no CUDA here)
+    try:
+        first = next(it)
+        in_slot = first["x"][0]  # a view of slot A
+        del first
+        assert torch.equal(next(it)["x"], want[1])  # A's event recorded, not complete: A stays with the consumer
+        assert len(_FakeEvent.made) == 1 and len(it._pending) == 1
+        time.sleep(0.5)  # (time for a worker given slot A too early to write step 2 into it)
+        assert torch.equal(in_slot, want[0][0])
+        threading.Timer(0.3, lambda: setattr(_FakeEvent.made[0], "done", True)).start()
+        third = next(it)  # waits for step 2, polling the events: A goes back once its event completes
+        assert torch.equal(third["x"], want[2]) and torch.equal(in_slot, want[2][0])
+        assert len(it._pending) == 1  # B's event, recorded at this next()
+    finally:
+        it.ring.pinned = False
+        it.close()

@@ -32,6 +32,7 @@ import pickle
 import signal
 import struct
 import traceback
+import warnings
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection, wait
@@ -106,9 +107,15 @@ class SharedRing:
         return self._typed[dtype]
 
     def pin(self) -> bool:
-        """Page-lock the whole region for CUDA copies (cudaHostRegister); False when CUDA refuses it."""
+        """Page-lock the whole region for CUDA copies (cudaHostRegister, portable, as torch registers shared
+        memory); False, with a warning, when CUDA refuses it (the copies then wait for the host)."""
         if not self.pinned:
-            self.pinned = torch.cuda.cudart().cudaHostRegister(self.base.data_ptr(), self.count * self.size, 0) == 0
+            code = int(torch.cuda.cudart().cudaHostRegister(self.base.data_ptr(), self.count * self.size, 1))
+            self.pinned = code == 0
+            if not self.pinned:
+                warnings.warn(f"--worker-kind process: page-locking the loader's {self.count * self.size / 2**20:.0f} "
+                              f"MiB of batch slots failed (cudaError {code}); batches are copied to the GPU from "
+                              "pageable memory", stacklevel=2)
         return self.pinned
 
     def unpin(self) -> None:
