@@ -63,6 +63,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_name  # noqa: E402
+from common import machine as host_machine  # noqa: E402
 from reference_loader import ReferenceWindows, write_reference_files  # noqa: E402
 
 MB = 1e6
@@ -491,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="dpot-loader-bench-", dir=args.tmp))
     load_start = os.getloadavg()
+    host = host_machine(root, ("torch", "numpy"))  # RAM, free disk, OS, package versions
     results: list[Measurement] = []
     profiles: dict[str, str] = {}
     try:
@@ -554,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "loader",
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {**machine(), "load_avg_start": [round(v, 2) for v in load_start]},
+        "machine": {**host, **machine(), "load_avg_start": [round(v, 2) for v in load_start]},
         "settings": {"baseline": str(args.baseline.resolve()) if args.baseline else None, "repeat": args.repeat,
                      "trajectories": args.trajectories, "frames": args.frames, "native": args.native, "res": RES,
                      "channels": CHANNELS, "t_in": T_IN, "t_out": T_OUT, "batch": args.batch,
