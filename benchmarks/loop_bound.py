@@ -20,8 +20,9 @@ the loop's own cost):
   * loop: `dpot_train.trainer._loop` (the trainer's loop: next batch, the step, the finite-loss guard, the log) with
     `trainer.train_step` replaced by the emulated step and checkpoints left out; steps per second between the first
     and the last timed step, after `--warmup` steps (`loop_samples_per_s`), and `ratio` = loop / bound;
-    `between_steps_ms`, the median time from the end of one step to the start of the next (the loop's own work
-    and its wait for the batch), and `next_ms`, the median time of those in the loader's next().
+    `between_steps_ms`, the mean time from the end of one step to the start of the next (the loop's own work, its
+    wait for the batch, and on a busy machine the wait for a core when the step's sleep ends), and `next_ms`, the
+    mean time of those in the loader's next().
 The last line of output is one JSON object with every figure, the machine (benchmarks/common.py) and the load
 average at the start and the end: on a shared machine, compare only figures of one run.
 """
@@ -117,9 +118,10 @@ class _Timed:
 def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, host_s: float, device_s: float,
               run: Path) -> dict[str, float]:
     """The trainer's loop with the emulated step: samples per second over the steps after `warmup` (`loop`); the
-    slot copies a process loader made (`copies`: 0 when the loop dropped every batch in time); the median time from
-    the end of one emulated step to the start of the next (`between`: the loop's own work and its wait for the
-    batch) and the median time in the loader's next() (`next`), in seconds."""
+    slot copies a process loader made (`copies`: 0 when the loop dropped every batch in time); the mean time from
+    the end of one emulated step to the start of the next (`between`: the loop's own work, its wait for the batch,
+    and the wait for a core when the step's sleep ends) and the mean time in the loader's next() (`next`), in
+    seconds. loop = batch / (host + device + between)."""
     from dpot_train import trainer
     from dpot_train.config import TrainConfig
     from dpot_train.data.loader import make_loader
@@ -148,12 +150,12 @@ def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, hos
     finally:
         trainer.train_step, trainer._save = saved
     copies = getattr(inner, "copies", 0)
-    waits = sorted(it.waits[warmup + 1:])  # the next() calls between timed steps
+    waits = it.waits[warmup + 1:]  # the next() calls between timed steps
     del it, inner
     timed = stamps[warmup:]
-    gaps = sorted(b - a - host_s - device_s for a, b in zip(timed, timed[1:]))
+    gaps = [b - a - host_s - device_s for a, b in zip(timed, timed[1:])]
     return {"loop": batch * (len(timed) - 1) / (timed[-1] - timed[0]), "copies": copies,
-            "between": gaps[len(gaps) // 2], "next": waits[len(waits) // 2] if waits else 0.0}
+            "between": sum(gaps) / len(gaps), "next": sum(waits) / len(waits) if waits else 0.0}
 
 
 def settings(workers: list[int]) -> list[tuple[str, int]]:
