@@ -14,8 +14,10 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
    Zarr, both with loader worker threads (`make_loader(kind="thread")`, the training default), (c) the
    reference-style torch Dataset (open the file on each access, read the whole trajectory, bilinear resize to
    128x128, pad channels with 1, random window) under a DataLoader with a shuffling sampler and worker processes, as
-   DPOT ships it, and (d) `webdataset-process`: our WebDataset stream with DataLoader worker processes
-   (`--worker-kind process`; only with workers: without them it is (a)). `zarr-process` can be asked for too, and
+   DPOT ships it, and (d) `webdataset-process`: our WebDataset stream with worker processes (`--worker-kind
+   process`: batches built in a shared ring of slots, `dpot_train.data.process_ring`; with a --baseline from before
+   it, DataLoader worker processes; only with workers: without them it is (a)). Each measurement drops its batch
+   before asking for the next, as the training loop does. `zarr-process` can be asked for too, and
    `webdataset-plain`: (a) with its batches built by the plain path (`collate` of `make_sample`: each window read()
    into an array of its own, then stacked) instead of `read_batch` (each window copied from a memory map of the
    shard straight into its slot of the batch buffer): the loader as it was before read_batch.
