@@ -14,8 +14,10 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
    Zarr, both with loader worker threads (`make_loader(kind="thread")`, the training default), (c) the
    reference-style torch Dataset (open the file on each access, read the whole trajectory, bilinear resize to
    128x128, pad channels with 1, random window) under a DataLoader with a shuffling sampler and worker processes, as
-   DPOT ships it, and (d) `webdataset-process`: our WebDataset stream with DataLoader worker processes
-   (`--worker-kind process`; only with workers: without them it is (a)). `zarr-process` can be asked for too, and
+   DPOT ships it, and (d) `webdataset-process`: our WebDataset stream with worker processes (`--worker-kind
+   process`: batches built in a shared ring of slots, `dpot_train.data.process_ring`; with a --baseline from before
+   it, DataLoader worker processes; only with workers: without them it is (a)). Each measurement drops its batch
+   before asking for the next, as the training loop does. `zarr-process` can be asked for too, and
    `webdataset-plain`: (a) with its batches built by the plain path (`collate` of `make_sample`: each window read()
    into an array of its own, then stacked) instead of `read_batch` (each window copied from a memory map of the
    shard straight into its slot of the batch buffer): the loader as it was before read_batch.
@@ -28,6 +30,13 @@ Run:  .venv/bin/python benchmarks/loader.py                  # small default: ab
    (ours injects it on the training device, `dpot_train.data.windows.inject_noise`; see benchmarks/train_step.py).
    Before the loaders, what one core does per window here (`window_bounds`: a memory copy and a read from the shard
    of 2.9 MB), the floor of a loader's CPU time per sample; after them, whether `webdataset` reached RATE_GOAL.
+   Each row's `copy_ratio` is its samples/s over the `copy` bound's windows/s (one core copying the window bytes),
+   `copy_cpu_ratio` the same in CPU time per window; the window goal is `webdataset` without workers at
+   COPY_GOAL or more.
+4. `--baseline DIR` (another checkout of this project, e.g. /work/main): every loader is measured twice, side by
+   side, on the same data: with this checkout's code and with DIR's (`NAME@LABEL` rows, LABEL the folder's name),
+   each in a child process of its own whose `dpot_train` is that checkout's (`code` in the JSON says which was
+   imported), alternating; `--repeat N` does the whole round N times. `ratios.vs_baseline` divides ours by theirs.
 The last line of output is one JSON object with every figure. The temp folder is removed unless --keep.
 """
 
@@ -56,6 +65,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_name  # noqa: E402
+from common import machine as host_machine  # noqa: E402
 from reference_loader import ReferenceWindows, write_reference_files  # noqa: E402
 
 MB = 1e6
@@ -63,6 +73,8 @@ LOADERS = ("webdataset", "zarr", "reference", "webdataset-process", "zarr-proces
 DEFAULT_LOADERS = ("webdataset", "zarr", "reference", "webdataset-process")
 T_IN, T_OUT, RES, CHANNELS = 10, 1, 128, 4
 RATE_GOAL = 1700  # samples/s a compiled Ti training step consumes on one H100 (batch 8, 128^2, 10 + 1 frames)
+COPY_GOAL = 0.6  # webdataset without workers: windows/s against one core copying the window bytes
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -98,6 +110,9 @@ class Measurement:
     read_mb_per_s: float
     cpu_ms_per_sample: float
     peak_rss_mib: float
+    code: str = ""  # the checkout whose dpot_train was measured ("" for this process's own)
+    copy_windows_per_s: float = 0.0  # one core copying windows, measured in the same process just before
+    copy_cpu_ms_per_window: float = 0.0
 
 
 def folder_bytes(path: Path) -> int:
@@ -242,9 +257,30 @@ class TreeWatch(threading.Thread):
         self.join()
 
 
+def copy_rate(batch: int, seconds: float = 1.0) -> dict[str, float]:
+    """One core copying windows (11 x 4 x 128 x 128 float32, 2.9 MB) with np.copyto from 8 source windows into a
+    ring of 4 batches of windows (touched once, larger than the CPU caches): windows per second of wall time, CPU
+    milliseconds per window, GB per CPU second. Memory bandwidth, shared with whatever else runs."""
+    import numpy as np
+
+    n = (T_IN + T_OUT) * CHANNELS * RES * RES
+    ring = np.zeros((4 * batch, n), np.float32)
+    src = np.ones((8, n), np.float32)
+    np.copyto(ring[0], src[0])
+    i, start, cpu0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        i += 1
+        np.copyto(ring[i % len(ring)], src[i % len(src)])
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    return {"windows_per_s": round(i / wall, 1), "cpu_ms_per_window": round(cpu / i * 1e3, 3),
+            "gb_per_cpu_s": round(i * n * 4 / 1e9 / cpu, 2)}
+
+
 def measure(name: str, make: Callable[[], Any], workers: int, batch: int, seconds: float, warmup: int,
-            min_batches: int = 3) -> Measurement:
-    """Warm up (worker start-up and `warmup` batches per worker), then pull batches for `seconds` of wall time."""
+            min_batches: int = 3, copy_first: bool = True) -> Measurement:
+    """Warm up (worker start-up and `warmup` batches per worker), then pull batches for `seconds` of wall time.
+    `copy_first`: measure `copy_rate` in this process just before (a second), for the row's copy ratios."""
+    copy = copy_rate(batch, min(1.0, seconds)) if copy_first else {"windows_per_s": 0.0, "cpu_ms_per_window": 0.0}
     loader = make()
     it: Iterator[Any] = iter(loader)
     for _ in range(warmup * max(1, workers)):
@@ -259,6 +295,7 @@ def measure(name: str, make: Callable[[], Any], workers: int, batch: int, second
         x, y = batch_x(b), batch_y(b)
         n += x.shape[0]
         nbytes += x.nbytes + y.nbytes
+        b = x = y = None  # dropped before the next batch, as the trainer does (a process loader reuses its slot)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and n >= min_batches * batch:
             break
@@ -269,7 +306,73 @@ def measure(name: str, make: Callable[[], Any], workers: int, batch: int, second
     cpu = sum(v - cpu0.get(pid, 0.0) for pid, v in cpu1.items())
     return Measurement(name, workers, worker_kind(name, workers), n, round(elapsed, 3), round(n / elapsed, 2),
                        round(nbytes / MB / elapsed, 1),
-                       round(read / MB / elapsed, 1), round(cpu / n * 1e3, 2), round(watch.peak / 2**20, 1))
+                       round(read / MB / elapsed, 1), round(cpu / n * 1e3, 3), round(watch.peak / 2**20, 1),
+                       copy_windows_per_s=copy["windows_per_s"], copy_cpu_ms_per_window=copy["cpu_ms_per_window"])
+
+
+_CHILD = """
+import dataclasses, json, sys
+from pathlib import Path
+sys.path.insert(1, sys.argv[1])  # benchmarks/ of the measuring checkout, after the measured code's root (cwd)
+import torch
+import loader as L
+import dpot_train
+a = json.loads(sys.argv[2])
+torch.set_num_threads(a["threads"])
+data = L.BenchData(Path(a["root"]), Path(a["manifest"]), Path(a["reference"]), a["trajectories"], a["frames"],
+                   a["native"], 0.0)
+r = L.measure(a["name"], lambda: L.build_loader(a["name"], data, a["workers"], a["batch"]), a["workers"], a["batch"],
+              a["seconds"], a["warmup"])
+r.code = str(Path(dpot_train.__file__).resolve().parents[1])
+print(json.dumps(dataclasses.asdict(r)))
+"""
+
+
+def measure_in_child(code: Path, label: str, name: str, data: BenchData, workers: int, batch: int, seconds: float,
+                     warmup: int, threads: int) -> Measurement:
+    """`measure` of loader `name` in a fresh Python process whose `dpot_train` is the checkout `code` (its root is
+    the child's working folder, first on its path); the row is named NAME@LABEL."""
+    import subprocess
+
+    args = {"root": str(data.root), "manifest": str(data.manifest), "reference": str(data.reference),
+            "trajectories": data.trajectories, "frames": data.frames, "native": data.native, "name": name,
+            "workers": workers, "batch": batch, "seconds": seconds, "warmup": warmup, "threads": threads}
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": str(threads)}
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(Path(__file__).resolve().parent), json.dumps(args)],
+                       cwd=code, env=env, capture_output=True, text=True, timeout=max(600, 20 * seconds))
+    if r.returncode != 0:
+        raise RuntimeError(f"measuring {name}@{label} in {code} failed:\n{r.stderr[-3000:]}")
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    row["loader"] = f"{name}@{label}"
+    return Measurement(**row)
+
+
+def copy_ratios(r: Measurement, bounds: dict[str, dict[str, float]]) -> dict[str, float]:
+    """A row's samples/s over one core's window copies per second (wall), and the same in CPU time: against the
+    copy rate measured in the row's own process just before it (else the run's `bounds`)."""
+    rate = r.copy_windows_per_s or bounds["copy"]["windows_per_s"]
+    cpu = r.copy_cpu_ms_per_window or bounds["copy"]["cpu_ms_per_window"]
+    return {"copy_ratio": round(r.samples_per_s / rate, 3),
+            "copy_cpu_ratio": round(cpu / r.cpu_ms_per_sample, 3) if r.cpu_ms_per_sample else 0.0}
+
+
+def baseline_ratios(results: list[Measurement], label: str) -> dict[str, dict[str, float]]:
+    """Per loader and worker count: our samples/s over the baseline's (mean over repeats), and its CPU time per
+    sample over ours."""
+    out: dict[str, dict[str, float]] = {}
+    ours = [r for r in results if "@" not in r.loader or not r.loader.endswith(f"@{label}")]
+    for name in dict.fromkeys(r.loader.split("@")[0] for r in ours):
+        for workers in dict.fromkeys(r.workers for r in ours if r.loader.split("@")[0] == name):
+            mine = [r for r in ours if r.loader.split("@")[0] == name and r.workers == workers]
+            base = [r for r in results if r.loader == f"{name}@{label}" and r.workers == workers]
+            if not mine or not base:
+                continue
+            rate = sum(r.samples_per_s for r in mine) / len(mine) / (sum(r.samples_per_s for r in base) / len(base))
+            cpu = (sum(r.cpu_ms_per_sample for r in base) / len(base)) / (sum(r.cpu_ms_per_sample for r in mine)
+                                                                          / len(mine))
+            out.setdefault(f"{name}_vs_{label}", {})[str(workers)] = round(rate, 2)
+            out.setdefault(f"{name}_vs_{label}_cpu", {})[str(workers)] = round(cpu, 2)
+    return out
 
 
 def window_bounds(data: BenchData, batch: int, seconds: float = 1.0) -> dict[str, dict[str, float]]:
@@ -366,6 +469,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--zarr-codec", default=None, help="experiment: Zarr compressor lz4 (blosc-lz4 with "
                         "byte shuffle, the product's) or zstd3")
     parser.add_argument("--profile", action="store_true", help="also cProfile each loader without workers")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout of this project: measure "
+                        "its code side by side with this one's, each in child processes")
+    parser.add_argument("--repeat", type=int, default=1, help="with --baseline: rounds of the whole comparison")
     parser.add_argument("--tmp", type=Path, default=None, help="parent of the temp folder")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     args = parser.parse_args(argv)
@@ -376,6 +482,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown loaders {bad}; choose from {LOADERS}")
     if args.frames < T_IN + T_OUT:
         parser.error(f"--frames must be at least {T_IN + T_OUT}")
+    if args.baseline is not None and not (args.baseline / "dpot_train").is_dir():
+        parser.error(f"--baseline {args.baseline}: expected a checkout of this project (a folder holding dpot_train)")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     return args
 
 
@@ -384,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="dpot-loader-bench-", dir=args.tmp))
     load_start = os.getloadavg()
+    host = host_machine(root, ("torch", "numpy"))  # RAM, free disk, OS, package versions
     results: list[Measurement] = []
     profiles: dict[str, str] = {}
     try:
@@ -396,21 +507,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {cpu_name()}, {os.cpu_count()} cores, load average {load_start[0]:.2f}; batch {args.batch}, "
               f"{args.seconds:g} s per measurement", flush=True)
         print(f"{'loader':<18} {'workers':>7} {'kind':>7} {'samples/s':>10} {'window MB/s':>12} {'read MB/s':>10} "
-              f"{'CPU ms/sample':>14} {'peak RSS MiB':>13}", flush=True)
+              f"{'CPU ms/sample':>14} {'peak RSS MiB':>13} {'/copy':>6} {'/copy CPU':>6}", flush=True)
         bounds = window_bounds(data, args.batch)
         print("# one core, per window: " + "; ".join(
             f"{k} {v['windows_per_s']:.0f}/s wall, {v['cpu_ms_per_window']:.3f} ms CPU ({v['gb_per_cpu_s']:.1f} GB "
             "per CPU s)" for k, v in bounds.items()), flush=True)
-        for workers in args.worker_counts:
-            for name in args.loader_names:
-                if workers == 0 and name.endswith("-process"):
-                    continue  # without workers it is the same loader as its thread-kind name
-                r = measure(name, lambda: build_loader(name, data, workers, args.batch), workers,
-                            args.batch, args.seconds, args.warmup)
-                results.append(r)
-                print(f"{r.loader:<18} {r.workers:>7} {r.kind:>7} {r.samples_per_s:>10.1f} "
-                      f"{r.window_mb_per_s:>12.0f} "
-                      f"{r.read_mb_per_s:>10.0f} {r.cpu_ms_per_sample:>14.1f} {r.peak_rss_mib:>13.0f}", flush=True)
+        label = args.baseline.resolve().name if args.baseline is not None else ""
+        for _ in range(args.repeat):
+            for workers in args.worker_counts:
+                for name in args.loader_names:
+                    if workers == 0 and name.endswith("-process"):
+                        continue  # without workers it is the same loader as its thread-kind name
+                    if args.baseline is None:
+                        rows = [measure(name, lambda: build_loader(name, data, workers, args.batch), workers,
+                                        args.batch, args.seconds, args.warmup)]
+                    else:  # side by side: this checkout's code, then the baseline's, each in a child of its own
+                        rows = [measure_in_child(code, tag, name, data, workers, args.batch, args.seconds,
+                                                 args.warmup, args.threads)
+                                for code, tag in ((ROOT, "this"), (args.baseline.resolve(), label))]
+                        rows[0].loader = name
+                    for r in rows:
+                        results.append(r)
+                        cr = copy_ratios(r, bounds)
+                        print(f"{r.loader:<18} {r.workers:>7} {r.kind:>7} {r.samples_per_s:>10.1f} "
+                              f"{r.window_mb_per_s:>12.0f} {r.read_mb_per_s:>10.0f} {r.cpu_ms_per_sample:>14.2f} "
+                              f"{r.peak_rss_mib:>13.0f} {cr['copy_ratio']:>6.2f} {cr['copy_cpu_ratio']:>6.2f}",
+                              flush=True)
+        bounds_end = window_bounds(data, args.batch)
+        print("# one core at the end, per window: " + "; ".join(
+            f"{k} {v['windows_per_s']:.0f}/s wall, {v['cpu_ms_per_window']:.3f} ms CPU" for k, v in
+            bounds_end.items()), flush=True)
         if args.profile:
             for name in [n for n in args.loader_names if not n.endswith("-process")]:
                 profiles[name] = profile_single(name, data, args.batch, batches=8)
@@ -420,28 +546,39 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
         else:
             print(f"# kept {root}", flush=True)
-    rat = ratios(results, args.loader_names)
-    for key, per in rat.items():
+    rat = ratios([r for r in results if "@" not in r.loader], args.loader_names)
+    if args.baseline is not None:
+        rat["vs_baseline"] = baseline_ratios(results, args.baseline.resolve().name)
+    for key, per in {**rat, **rat.get("vs_baseline", {})}.items():
+        if key == "vs_baseline":
+            continue
         print(f"# {key}: " + ", ".join(f"{w} workers {v:.2f}x" for w, v in per.items()), flush=True)
     wds = rat.get("webdataset_vs_reference", {})
     summary = {
         "benchmark": "loader",
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {**machine(), "load_avg_start": [round(v, 2) for v in load_start]},
-        "settings": {"trajectories": args.trajectories, "frames": args.frames, "native": args.native, "res": RES,
+        "machine": {**host, **machine(), "load_avg_start": [round(v, 2) for v in load_start]},
+        "settings": {"baseline": str(args.baseline.resolve()) if args.baseline else None, "repeat": args.repeat,
+                     "trajectories": args.trajectories, "frames": args.frames, "native": args.native, "res": RES,
                      "channels": CHANNELS, "t_in": T_IN, "t_out": T_OUT, "batch": args.batch,
                      "workers": args.worker_counts, "seconds": args.seconds, "warmup": args.warmup,
                      "threads": args.threads, "shard_mb": args.shard_mb,
                      "zarr_codec": args.zarr_codec or "lz4 (product default)"},
         "data": {"prep_s": round(data.prep_s, 2), "bytes": sizes},
         "bounds": bounds,
-        "results": [asdict(r) for r in results],
+        "bounds_end": bounds_end,
+        "results": [{**asdict(r), **copy_ratios(r, bounds)} for r in results],
         "ratios": rat,
         "target": {"webdataset_vs_reference_min": 3.0,
                    "met": bool(wds) and all(v >= 3.0 for v in wds.values())},
         "rate": {"webdataset_samples_per_s_min": RATE_GOAL,  # what a compiled Ti step takes in on one H100
                  "met": {str(r.workers): r.samples_per_s >= RATE_GOAL for r in results if r.loader == "webdataset"}},
+        "window": {"copy_ratio_min": COPY_GOAL,  # webdataset without workers against one core's copy rate
+                   "copy_ratio": [copy_ratios(r, bounds)["copy_ratio"] for r in results
+                                  if r.loader == "webdataset" and r.workers == 0],
+                   "met": [copy_ratios(r, bounds)["copy_ratio"] >= COPY_GOAL for r in results
+                           if r.loader == "webdataset" and r.workers == 0]},
     }
     print(json.dumps(summary), flush=True)
     return 0

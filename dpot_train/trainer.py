@@ -328,6 +328,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
                 _save(cfg, info, model, opt, sched, step, position, spec, run / "checkpoints")
             if validate is not None:
                 validate(step)
+            batch = None  # dropped before the next is asked for: process workers then reuse its slot as it is
     finally:
         log.close()
     log.print_loss_curve()

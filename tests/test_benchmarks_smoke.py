@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import loader as bench_loader  # noqa: E402
+import loop_bound as bench_loop  # noqa: E402
 import paper_table as bench_paper  # noqa: E402
 import train_step as bench_step  # noqa: E402
 from reference_loader import ReferenceWindows, pad_data  # noqa: E402
@@ -118,6 +119,23 @@ def test_loader_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[
     assert out["target"]["met"] == (ratio >= 3.0)
 
 
+def test_loader_benchmark_measures_another_checkout_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    """--baseline DIR: each loader measured with this checkout's code and with DIR's, each in a child process that
+    imports that checkout's dpot_train (here DIR is this checkout itself, so both rows name it)."""
+    root = Path(__file__).resolve().parents[1]
+    assert bench_loader.main([*SMALL, "--workers", "0", "--batch", "2", "--seconds", "0.2", "--warmup", "1",
+                              "--loaders", "webdataset", "--baseline", str(root)]) == 0
+    out = _last_json(capsys.readouterr().out)
+    rows = {r["loader"]: r for r in out["results"]}
+    assert set(rows) == {"webdataset", f"webdataset@{root.name}"}
+    assert {r["code"] for r in rows.values()} == {str(root)}
+    for r in rows.values():
+        assert r["copy_windows_per_s"] > 0 and r["copy_ratio"] == pytest.approx(
+            r["samples_per_s"] / r["copy_windows_per_s"], abs=1e-3)
+    assert set(out["ratios"]["vs_baseline"]) == {f"webdataset_vs_{root.name}", f"webdataset_vs_{root.name}_cpu"}
+    assert out["window"]["copy_ratio"] == [rows["webdataset"]["copy_ratio"]]
+
+
 def test_train_step_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixture[str]) -> None:
     args = [*SMALL, "--device", "cpu", "--workers", "0,1", "--batch", "2", "--steps", "1", "--warmup", "1"]
     assert bench_step.main(args) == 0
@@ -130,6 +148,24 @@ def test_train_step_benchmark_ends_with_its_json_line(capsys: pytest.CaptureFixt
     assert [x["workers"] for x in out["loader"]] == [0, 1]
     assert all(x["samples_per_s"] > 0 and x["pinned"] is False for x in out["loader"])
     assert "loader_vs_fastest_step" in out["targets"]
+
+
+def test_loop_bound_smoke_reports_loop_against_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/loop_bound.py --smoke: the trainer's loop over the real loader with the emulated step (2 ms holding
+    the GIL, 1 ms without, batch 2), for the loop alone, no workers, a thread and a process worker."""
+    assert bench_loop.main(["--smoke"]) == 0
+    out = _last_json(capsys.readouterr().out)
+    assert out["benchmark"] == "loop_bound" and out["settings"]["smoke"] is True
+    assert out["bound_samples_per_s"] == pytest.approx(2 / 0.003, abs=0.1)
+    assert [(r["kind"], r["workers"]) for r in out["results"]] == [("ready", 0), ("none", 0), ("thread", 1),
+                                                                  ("process", 1)]
+    for r in out["results"]:
+        assert 0 < r["loop_samples_per_s"] and r["ratio"] == pytest.approx(r["loop_samples_per_s"] / 666.7, abs=2e-3)
+        assert r["ratio"] <= 1.0  # a loop cannot beat its step
+        assert r["slot_copies"] == 0  # the loop drops each batch before it asks for the next
+        assert r["between_steps_ms"] >= 0
+        assert (r["loader_samples_per_s"] is None) == (r["kind"] == "ready")
+    assert out["machine"]["cores"] >= 1 and len(out["machine"]["load_average_start"]) == 3
 
 
 @pytest.mark.slow

@@ -94,6 +94,44 @@ def test_window_layout_and_split() -> None:
         window_start(rng, 10, 11)
 
 
+def test_window_starts_in_plain_integers_are_numpys_draws() -> None:
+    """seeded.window_start_at gives window_start(np.random.default_rng([seed, position, 0xD907]), ...) for seeds and
+    positions of one to three 32-bit words, window ranges from 1 to 2**32 (Lemire's rejection included)."""
+    from dpot_train.data import seeded
+
+    assert seeded._drawer() is seeded.python_integer  # this numpy draws as the plain-integer code does
+    rng = np.random.default_rng(11)
+    cases = [(0, 0, 21, 11), (0, 1, 11, 11), (5, 2**32 - 1, 2**32 + 9, 10), (2**32, 7, 500, 3), (3, 2**70, 40, 1)]
+    for _ in range(3000):
+        bits = int(rng.integers(1, 70))
+        frames = int(rng.integers(1, 5000))
+        cases.append((int(rng.integers(0, 2**min(bits, 62))), int(rng.integers(0, 2**int(rng.integers(1, 62)))),
+                      frames, int(rng.integers(1, frames + 1))))
+    for seed, position, frames, length in cases:
+        want = window_start(np.random.default_rng([seed, position, 0xD907]), frames, length)
+        assert seeded.window_start_at(seed, position, frames, length) == want, (seed, position, frames, length)
+    for high in (2**31 + 1, 3 * 2**30 + 7, 2**32 - 5, 2**32):  # ranges where Lemire's method rejects often
+        for position in range(300):
+            entropy = [9, position, 0xD907]
+            assert seeded.python_integer(entropy, high) == seeded.numpy_integer(entropy, high), (high, position)
+    with pytest.raises(ValueError, match="does not fit"):
+        seeded.window_start_at(0, 0, 10, 11)
+
+
+def test_window_starts_fall_back_to_numpy_when_its_draws_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpot_train.data import seeded
+
+    seeded._drawer.cache_clear()
+    monkeypatch.setattr(seeded, "python_integer", lambda entropy, high: 0)  # as if numpy's integers had changed
+    try:
+        assert seeded._drawer() is seeded.numpy_integer
+        got = [seeded.window_start_at(4, p, 30, 11) for p in range(50)]
+        assert got == [window_start(np.random.default_rng([4, p, 0xD907]), 30, 11) for p in range(50)]
+        assert set(got) != {0}
+    finally:
+        seeded._drawer.cache_clear()
+
+
 def test_noise_scale_follows_the_per_channel_norm_and_depends_only_on_the_position() -> None:
     rng = np.random.default_rng(0)
     x = torch.zeros(2, 32, 32, 10, 3)

@@ -114,6 +114,10 @@ def test_two_datasets_with_mixture_weights_follow_the_epoch_rule(fno_train_shard
     copy_counts = [counts.get(f"ns-copy:{r.index}", 0) for r in spec.refs[1]]
     assert sum(copy_counts) == 15 and set(copy_counts) <= {1, 2}  # 15 visits of 8: each once or twice
     assert max(counts[k] for k in counts if k.startswith("fno-ns-v1e-3:")) == 1  # 5 of 12: none twice
+    for kind in ("thread", "process"):  # loader workers give the mixture's batches, bit for bit
+        for a, b in zip(_batches(spec, reader, 0, 1, 0, 5), _batches(spec, reader, 0, 1, 2, 5, kind=kind)):
+            assert a[0]["id"] == b[0]["id"] and torch.equal(a[0]["dataset"], b[0]["dataset"])
+            assert torch.equal(a[0]["x"], b[0]["x"]) and torch.equal(a[0]["mask"], b[0]["mask"])
 
 
 def test_zarr_backend_streams_the_same_windows(fno_train_shards: Path) -> None:

@@ -1,5 +1,5 @@
-"""Thread loader workers: the same batches, in the same order, as no workers and as DataLoader worker processes;
-worker failures reach the consumer; an abandoned loader stops its threads."""
+"""Thread and process loader workers: the same batches, in the same order, as no workers; worker failures reach the
+consumer; an abandoned loader stops its threads or processes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from dpot_train.config import DataConfig, TrainConfig, apply_overrides
 from dpot_train.data.datasets import DataError
 from dpot_train.data.prefetch import ThreadLoader, WorkerError
+from dpot_train.data.process_ring import ProcessLoader
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import WindowStream
@@ -23,10 +24,15 @@ BATCH = 4
 
 
 def _take(loader, n: int) -> list[dict]:
+    """n batches, each copied out of the loader's memory (a process loader recycles a batch's slot at the next)."""
     it = iter(loader)
-    out = [next(it) for _ in range(n)]
+    out = [_owned(next(it)) for _ in range(n)]
     del it
     return out
+
+
+def _owned(batch: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def _same(a: list[dict], b: list[dict]) -> None:
@@ -50,32 +56,47 @@ def _wait_no_loader_threads(timeout: float = 5.0) -> list[threading.Thread]:
     return _loader_threads()
 
 
+def _loader_processes() -> list:
+    import multiprocessing
+
+    return [p for p in multiprocessing.active_children() if p.name.startswith("dpot-loader-")]
+
+
+def _wait_no_loader_processes(timeout: float = 60.0) -> list:
+    end = time.monotonic() + timeout
+    while _loader_processes() and time.monotonic() < end:
+        time.sleep(0.05)
+    return _loader_processes()
+
+
 @pytest.fixture(scope="module")
 def stream_data(fno_train_shards: Path):
     return prepare_stream(DataConfig(manifests=[str(fno_train_shards)], verify_checksums=False), seed=5, verify=False)
 
 
+@pytest.mark.parametrize("kind", ["thread", "process"])
 @pytest.mark.parametrize("backend", ["webdataset", "zarr"])
 @pytest.mark.parametrize("start", [0, 7 * BATCH + 2])
-def test_thread_workers_give_the_zero_worker_batches_bitwise(fno_train_shards: Path, backend: str,
-                                                             start: int) -> None:
+def test_workers_give_the_zero_worker_batches_bitwise(fno_train_shards: Path, backend: str, start: int,
+                                                      kind: str) -> None:
     spec, reader = prepare_stream(DataConfig(manifests=[str(fno_train_shards)], backend=backend,
                                              verify_checksums=False), seed=5, verify=False)
     steps = 7  # crosses an epoch boundary (12 visits per epoch, 4 per step) and is not a multiple of K
     direct = _take(make_loader(WindowStream(spec, reader, start, BATCH), 0), steps)
     assert [int(b["position"][0]) for b in direct] == [start + s * BATCH for s in range(steps)]
     for k in (1, 2, 3):
-        loader = make_loader(WindowStream(spec, reader, start, BATCH), k)
-        assert isinstance(loader, ThreadLoader) and loader.num_workers == k
+        loader = make_loader(WindowStream(spec, reader, start, BATCH), k, kind=kind)
+        assert isinstance(loader, ThreadLoader if kind == "thread" else ProcessLoader) and loader.num_workers == k
         _same(direct, _take(loader, steps))
-    assert _wait_no_loader_threads() == []
+    assert _wait_no_loader_threads() == [] and _wait_no_loader_processes() == []
 
 
-def test_thread_workers_split_over_ranks_match_one_rank(stream_data) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_workers_split_over_ranks_match_one_rank(stream_data, kind: str) -> None:
     spec, reader = stream_data
-    one = _take(make_loader(WindowStream(spec, reader, 0, BATCH), 2), 5)
-    r0 = _take(make_loader(WindowStream(spec, reader, 0, BATCH, world=2, rank=0), 3), 5)
-    r1 = _take(make_loader(WindowStream(spec, reader, 0, BATCH, world=2, rank=1), 2), 5)
+    one = _take(make_loader(WindowStream(spec, reader, 0, BATCH), 2, kind=kind), 5)
+    r0 = _take(make_loader(WindowStream(spec, reader, 0, BATCH, world=2, rank=0), 3, kind=kind), 5)
+    r1 = _take(make_loader(WindowStream(spec, reader, 0, BATCH, world=2, rank=1), 2, kind=kind), 5)
     for a, b, c in zip(one, r0, r1):
         assert a["id"] == b["id"] + c["id"]
         assert torch.equal(a["x"], torch.cat([b["x"], c["x"]]))
@@ -85,13 +106,24 @@ def test_thread_and_process_workers_give_the_same_batches(stream_data) -> None:
     spec, reader = stream_data
     threads = _take(make_loader(WindowStream(spec, reader, 3, BATCH), 2, kind="thread"), 4)
     procs = make_loader(WindowStream(spec, reader, 3, BATCH), 2, kind="process")
-    assert isinstance(procs, torch.utils.data.DataLoader) and procs.num_workers == 2
+    assert isinstance(procs, ProcessLoader) and procs.num_workers == 2
     _same(threads, _take(procs, 4))
 
 
-def test_each_iter_restarts_at_the_stream_start(stream_data) -> None:
+def test_process_kind_falls_back_to_a_dataloader_without_fork_or_memfd(stream_data, monkeypatch) -> None:
+    from dpot_train.data import process_ring
+
     spec, reader = stream_data
-    loader = make_loader(WindowStream(spec, reader, 8, BATCH), 2)
+    monkeypatch.setattr(process_ring, "supported", lambda: False)
+    loader = make_loader(WindowStream(spec, reader, 3, BATCH), 2, kind="process")
+    assert isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers == 2
+    _same(_take(make_loader(WindowStream(spec, reader, 3, BATCH), 0), 3), _take(loader, 3))
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_each_iter_restarts_at_the_stream_start(stream_data, kind: str) -> None:
+    spec, reader = stream_data
+    loader = make_loader(WindowStream(spec, reader, 8, BATCH), 2, kind=kind)
     _same(_take(loader, 3), _take(loader, 3))
 
 
@@ -110,41 +142,44 @@ class _FailingReader:
         return self.reader.read(ref, t0, length)
 
 
-def test_a_reader_error_reaches_the_consumer_with_its_traceback(stream_data) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_reader_error_reaches_the_consumer_with_its_traceback(stream_data, kind: str) -> None:
     spec, reader = stream_data
     direct = _take(make_loader(WindowStream(spec, reader, 0, BATCH), 0), 3)
-    bad = direct[2]["id"][1]  # first needed by step 2, i.e. thread 0 of 2 on its second batch
+    bad = direct[2]["id"][1]  # first needed by step 2, i.e. worker 0 of 2 on its second batch
     failing = _FailingReader(reader, bad)
     if bad in direct[0]["id"] + direct[1]["id"]:
         pytest.skip("the chosen trajectory is visited earlier in this stream")
-    it = iter(make_loader(WindowStream(spec, failing, 0, BATCH), 2))
-    _same(direct[:2], [next(it), next(it)])
+    it = iter(make_loader(WindowStream(spec, failing, 0, BATCH), 2, kind=kind))
+    _same(direct[:2], [_owned(next(it)), _owned(next(it))])
     with pytest.raises(WorkerError) as info:
         next(it)
     msg = str(info.value)
-    assert "loader thread 0 failed building step 2" in msg
+    assert f"loader {kind} 0 failed building step 2" in msg
     assert f"DataError: shard damaged under {bad}" in msg and "in read" in msg  # the worker's traceback
-    assert isinstance(info.value.__cause__, DataError)
+    assert isinstance(info.value.__cause__, DataError) and str(info.value.__cause__) == f"shard damaged under {bad}"
     with pytest.raises(WorkerError):  # stays failed
         next(it)
-    assert _wait_no_loader_threads() == []
+    assert _wait_no_loader_threads() == [] and _wait_no_loader_processes() == []
 
 
-def test_an_abandoned_loader_stops_its_threads(stream_data) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_an_abandoned_loader_stops_its_workers(stream_data, kind: str) -> None:
     spec, reader = stream_data
-    it = iter(make_loader(WindowStream(spec, reader, 0, BATCH), 3))
+    running = _loader_threads if kind == "thread" else _loader_processes
+    it = iter(make_loader(WindowStream(spec, reader, 0, BATCH), 3, kind=kind))
     for _ in range(3):
         next(it)
-    assert len(_loader_threads()) == 3
+    assert len(running()) == 3
     del it
     gc.collect()
-    assert _wait_no_loader_threads() == []
-    it = iter(make_loader(WindowStream(spec, reader, 0, BATCH), 2))
+    assert _wait_no_loader_threads() == [] and _wait_no_loader_processes() == []
+    it = iter(make_loader(WindowStream(spec, reader, 0, BATCH), 2, kind=kind))
     next(it)
     it.close()
     with pytest.raises(StopIteration):
         next(it)
-    assert _wait_no_loader_threads() == []
+    assert _wait_no_loader_threads() == [] and _wait_no_loader_processes() == []
 
 
 def test_concurrent_reads_of_one_reader_never_mix_offsets(stream_data) -> None:
@@ -208,7 +243,8 @@ def test_launch_worker_kind_option_reaches_the_run_config(fno_train_shards: Path
     assert r.returncode == 2 and "data.worker_kind must be 'thread' or 'process', got 'fork'" in r.stderr
 
 
-def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path, kind: str) -> None:
     import subprocess
     import sys
 
@@ -217,28 +253,30 @@ def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path) -
             "from dpot_train.data.loader import make_loader\n"
             "from dpot_train.data.stream import WindowStream\n"
             f"spec, reader = prepare_stream(DataConfig(manifests=[{str(fno_train_shards)!r}]), seed=0, verify=False)\n"
-            "it = iter(make_loader(WindowStream(spec, reader, 0, 4), 3))\n"
-            "print(next(it)['id'])\n")  # exits holding the iterator, its threads blocked on full queues
+            f"it = iter(make_loader(WindowStream(spec, reader, 0, 4), 3, kind={kind!r}))\n"
+            "print(next(it)['id'])\n")  # exits holding the iterator, its workers blocked on full queues or rings
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("['fno-ns-v1e-3:")
 
 
 @pytest.mark.slow
-def test_training_with_thread_workers_is_bitwise_the_run_without_workers(
-        fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_training_with_loader_workers_is_bitwise_the_run_without_workers(
+        fno_train_shards: Path, tmp_path_factory: pytest.TempPathFactory, kind: str) -> None:
     import json
 
     from tests import train_runs
 
     reference = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))  # 0 workers
-    out = tmp_path_factory.mktemp("threads") / "run"
-    r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--audit", "--num-workers", "2", "--no-eval"))
+    out = tmp_path_factory.mktemp(kind) / "run"
+    r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--audit", "--num-workers", "2",
+                                              "--worker-kind", kind, "--no-eval"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     final = f"step-{train_runs.STEPS:08d}.pt"
     a = torch.load(reference / "checkpoints" / final, weights_only=True)
     b = torch.load(out / "checkpoints" / final, weights_only=True)
-    assert b["train_config"]["data"]["num_workers"] == 2 and b["train_config"]["data"]["worker_kind"] == "thread"
+    assert b["train_config"]["data"]["num_workers"] == 2 and b["train_config"]["data"]["worker_kind"] == kind
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
     assert a["loader"] == b["loader"]

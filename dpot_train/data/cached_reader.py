@@ -23,8 +23,8 @@ from dpot_format.shard_index import shard_samples
 from dpot_format.tar import SampleIndex
 from dpot_train.data.cache import DEFAULT_LIMIT, CacheSettings, ShardCache, check_limit, parse_size
 from dpot_train.data.datasets import DataError, DatasetInfo, Shard, recorded_index
-from dpot_train.data.readers import (ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, Window, make_reader,
-                                     read_window)
+from dpot_train.data.readers import (MaskSlot, ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, Window,
+                                     make_reader, mask_to, read_window)
 
 CACHE_ENV = "DPOT_CACHE_DIR"  # the cache folder when --cache-dir is not given (shared by every run of the node)
 RUN_CACHE = "shard-cache"
@@ -169,12 +169,15 @@ class CachedWebDatasetReader:
         with self.cache.open(self._shards[ref.url]) as local, open(local, "rb") as f:
             return read_window(f, ref, t0, length)
 
-    def read_into(self, ref: TrajRef, t0: int, length: int, into: Window) -> tuple[np.ndarray, np.ndarray]:
-        """`read`, with the frames read straight into `into(shape)` (a slot of the caller's batch buffer)."""
+    def read_into(self, ref: TrajRef, t0: int, length: int, into: Window, mask_into: MaskSlot | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """`read`, with the frames read straight into `into(shape)` (a slot of the caller's batch buffer) and, with
+        `mask_into`, the mask copied into `mask_into(shape)` (`WebDatasetReader.read_into`)."""
         if ref.url not in self._shards:
-            return self._plain.read_into(ref, t0, length, into)
+            return self._plain.read_into(ref, t0, length, into, mask_into)
         with self.cache.open(self._shards[ref.url]) as local, open(local, "rb") as f:
-            return read_window(f, ref, t0, length, into)
+            fields, mask = read_window(f, ref, t0, length, into)
+        return fields, mask_to(mask, mask_into)
 
     def prefetch(self, urls: list[str]) -> None:
         """Start downloading (in the background) the first shards of `urls` (stream order) that are not cached."""

@@ -29,6 +29,7 @@ from dpot_train.data.datasets import DataError, DatasetInfo, Shard
 
 ShardIndex = Mapping[str, Sequence[SampleIndex]]  # shard url -> its member index, as dpot_format's validator read it
 Window = Callable[[tuple[int, ...]], np.ndarray]  # (T, C, *S) -> a writable C-contiguous float32 array of that shape
+MaskSlot = Callable[[tuple[int, ...]], np.ndarray]  # stored mask shape -> the array the mask is copied into (cast)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class WebDatasetReader:
     def __init__(self, map_files: bool = True) -> None:
         self._handles = _Handles()
         self.map_files = map_files  # copy windows from a map of each local shard (False: read() them)
+        self._members: dict[tuple[str, int], _Member] = {}  # headers parsed from maps, by (url, fields offset)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"map_files": self.map_files}
@@ -184,6 +186,7 @@ class WebDatasetReader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._handles = _Handles()
         self.map_files = state.get("map_files", True)
+        self._members = {}
 
     def refs(self, ds: DatasetInfo, split: str, index: ShardIndex | None = None) -> list[TrajRef]:
         """Every trajectory of `split` (sorted by index), from `index` where it holds a shard (the recorded index, or
@@ -201,13 +204,34 @@ class WebDatasetReader:
 
     def read(self, ref: TrajRef, t0: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Seek to frame t0 of fields.npy and read `length` frames; read the mask whole."""
-        f = self._handles.get(ref.url)
-        return read_window(f, ref, t0, length, mapped=self._handles.mapped(ref.url) if self.map_files else None)
+        return self.read_into(ref, t0, length, lambda shape: np.empty(shape, np.float32))
 
-    def read_into(self, ref: TrajRef, t0: int, length: int, into: Window) -> tuple[np.ndarray, np.ndarray]:
-        """`read`, with the frames read straight into `into(shape)` (a slot of the caller's batch buffer)."""
-        f = self._handles.get(ref.url)
-        return read_window(f, ref, t0, length, into, self._handles.mapped(ref.url) if self.map_files else None)
+    def read_into(self, ref: TrajRef, t0: int, length: int, into: Window, mask_into: MaskSlot | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """`read`, with the frames read straight into `into(shape)` (a slot of the caller's batch buffer) and, with
+        `mask_into`, the mask copied into `mask_into(shape)` (cast as `np.copyto(..., casting="unsafe")` casts the
+        uint8 mask `read` returns). From a mapped shard the two .npy headers are parsed once per trajectory
+        (`_Member`) and compared with the map's bytes on every read; anything unusual (a cut file, a changed
+        header, frames out of range) goes through `read_window`, which reports it as before."""
+        handles = self._handles
+        f = handles.get(ref.url)
+        mapped = handles.mapped(ref.url) if self.map_files else None
+        if mapped is not None:
+            got = read_mapped(f, mapped, ref, t0, length, self._members, into, mask_into)
+            if got is not None:
+                return got
+        fields, mask = read_window(f, ref, t0, length, into, mapped)
+        return fields, mask_to(mask, mask_into)
+
+
+def mask_to(mask: np.ndarray, mask_into: MaskSlot | None) -> np.ndarray:
+    """A read window's uint8 `mask`, copied into `mask_into(shape)` when given (cast: nonzero is True in a bool
+    slot), else itself."""
+    if mask_into is None:
+        return mask
+    out = mask_into(mask.shape)
+    np.copyto(out, mask, casting="unsafe")
+    return out
 
 
 def shard_refs(ds: DatasetInfo, shard: Shard, samples: Sequence[SampleIndex]) -> list[TrajRef]:
@@ -268,6 +292,95 @@ def read_window(f: Any, ref: TrajRef, t0: int, length: int, into: Window | None 
     except FormatError as e:
         raise DataError(str(e)) from None
     return fields, mask.astype(np.uint8, copy=False)
+
+
+class _Member:
+    """A trajectory's two .npy headers in its shard, parsed once from the shard's map: the fields' shape and where
+    frame 0 starts, the mask's dtype, shape and data, and the raw header bytes they were parsed from."""
+
+    __slots__ = ("shape", "data", "frame_bytes", "fields_header", "mask_header", "mask_dtype", "mask_shape",
+                 "mask_order", "mask_count", "mask_data", "mask_end", "plain_mask")
+
+    def __init__(self, mapped: mmap.mmap, ref: TrajRef, size: int) -> None:
+        """Parse from the first `size` bytes of the map (the file's size now); _Unusual for anything `read_window`
+        would refuse or report (it then does, with its own message)."""
+        try:
+            header = read_npy_header(_MapFile(mapped, ref.fields_offset, size))
+            mask = read_npy_header(_MapFile(mapped, ref.mask_offset, size))
+        except FormatError:
+            raise _Unusual from None
+        shape = header.shape
+        if header.fortran or header.dtype != np.float32 or len(shape) not in (4, 5):
+            raise _Unusual
+        if mask.data_offset + mask.nbytes != ref.mask_size or ref.mask_offset + ref.mask_size > size:
+            raise _Unusual
+        self.shape, self.frame_bytes = shape, int(np.prod(shape[1:])) * 4
+        self.data = ref.fields_offset + header.data_offset
+        self.fields_header = mapped[ref.fields_offset:self.data]
+        self.mask_header = mapped[ref.mask_offset:ref.mask_offset + mask.data_offset]
+        self.mask_dtype, self.mask_shape = mask.dtype, mask.shape
+        self.mask_order = "F" if mask.fortran else "C"
+        self.mask_count = mask.nbytes // mask.dtype.itemsize
+        self.mask_data = ref.mask_offset + mask.data_offset
+        self.mask_end = ref.mask_offset + ref.mask_size
+        # uint8 and bool masks are copied as they are; others go through astype(uint8) first, as `read` does
+        self.plain_mask = mask.dtype in (np.dtype(np.uint8), np.dtype(np.bool_))
+
+    def unchanged(self, mapped: mmap.mmap, ref: TrajRef) -> bool:
+        """Whether the map still holds the header bytes this was parsed from (call within the file's size)."""
+        fields, mask = ref.fields_offset, ref.mask_offset
+        return (mapped[fields:fields + len(self.fields_header)] == self.fields_header
+                and mapped[mask:mask + len(self.mask_header)] == self.mask_header)
+
+
+class _Unusual(Exception):
+    """A member the mapped fast path leaves to `read_window` (which reports what is wrong with it)."""
+
+
+class _MapFile:
+    """The file-like `read(n)` that `read_npy_header` needs, over the first `size` bytes of a map, from `pos`."""
+
+    def __init__(self, mapped: mmap.mmap, pos: int, size: int) -> None:
+        self.mapped, self.pos, self.size = mapped, pos, size
+
+    def read(self, n: int) -> bytes:
+        data = self.mapped[self.pos:max(self.pos, min(self.pos + n, self.size))]
+        self.pos += len(data)
+        return data
+
+
+def read_mapped(f: Any, mapped: mmap.mmap, ref: TrajRef, t0: int, length: int,
+                members: dict[tuple[str, int], _Member], into: Window | None = None,
+                mask_into: MaskSlot | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """`read_window` from the map of the open shard `f` with its headers parsed once (`members`, the reader's
+    cache): the same arrays, without a read() call, a header parse or a mask array per window. None when the
+    read is unusual (a header `read_window` refuses or that changed since it was parsed, a file shorter than the
+    window or the mask, frames out of range): `read_window` then reads and reports it. Nothing past the file's
+    size now is touched (a map of a file cut since faults with SIGBUS there)."""
+    size = min(len(mapped), os.fstat(f.fileno()).st_size)
+    key = (ref.url, ref.fields_offset)
+    member = members.get(key)
+    if member is None:
+        try:
+            member = members[key] = _Member(mapped, ref, size)
+        except _Unusual:
+            return None
+    start = member.data + t0 * member.frame_bytes
+    nbytes = length * member.frame_bytes
+    if (t0 < 0 or t0 + length > member.shape[0] or start + nbytes > size or member.mask_end > size
+            or not member.unchanged(mapped, ref)):
+        members.pop(key, None)
+        return None
+    shape = (length, *member.shape[1:])
+    fields = np.empty(shape, dtype=np.float32) if into is None else into(shape)
+    np.copyto(fields.reshape(-1).view(np.uint8), np.frombuffer(mapped, np.uint8, nbytes, start))
+    stored = np.frombuffer(mapped, member.mask_dtype, member.mask_count, member.mask_data).reshape(
+        member.mask_shape, order=member.mask_order)
+    if mask_into is None:
+        return fields, stored.astype(np.uint8)  # an array of its own, as `read_window`'s
+    mask = mask_into(member.mask_shape)
+    np.copyto(mask, stored if member.plain_mask else stored.astype(np.uint8), casting="unsafe")
+    return fields, mask
 
 
 class ZarrReader:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dpot_train.data.datasets import DataError, DatasetInfo
 from dpot_train.data.readers import TrajectoryReader, TrajRef
+from dpot_train.data.seeded import window_start_at
 from dpot_train.data.windows import (as_model_order, mask_view, model_batch_view, model_view, split_window,
                                      stored_reversed_axes, window_start)
 from dpot_train.normalize import Stats, normalize_array
@@ -92,19 +93,19 @@ class EpochPlans:
     def __init__(self, spec: StreamSpec) -> None:
         self.spec = spec
         self._epoch = -1
-        self._plan: np.ndarray | None = None
+        self._length = spec.epoch_length
+        self._plan: list[tuple[int, TrajRef]] = []  # the epoch's visits as (dataset index, trajectory ref)
 
     def lookup(self, position: int) -> tuple[int, TrajRef, int]:
         """(dataset index, trajectory ref, epoch) for a global stream position."""
-        m = self.spec.epoch_length
-        epoch, offset = divmod(position, m)
+        epoch, offset = divmod(position, self._length)
         if epoch != self._epoch:
             s = self.spec
-            self._plan = epoch_plan([d.name for d in s.datasets], [len(r) for r in s.refs], s.visits, s.seed, epoch)
+            plan = epoch_plan([d.name for d in s.datasets], [len(r) for r in s.refs], s.visits, s.seed, epoch)
+            self._plan = [(k, s.refs[k][j]) for k, j in plan.tolist()]
             self._epoch = epoch
-        assert self._plan is not None
-        k, j = self._plan[offset]
-        return int(k), self.spec.refs[k][j], epoch
+        k, ref = self._plan[offset]
+        return k, ref, epoch
 
 
 def make_sample(spec: StreamSpec, reader: TrajectoryReader, k: int, ref: TrajRef, position: int,
@@ -148,6 +149,9 @@ def collate(samples: list[dict[str, Any]], t_in: int) -> dict[str, Any]:
     }
 
 
+Alloc = Callable[[tuple[int, ...], type], "torch.Tensor | None"]  # (shape, numpy dtype) -> a tensor, or None
+
+
 class BatchBuffers:
     """A batch's window and mask buffers, (B, T, C, *S) float32 and (B, *S) bool (page-locked tensors when `pin`),
     laid out as `collate`'s stacking copy lays them out, and their `as_model_order` views (what `collate` gives).
@@ -155,16 +159,26 @@ class BatchBuffers:
     `axes`: `as_model_order`'s permutation of the samples' stored windows (`windows.stored_reversed_axes`) when
     they all share one, and the buffers then keep the stored order, so that a window is read into its slot as it
     lies in the file; the identity otherwise (np.stack's layout for windows of mixed orders), each window copied.
+    `alloc`: where the buffers are taken from (a slot of a process loader's shared ring,
+    `dpot_train.data.process_ring`), `(shape, dtype) -> tensor` or None where it has no room; default numpy's heap.
     """
 
-    def __init__(self, size: int, axes: tuple[int, ...] | None, pin: bool = False) -> None:
-        self.size, self.pin = size, pin
+    def __init__(self, size: int, axes: tuple[int, ...] | None, pin: bool = False, alloc: Alloc | None = None
+                 ) -> None:
+        self.size, self.pin, self.alloc = size, pin, alloc
         self.axes = axes
         self.frames: torch.Tensor | None = None  # (B, T, C, *S), stored order
         self.model_frames: torch.Tensor | None = None  # its as_model_order view
         self.model_masks: torch.Tensor | None = None  # (B, *S) bool, as_model_order view of the stored-order masks
+        self.frames_np: np.ndarray | None = None  # `frames` and the stored-order masks as numpy arrays (cheap slots)
+        self.masks_np: np.ndarray | None = None
+        self._stored: tuple[tuple[int, ...], str] | None = None  # (stored shape, model layout) of the direct slots
 
     def _new(self, shape: tuple[int, ...], dtype: type) -> torch.Tensor:
+        if self.alloc is not None:
+            got = self.alloc((self.size, *shape), dtype)
+            if got is not None:
+                return got
         if self.pin:
             return torch.empty((self.size, *shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
         # numpy's allocation, as np.stack's: torch's own (aligned) one maps fresh pages for every batch
@@ -179,18 +193,31 @@ class BatchBuffers:
         self.model_frames = self.frames.permute(0, *(1 + a for a in axes))
         masks = self._new(tuple(model_shape[a] for a in inverse[2:]), np.bool_)  # the frames' space axes
         self.model_masks = masks.permute(0, *(a - 1 for a in axes[2:]))
+        self.frames_np, self.masks_np = self.frames.numpy(), masks.numpy()
 
     def stored_window(self, i: int, shape: tuple[int, ...], model_layout: str, where: str) -> np.ndarray | None:
         """Slot i, in stored order, for a stored window of `shape` (T, C, *S) of a dataset with `model_layout`
         (the first sample allocates the buffers); None when the batch is laid out in another order (the window then
         goes through `model_window`). `where`: the sample, for a DataError when its shape is not the batch's."""
+        if self._stored is not None and self._stored == (shape, model_layout):
+            return self.frames_np[i]  # type: ignore[index]  # the shape and order of the batch's slots
         axes = stored_reversed_axes(2, len(shape) - 2, model_layout)
         model_shape = tuple(shape[a] for a in axes)
         if self.model_frames is None:
             self._allocate(model_shape)
-        assert self.model_frames is not None and self.frames is not None
+        assert self.model_frames is not None and self.frames_np is not None
         _same_shape(self.model_frames, model_shape, "window", where)
-        return self.frames[i].numpy() if axes == self.axes else None
+        if axes != self.axes:
+            return None
+        self._stored = (tuple(shape), model_layout)
+        return self.frames_np[i]
+
+    def stored_mask(self, i: int, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Slot i of the masks in stored order, for a stored mask of `shape` after `stored_window` gave slot i of
+        the windows; None when its shape is not the slot's (the caller then reports it through `model_mask`)."""
+        assert self.masks_np is not None
+        slot = self.masks_np[i]
+        return slot if slot.shape == tuple(shape) else None
 
     def model_window(self, i: int, shape: tuple[int, ...], where: str) -> np.ndarray:
         """Slot i in `as_model_order` order, for a window of that (as_model_order) `shape`."""
@@ -212,53 +239,82 @@ def _same_shape(batch: torch.Tensor, shape: tuple[int, ...], what: str, where: s
                         "the datasets of one run need one grid and channel count")
 
 
+class _Slots:
+    """The `into` and `mask_into` of one batch's `read_into` calls: sample i's slots of `buffers` (set `i`,
+    `layout` and `ref` before each read). `direct` and `mask_direct` say whether the window and its mask went
+    straight into their slots."""
+
+    def __init__(self, buffers: BatchBuffers) -> None:
+        self.buffers = buffers
+        self.i, self.layout, self.ref, self.direct, self.mask_direct = 0, "", None, False, False
+
+    def where(self) -> str:
+        return f"{self.ref.url}: {self.ref.id}"  # type: ignore[union-attr]
+
+    def window(self, shape: tuple[int, ...]) -> np.ndarray:
+        buffers = self.buffers
+        if buffers._stored is not None and buffers._stored == (shape, self.layout):  # the batch's shape and order
+            self.direct = True
+            return buffers.frames_np[self.i]  # type: ignore[index]
+        slot = buffers.stored_window(self.i, shape, self.layout, self.where())
+        self.direct = slot is not None
+        return slot if slot is not None else np.empty(shape, np.float32)
+
+    def mask(self, shape: tuple[int, ...]) -> np.ndarray:
+        slot = self.buffers.stored_mask(self.i, shape) if self.direct else None
+        self.mask_direct = slot is not None
+        return slot if slot is not None else np.empty(shape, np.uint8)
+
+
 def read_batch(spec: StreamSpec, reader: TrajectoryReader, picks: list[tuple[int, TrajRef, int]],
-               pin: bool = False) -> dict[str, Any]:
+               pin: bool = False, alloc: Alloc | None = None) -> dict[str, Any]:
     """The batch of the samples at `picks` ((dataset index, trajectory ref, position) each): bit for bit
     `collate([make_sample(...) for each pick])`, built without per-sample arrays or a stacking copy.
 
     With a `read_into` reader each window goes from the shard file straight into its slot of the batch buffer
-    (kept in stored order, as collate's stacking copy keeps it) and is normalised there in place. Otherwise (a
-    reader without `read_into`, or a sample whose axis order differs from the batch's first) it is read as
-    `make_sample` reads it and written into its slot in the same pass as its normalisation. `pin`: page-locked
-    buffers (CUDA only), so that pinning the batch copies nothing.
+    (kept in stored order, as collate's stacking copy keeps it), its mask straight into the mask buffer, and it is
+    normalised there in place. Otherwise (a reader without `read_into`, or a sample whose axis order differs from
+    the batch's first) it is read as `make_sample` reads it and written into its slot in the same pass as its
+    normalisation. `pin`: page-locked buffers (CUDA only), so that pinning the batch copies nothing. `alloc`: where
+    the buffers come from (`BatchBuffers`).
     """
     length = spec.t_in + spec.t_out
-    orders = {stored_reversed_axes(2, len(spec.datasets[k].shape), spec.datasets[k].model_layout) for k, _, _ in picks}
-    buffers = BatchBuffers(len(picks), orders.pop() if len(orders) == 1 else None, pin)
+    datasets = spec.datasets
+    # per dataset of the batch: (frames, model layout, statistics), read once
+    known = {k: (datasets[k].frames, datasets[k].model_layout, spec.norm.get(datasets[k].name))
+             for k in {k for k, _, _ in picks}}
+    orders = {stored_reversed_axes(2, len(datasets[k].shape), layout) for k, (_, layout, _) in known.items()}
+    buffers = BatchBuffers(len(picks), orders.pop() if len(orders) == 1 else None, pin, alloc)
     read_into = getattr(reader, "read_into", None)
+    slots = _Slots(buffers)
     for i, (k, ref, position) in enumerate(picks):
-        ds = spec.datasets[k]
-        t0 = window_start(np.random.default_rng([spec.seed, position, 0xD907]), ds.frames, length)
-        direct, where = False, f"{ref.url}: {ref.id}"
-
-        def into(shape: tuple[int, ...], i: int = i, layout: str = ds.model_layout, where: str = where
-                 ) -> np.ndarray:
-            nonlocal direct
-            slot = buffers.stored_window(i, shape, layout, where)
-            direct = slot is not None
-            return slot if slot is not None else np.empty(shape, np.float32)
-
+        frames, layout, stats = known[k]
+        t0 = window_start_at(spec.seed, position, frames, length)
+        slots.i, slots.layout, slots.ref, slots.direct, slots.mask_direct = i, layout, ref, False, False
         if read_into is not None:
-            fields, mask = read_into(ref, t0, length, into)
+            fields, mask = read_into(ref, t0, length, slots.window, slots.mask)
         else:
             fields, mask = reader.read(ref, t0, length)
-            buffers.stored_window(i, fields.shape, ds.model_layout, where)  # the first sample lays the batch out
-        fields, mask = as_model_order(fields, mask, ds.model_layout)
-        slot = fields if direct else buffers.model_window(i, fields.shape, where)  # direct: the slot's own view
-        stats = spec.norm.get(ds.name)
+            buffers.stored_window(i, fields.shape, layout, slots.where())  # the first lays the batch out
+        if slots.mask_direct:  # the window and its mask in their slots, in stored order
+            if stats is not None:  # elementwise per channel: the stored order gives the model order's bits
+                normalize_array(fields, stats, axis=1, out=fields)
+            continue
+        fields, mask = as_model_order(fields, mask, layout)
+        where = slots.where()
+        slot = fields if slots.direct else buffers.model_window(i, fields.shape, where)  # direct: the slot's view
         if stats is not None:
             normalize_array(fields, stats, axis=1, out=slot)
-        elif not direct:
+        elif not slots.direct:
             np.copyto(slot, fields)
-        np.copyto(buffers.model_mask(i, mask.shape, where), mask, casting="unsafe")  # uint8 -> bool: nonzero, as astype
+        np.copyto(buffers.model_mask(i, mask.shape, where), mask, casting="unsafe")  # uint8 -> bool: nonzero
     assert buffers.model_frames is not None and buffers.model_masks is not None
     frames, mask = model_batch_view(buffers.model_frames, buffers.model_masks)
     return {
         "x": frames[..., :spec.t_in, :],
         "y": frames[..., spec.t_in:, :],
         "mask": mask,
-        "channel_valid": torch.from_numpy(np.array([spec.datasets[k].channel_valid for k, _, _ in picks], bool)),
+        "channel_valid": torch.from_numpy(np.array([datasets[k].channel_valid for k, _, _ in picks], bool)),
         "dataset": torch.tensor([k for k, _, _ in picks], dtype=torch.int64),
         "position": torch.tensor([p for _, _, p in picks], dtype=torch.int64),
         "id": [ref.id for _, ref, _ in picks],
@@ -282,9 +338,10 @@ class WindowStream(IterableDataset):
         wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
         return self.worker_batches(wid, nworkers)
 
-    def worker_batches(self, worker: int, workers: int, pin: bool = False) -> Iterator[dict[str, Any]]:
+    def worker_batches(self, worker: int, workers: int, pin: bool = False, alloc: Alloc | None = None
+                       ) -> Iterator[dict[str, Any]]:
         """The batches of steps worker, worker + workers, ... (worker `worker` of `workers`, process or thread);
-        `pin`: built in page-locked memory (CUDA only)."""
+        `pin`: built in page-locked memory (CUDA only); `alloc`: where their buffers come from (`BatchBuffers`)."""
         plans = EpochPlans(self.spec)  # per worker: the plan cache is not shared between threads
         prefetch = getattr(self.reader, "prefetch", None)  # readers of remote shards fetch ahead of the stream
         ahead = EpochPlans(self.spec)
@@ -292,7 +349,7 @@ class WindowStream(IterableDataset):
         while True:
             if prefetch is not None:
                 prefetch(self.upcoming_urls(step, ahead))
-            yield self.batch(step, plans, pin)
+            yield self.batch(step, plans, pin, alloc)
             step += workers
 
     def upcoming_urls(self, step: int, plans: EpochPlans, steps: int = 2) -> list[str]:
@@ -303,11 +360,12 @@ class WindowStream(IterableDataset):
             urls += [plans.lookup(p)[1].url for p in rank_slice(first, self.global_batch, self.world, self.rank)]
         return list(dict.fromkeys(urls))
 
-    def batch(self, step: int, plans: EpochPlans, pin: bool = False) -> dict[str, Any]:
-        """This rank's collated batch of step `step` (counted from `start`); `pin`: in page-locked memory."""
+    def batch(self, step: int, plans: EpochPlans, pin: bool = False, alloc: Alloc | None = None) -> dict[str, Any]:
+        """This rank's collated batch of step `step` (counted from `start`); `pin`: in page-locked memory;
+        `alloc`: where its buffers come from (`BatchBuffers`; the plain path, direct=False, takes none)."""
         first = self.start + step * self.global_batch
         picks = [(k, ref, p) for p in rank_slice(first, self.global_batch, self.world, self.rank)
                  for k, ref, _ in [plans.lookup(p)]]
         if self.direct:
-            return read_batch(self.spec, self.reader, picks, pin)
+            return read_batch(self.spec, self.reader, picks, pin, alloc)
         return collate([make_sample(self.spec, self.reader, k, ref, p) for k, ref, p in picks], self.spec.t_in)
