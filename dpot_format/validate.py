@@ -591,8 +591,7 @@ def _manifest_link(path: str) -> str | None:
 def validate_output(root: str | os.PathLike[str], *, rehash: bool = True, runner: Runner | None = None,
                     progress: Callable[[Item, list[Problem]], None] | None = None, limits: Limits = LIMITS,
                     datasets: Collection[str] | None = None, splits: Collection[str] | None = None,
-                    parts: Collection[str] = PARTS, scan: bool = True,
-                    manifest: dict[str, Any] | None = None,
+                    parts: Collection[str] = PARTS, scan: bool = True, manifest: dict[str, Any] | None = None,
                     indexes: dict[str, list[SampleIndex]] | None = None,
                     trust_index: bool = False, stat_remote: bool = True,
                     memo: DigestMemo | None = None) -> list[Problem]:

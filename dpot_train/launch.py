@@ -241,7 +241,8 @@ MAX_PROBLEM_LINES = 50  # lines `launch` prints before counting the rest
 
 
 def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progress: bool = True,
-                  workers: int | None = None, record: RecordPolicy | None = None) -> dict[str, list[SampleIndex]]:
+                  workers: int | None = None, record: RecordPolicy | None = None,
+                  said: list[str] | None = None) -> dict[str, list[SampleIndex]]:
     """Run dpot_format's validator on every output the config names (the parts the backend reads, every split);
     DataError with one line per fatal problem (prefixed by its output folder) when any is found. `docs`: the
     manifests already read (manifest url -> document), not read again. Returns the member index of every shard
@@ -290,7 +291,9 @@ def check_outputs(data: DataConfig, docs: dict[str, dict] | None = None, progres
         shown = lines[:MAX_PROBLEM_LINES] + ([f"... and {more} more problem(s)"] if more > 0 else [])
         raise DataError("\n".join(shown))
     note_scanned(scanned)
-    records.note(part)
+    summary = records.summary(part)
+    if summary is not None and said is not None:  # said by the caller once every check has passed (stdout)
+        said.append(summary)
     return index
 
 
@@ -517,8 +520,10 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
         raise DataError(f"{source}: {exc}" if source and isinstance(cfg.data.mixture, dict) else str(exc)) from None
     weights = resolve_weights([d.name for d in datasets], mixture, cfg.data.mixture_partial)
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
+    said: list[str] = []  # what the record of verified shards saved: printed once every check has passed
     index = check_outputs(cfg.data, docs, cfg.progress,  # docs/format.md on every output, sha256 unless disabled
-                          record=RecordPolicy(cfg.data.checksum_record, write, cache_dir(cfg.data.cache_dir, cfg.out)))
+                          record=RecordPolicy(cfg.data.checksum_record, write, cache_dir(cfg.data.cache_dir, cfg.out)),
+                          said=said)
     spec, _ = prepare_stream(cfg.data, cfg.seed, validated=True, datasets=datasets, index=index)  # compatibility
     normalise = describe(cfg.data.normalize, spec.datasets, spec.norm, cfg.data.norm_stats)  # said once all is checked
     cfg = replace(cfg, data=replace(cfg.data, norm_stats=applied(spec.norm)))  # the statistics, in config.yaml
@@ -542,6 +547,8 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
     print(normalise, file=sys.stderr)
+    for line in said:
+        print(line, flush=True)
     cfg_path = run / "config.yaml"
     if not write:
         return cfg, cfg_path

@@ -188,4 +188,4 @@ def test_paper_table_smoke_reports_the_five_rows(tmp_path: Path, capsys: pytest.
     header = next(ln for ln in report.splitlines() if ln.startswith("| dataset | dpot-scratch"))
     assert [c.split(" (")[0] for c in header.strip("| ").split(" | ")] == \
         ["dataset", "dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence"]
-    assert "## Paper: FNO-nu 1e-3 (fno-ns-v1e-3)" in report and "| persistence / paper |" in report
+    assert "## Paper Table 1, FNO-nu 1e-3 (fno-ns-v1e-3)" in report and "| persistence / paper |" in report

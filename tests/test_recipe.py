@@ -34,7 +34,8 @@ def test_released_weights_are_evaluated_with_the_reference_recipe(fno_train_shar
     assert set(scores["model"]) == {"rollout_l2re", "step_l2re"} and scores["rollout_steps"] == 2
     dpot = evaluate_checkpoint(str(RELEASED), [str(fno_train_shards)], rollout_steps=2, device="cpu", recipe="dpot")
     assert dpot["recipe"] == "dpot" and set(dpot["datasets"]["fno-ns-v1e-3"]["model"]) == {
-        "one_step_l2re", "rollout_l2re", "l2re_per_step", "frame_l2re_per_step", "one_step_nrmse", "channels"}
+        "one_step_l2re", "rollout_l2re", "l2re_per_step", "frame_l2re_per_step", "one_step_nrmse", "channels",
+        "blowup_fraction_per_step"}  # dpot-eval/3
 
 
 @pytest.mark.slow

@@ -23,10 +23,12 @@ from dpot_format.shard_index import shard_samples
 from dpot_format.tar import SampleIndex
 from dpot_train.data.cache import DEFAULT_LIMIT, CacheSettings, ShardCache, check_limit, parse_size
 from dpot_train.data.datasets import DataError, DatasetInfo, Shard, recorded_index
+from dpot_train.data.verified import CACHE_ENV
 from dpot_train.data.readers import (MaskSlot, ShardIndex, TrajectoryReader, TrajRef, WebDatasetReader, Window,
                                      make_reader, mask_to, read_window)
 
-CACHE_ENV = "DPOT_CACHE_DIR"  # the cache folder when --cache-dir is not given (shared by every run of the node)
+# CACHE_ENV: the cache folder when --cache-dir is not given (shared by every run of the node), named where the record
+# of verified shards (below this module's imports) reads it too
 RUN_CACHE = "shard-cache"
 INDEX_FETCHES = 2  # shards fetched at once while indexing a cold cache  # the folder under RUN_DIR used when neither --cache-dir nor DPOT_CACHE_DIR is set
 

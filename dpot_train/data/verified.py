@@ -45,6 +45,7 @@ from dpot_format.io import atomic_write, is_local, local_path
 from dpot_format.lock import FileLock, LockBusy
 from dpot_format.validate import Item, Problem
 
+CACHE_ENV = "DPOT_CACHE_DIR"  # the node's cache folder when --cache-dir is not given (dpot_train.data.cached_reader)
 RECORD_NAME = ".dpot-verified.json"  # beside the data: OUT/.dpot-verified.json
 CACHE_FOLDER = "verified"  # in a cache folder: CACHE/verified/<sha256 of OUT's absolute path>.json
 SCHEMA = "dpot-verified/1"
@@ -332,8 +333,6 @@ class RecordPolicy:
 def named_cache(given: str | None) -> str | None:
     """The cache folder the user named for a check outside launch: --cache-dir, else $DPOT_CACHE_DIR; else None (the
     default ~/.cache/dpot/shards is not written to for a record)."""
-    from dpot_train.data.cached_reader import CACHE_ENV
-
     return given or os.environ.get(CACHE_ENV) or None
 
 
@@ -418,17 +417,18 @@ class Records:
 
         return step
 
-    def note(self, part: str) -> None:
-        """One line on stderr when the records served any sha256: how many, from where, how many were hashed."""
+    def summary(self, part: str) -> str | None:
+        """The line a launch says when the records served any sha256 (None when none): how many, from where, how
+        many were hashed."""
         served = sum(len(r.served) for r in self.by_output.values())
         if not served:
-            return
+            return None
         hashed = sum(r.hashed for r in self.by_output.values())
         used = [r for r in self.by_output.values() if r.served]
         where = str(used[0].path) if len(used) == 1 else f"the records of {len(used)} outputs"
         noun = "Zarr arrays" if part == "zarr" else "shards"
-        print(f"note: sha256 of {served} of {served + hashed} {noun} taken from {where} (unchanged since they were "
-              f"hashed), {hashed} hashed; --verify-checksums always hashes every one", file=sys.stderr, flush=True)
+        return (f"note: sha256 of {served} of {served + hashed} {noun} taken from {where} (unchanged since they were "
+                f"hashed), {hashed} hashed; --verify-checksums always hashes every one")
 
     def __enter__(self) -> "Records":
         return self
