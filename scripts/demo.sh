@@ -15,7 +15,7 @@ rm -rf "$OUT"
 "$BIN/dpot-train" launch --manifest "$OUT/shards" --model tiny --steps "$STEPS" --batch-size 8 --nproc-per-node 2 \
     --ckpt-every 300 --log-every 100 --no-eval --out "$OUT/run"
 "$BIN/dpot-train" evaluate "$OUT/run/checkpoints/step-$(printf %08d "$STEPS").pt" --manifest "$OUT/shards" \
-    --out "$OUT/run/eval.json"
-echo "results in $OUT/run/: checkpoints/ (step-$(printf %08d "$STEPS").pt the last), eval.json (L2RE per dataset," \
-    "model vs persistence), metrics.jsonl, tb/"
+    --out "$OUT/eval.json"   # beside the run, not into its own files (docs/format.md, "Where dpot writes")
+echo "results in $OUT/run/: checkpoints/ (step-$(printf %08d "$STEPS").pt the last), metrics.jsonl, tb/;" \
+    "$OUT/eval.json: L2RE per dataset, model vs persistence"
 echo "  training curves: tensorboard --logdir $OUT/run/tb"
