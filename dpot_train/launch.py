@@ -520,7 +520,7 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
         raise DataError(f"{source}: {exc}" if source and isinstance(cfg.data.mixture, dict) else str(exc)) from None
     weights = resolve_weights([d.name for d in datasets], mixture, cfg.data.mixture_partial)
     check_names(cfg, datasets, weights, init)  # splits and conventions: before the checksum pass
-    said: list[str] = []  # what the record of verified shards saved: printed once every check has passed
+    said: list[str] = []  # what the record of verified shards saved: said once every check has passed
     index = check_outputs(cfg.data, docs, cfg.progress,  # docs/format.md on every output, sha256 unless disabled
                           record=RecordPolicy(cfg.data.checksum_record, write, cache_dir(cfg.data.cache_dir, cfg.out)),
                           said=said)
@@ -547,8 +547,8 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
         rest = "only the final evaluation is repeated" if cfg.eval_at_end else "nothing is left to do"
         print(f"{run}: the run already reached its last step ({cfg.steps}); {rest}", file=sys.stderr)
     print(normalise, file=sys.stderr)
-    for line in said:
-        print(line, flush=True)
+    for line in said:  # on stderr with the line above: stdout of --dry-run is the run config (YAML)
+        print(line, file=sys.stderr, flush=True)
     cfg_path = run / "config.yaml"
     if not write:
         return cfg, cfg_path

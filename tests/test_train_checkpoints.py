@@ -17,6 +17,7 @@ from dpot_train.cli import app
 from dpot_train.config import load_config
 from dpot_train.launch import Topology, prepare_run, release_run
 from dpot_train.model import build_model
+from tests import train_runs
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "dpot_small.pth"
 
@@ -119,17 +120,9 @@ def test_a_full_disk_during_a_checkpoint_write_leaves_nothing_and_says_why(tmp_p
 def _launch(shards: Path, out: Path, *extra: str, steps: int = 4, timeout: float = 240) -> "subprocess.CompletedProcess[str]":
     import subprocess
 
-    from tests import train_runs
-
     args = train_runs.launch_args(shards, out, *extra, steps=steps, nproc=1)
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=train_runs.env(),
                           cwd=train_runs.ROOT)
-
-
-def _error_lines(text: str) -> list[str]:
-    """stderr without the echoed torchrun command and torchrun's OMP_NUM_THREADS banner."""
-    return [ln for ln in text.splitlines() if ln.strip() and " -m dpot_train.torchrun " not in ln
-            and not ln.startswith(("*", "Setting OMP_NUM_THREADS"))]
 
 
 @pytest.mark.slow
@@ -166,7 +159,7 @@ def test_resume_with_checkpoints_that_are_zips_but_do_not_load_is_one_line_befor
         torch.save({"format": "something-else", "step": step}, C.checkpoint_path(ckpt, step))
     r = _launch(fno_train_shards, out, "--resume")
     assert r.returncode == 2
-    lines = _error_lines(r.stderr)
+    lines = train_runs.error_lines(r.stderr)
     assert len(lines) == 1 and "none of the 2 checkpoints loads" in lines[0], r.stderr
     assert "dpot_train.torchrun" not in r.stderr + r.stdout
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002.pt", "step-00000004.pt"]
@@ -211,7 +204,7 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_line_and_leaves_no_temporary
         out = small / "run"
         r = _launch(fno_train_shards, out, "--no-eval")
         assert r.returncode == 2, r.stderr[-3000:]
-        lines = _error_lines(r.stderr)
+        lines = train_runs.error_lines(r.stderr)
         assert len(lines) == 1, r.stderr
         assert lines[0].startswith("error: ") and "step-00000002.pt: the checkpoint could not be written (no space " \
                                                   "left" in lines[0]

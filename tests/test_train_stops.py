@@ -19,13 +19,6 @@ from tests import toy_output, train_runs
 TOY_ARRAYS = toy_output.toy_arrays
 
 
-def _error_lines(text: str) -> list[str]:
-    """stderr without the echoed torchrun command, torchrun's OMP_NUM_THREADS banner and launch's `normalise:` line
-    (what the run normalises, said before it starts)."""
-    return [ln for ln in text.splitlines() if ln.strip() and " -m dpot_train.torchrun " not in ln
-            and "*****" not in ln and "Setting OMP_NUM_THREADS" not in ln and not ln.startswith("normalise: ")]
-
-
 def _toy(root: Path, monkeypatch: pytest.MonkeyPatch, masked: bool = False, nan: bool = False) -> Path:
     """The toy output (10 trajectories of 13 frames at 16x16): every cell solid (`masked`) or the first valid
     channel NaN (`nan`) in every trajectory."""
@@ -48,7 +41,7 @@ def test_a_non_finite_loss_stops_every_rank_in_one_line(tmp_path: Path, monkeypa
     r = train_runs.run(train_runs.launch_args(shards, out, "--normalize", "none", steps=4, nproc=2),  # no stats
                        timeout=240)
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    lines = _error_lines(r.stderr)
+    lines = train_runs.error_lines(r.stderr)
     assert len(lines) == 1, r.stderr
     why = "no fluid cell in a valid channel" if damage == "masked" else "loss nan"
     assert lines[0].startswith("error: step 1: the training loss or its gradient is not finite in dataset 'toy' "
@@ -66,7 +59,7 @@ def test_a_rank_that_fails_is_the_only_one_that_speaks(fno_train_shards: Path, t
     (out / "checkpoints").write_bytes(b"")  # rank 0 cannot write its first checkpoint; rank 1 waits for it
     r = train_runs.run(train_runs.launch_args(fno_train_shards, out, "--no-eval", steps=4, nproc=2))
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    lines = _error_lines(r.stderr)
+    lines = train_runs.error_lines(r.stderr)
     assert len(lines) == 1 and "step-00000002.pt: the checkpoint could not be written" in lines[0], r.stderr
     assert "Traceback" not in r.stderr and "gloo" not in r.stderr
 

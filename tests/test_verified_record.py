@@ -90,7 +90,7 @@ def _launch(cfg: TrainConfig) -> list[str]:
 
 def _dry_run(root: Path, run: Path, *extra: str) -> tuple[int, list[str], list[str], str]:
     """`dpot-train launch --dry-run` in this process: (exit code, .tar files opened under `root`, stderr lines
-    without the torchrun command and the `normalise:` line, then the record's note from stdout, stderr)."""
+    without the torchrun command and the `normalise:` line, stderr)."""
     from dpot_train.cli import app
 
     args = ["launch", "--manifest", str(root), "--out", str(run), "--steps", "2", "--batch-size", "1", "--device",
@@ -98,8 +98,7 @@ def _dry_run(root: Path, run: Path, *extra: str) -> tuple[int, list[str], list[s
     with _TarOpens() as opened:
         result = CliRunner().invoke(app, args)
     lines = [ln for ln in result.stderr.splitlines() if "dpot_train.torchrun" not in ln
-             and not ln.startswith("normalise: ")] + [ln for ln in result.stdout.splitlines()
-                                                      if ln.startswith("note: sha256 of")]
+             and not ln.startswith("normalise: ")]
     return result.exit_code, sorted(p for p in opened if p.startswith(str(root))), lines, result.stderr
 
 
@@ -122,9 +121,9 @@ def test_a_second_launch_opens_no_shard_the_record_vouches_for(output: Path, tmp
         assert entries[rel]["sha256"] == hashlib.sha256((output / rel).read_bytes()).hexdigest()
         assert entries[rel]["stat"] == {"size": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns,
                                         "ctime_ns": st.st_ctime_ns}
-    assert _note(output, 3, 0) not in capsys.readouterr().out
+    assert _note(output, 3, 0) not in capsys.readouterr().err
     assert _launch(_cfg(tmp_path, output, "b")) == []  # nothing opened, let alone read
-    assert capsys.readouterr().out.splitlines().count(_note(output, 3, 0)) == 1  # said once the checks passed
+    assert capsys.readouterr().err.splitlines().count(_note(output, 3, 0)) == 1  # said once the checks passed
     assert sorted(os.listdir(output)) == sorted([RECORD_NAME, ".dpot-readers.lock", "data.zarr", "manifest.json",
                                                  "shards"])  # the lock file of the record's writes is gone
 
@@ -138,7 +137,7 @@ def test_a_shard_rewritten_in_place_is_hashed_again(output: Path, tmp_path: Path
     with open(shard, "r+b") as fh:  # the same bytes written again, in place: same size and inode, new mtime, ctime
         fh.write(data)
     assert _launch(_cfg(tmp_path, output, "b")) == [str(shard)]
-    assert _note(output, 2, 1) in capsys.readouterr().out.splitlines()
+    assert _note(output, 2, 1) in capsys.readouterr().err.splitlines()
     entries, _ = read_record(output / RECORD_NAME)
     assert entries[TRAIN]["stat"]["mtime_ns"] == os.lstat(shard).st_mtime_ns  # the record follows the file
     assert _launch(_cfg(tmp_path, output, "c")) == []
@@ -413,7 +412,7 @@ def test_a_real_launch_prints_its_time_to_first_step_and_the_next_one_hashes_not
                                     "time_to_first_step_startup_s", "time_to_first_step_first_batch_s")]
         assert all(p >= 0 for p in parts) and abs(sum(parts) - first["time_to_first_step_s"]) < 0.005
         assert 0 < first["time_to_first_step_s"] < took + 1.0  # from the launcher's start, inside this run
-        notes = [ln for ln in r.stdout.splitlines() if ln.startswith("note: sha256 of")]
+        notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: sha256 of")]
         hashing.append(notes)
     assert hashing[0] == []  # the first launch hashed every shard
     assert hashing[1] == [f"note: sha256 of {len(listed)} of {len(listed)} shards taken from {shards / RECORD_NAME} "

@@ -15,6 +15,17 @@ BATCH = 4
 NPROC = 2
 
 
+# what `launch` says on stderr besides errors: the echoed torchrun command and torchrun's banner, what the run
+# normalises, and what the record of verified shards saved (its note depends on which tests ran before)
+_SAID = ("normalise: ", "note: sha256 of", "Setting OMP_NUM_THREADS", "*")
+
+
+def error_lines(text: str) -> list[str]:
+    """A launch's stderr without what it says besides errors (_SAID)."""
+    return [ln for ln in text.splitlines() if ln.strip() and " -m dpot_train.torchrun " not in ln
+            and not ln.startswith(_SAID)]
+
+
 def launch_args(shards: Path, out: Path, *extra: str, steps: int = STEPS, nproc: int = NPROC) -> list[str]:
     """`python -m dpot_train launch ...` for the small test runs (32x32 tiny model, checkpoint every 2 steps)."""
     return [sys.executable, "-m", "dpot_train", "launch", "--manifest", str(shards), "--out", str(out),
