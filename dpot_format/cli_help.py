@@ -71,3 +71,11 @@ def add_version_option(app: typer.Typer, prog: str) -> None:
     def root(version: bool = typer.Option(False, "--version", callback=show, is_eager=True, metavar="",
                                           help="Print the version (from the installed package) and exit.")) -> None:
         """Root options."""
+
+
+def root_app(prog: str, help_text: str) -> typer.Typer:
+    """The root of a command line: no-args help, no completion or pretty tracebacks, tidy flags, `--version`."""
+    app = typer.Typer(name=prog, help=help_text, no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_enable=False, cls=TidyGroup)
+    add_version_option(app, prog)
+    return app
