@@ -7,15 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from dpot_data.cli.options import fail, json_flag, say
+from dpot_data.cli.options import EntriesJson, fail, say
 from dpot_data.errors import CatalogError, InputError
 
 
 def catalog_command(
-    name: Annotated[Optional[str], typer.Argument(help="One dataset (catalog or manifest name): all its facts.")] = None,
+    name: Annotated[Optional[str], typer.Argument(help="One dataset (catalog or manifest name): all its "
+                                                  "facts.")] = None,
     pretrain: Annotated[bool, typer.Option("--pretrain", help="Only the 12 datasets of the DPOT pre-training "
                                            "corpus.")] = False,
-    as_json: json_flag("entries") = False,
+    as_json: EntriesJson = False,
     check: Annotated[Optional[Path], typer.Option("--check", help="A download folder: which catalog datasets it "
                                                   "holds, which pre-training datasets it lacks, files no dataset "
                                                   "claims.")] = None,

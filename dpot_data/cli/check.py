@@ -8,14 +8,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from dpot_data.cli.options import OutputFolder, Scheduler, fail, json_flag, say, workers
+from dpot_data.cli.options import (HashWorkers, OutputFolder, ProblemsJson, ReportJson, Scheduler, StatsJson,
+                                   StatsWorkers, fail, say)
 from dpot_data.errors import InputError
 from dpot_format.errors import FormatError
 
 
 def inspect_command(
     folder: OutputFolder,
-    as_json: json_flag("report") = False,
+    as_json: ReportJson = False,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard and Zarr array (sha256).")] = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG grid of first/middle/last frames of a "
                                                  "few trajectories per dataset (channel names, colour bars, mask "
@@ -24,7 +25,7 @@ def inspect_command(
                                                    "--plot.")] = 2,
 ) -> None:
     """A table per dataset: trajectories per split, frames, channels, grid, resampling, shards, bytes, checksums."""
-    from dpot_data.inspection import inspect_outputs, render
+    from dpot_data.inspection import inspect_outputs
 
     try:
         report, reports = inspect_outputs(folder, verify=verify, plot=None if plot is None else str(plot))
@@ -33,18 +34,26 @@ def inspect_command(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
-        from rich.console import Console
-
-        console = Console(width=None if sys.stdout.isatty() else 160)
-        for one in reports:
-            console.print(render(one))
-            prefix = "" if len(reports) == 1 else f"{Path(one['path']).name}/"
-            for line in one["problems"] + one["warnings"]:
-                typer.echo(prefix + line)
+        _show(reports)
     if plot is not None:
         _plot(folder, plot, plot_trajectories)
     if not report["ok"]:
         raise typer.Exit(code=1)
+
+
+def _show(reports: list[dict]) -> None:
+    """Each output's table (dpot_data.inspection.render), then its problems and warnings, named by its folder
+    when there are several."""
+    from rich.console import Console
+
+    from dpot_data.inspection import render
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    for one in reports:
+        console.print(render(one))
+        prefix = "" if len(reports) == 1 else f"{Path(one['path']).name}/"
+        for line in one["problems"] + one["warnings"]:
+            typer.echo(prefix + line)
 
 
 def _plot(folder: str, plot: Path, trajectories: int) -> None:
@@ -58,8 +67,8 @@ def _plot(folder: str, plot: Path, trajectories: int) -> None:
     typer.echo(f"wrote {plot}", err=True)
 
 
-def verify_command(folder: OutputFolder, workers: workers("Local threads hashing in parallel.") = None,
-                   scheduler: Scheduler = None, as_json: json_flag("problems") = False) -> None:
+def verify_command(folder: OutputFolder, workers: HashWorkers = None,
+                   scheduler: Scheduler = None, as_json: ProblemsJson = False) -> None:
     """Check the output against docs/format.md (dpot_format.validate): re-hash every shard and Zarr array, check
 member names, .npy headers and meta.json, paths and the manifest; exit 1 naming each problem (files the manifest
 does not list, and temporary leftovers, are reported as warnings)."""
@@ -76,8 +85,8 @@ does not list, and temporary leftovers, are reported as warnings)."""
     raise typer.Exit(code=code)
 
 
-def stats_command(folder: OutputFolder, workers: workers("Local threads.") = None, scheduler: Scheduler = None,
-                  as_json: json_flag("statistics") = False) -> None:
+def stats_command(folder: OutputFolder, workers: StatsWorkers = None, scheduler: Scheduler = None,
+                  as_json: StatsJson = False) -> None:
     """Recompute the normalisation statistics (train split, valid channels, fluid cells, float64) from the stored
     trajectories, print them, and compare them with the manifest's (exit 1 when they differ)."""
     from dpot_data.output import check_stats

@@ -21,14 +21,19 @@ OutputFolder = Annotated[str, typer.Argument(help="An ingest output folder or fs
 Scheduler = Annotated[Optional[str], typer.Option("--scheduler", help="dask.distributed scheduler address.")]
 
 
-def workers(help_text: str) -> Any:
+def _workers(help_text: str) -> Any:
     """`--workers N`: local threads, as the command's help says."""
     return Annotated[Optional[int], typer.Option("--workers", help=help_text)]
 
 
-def json_flag(what: str) -> Any:
+def _json_flag(what: str) -> Any:
     """`--json`: print `what` as JSON instead of text."""
     return Annotated[bool, typer.Option("--json", help=f"Print the {what} as JSON.")]
+
+
+HashWorkers = _workers("Local threads hashing in parallel.")
+StatsWorkers = _workers("Local threads.")
+EntriesJson, ReportJson, ProblemsJson, StatsJson = map(_json_flag, ("entries", "report", "problems", "statistics"))
 
 
 def fail(exc: Exception) -> typer.Exit:
