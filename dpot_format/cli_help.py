@@ -1,4 +1,5 @@
-"""What `dpot-data` and `dpot-train` share in their help: flags shown without a type, and `--version`.
+"""What `dpot-data` and `dpot-train` share in their help: flags shown without a type, `--version`, and the root
+app built the same way (`root_app`).
 
 typer prints a value type beside every option, `<bool>` on on/off flags included; a flag takes no value, so its
 help reads better without one. Kept here because both command lines import dpot_format and nothing else in common.

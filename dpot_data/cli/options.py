@@ -1,4 +1,5 @@
-"""The option declarations several `dpot-data` commands share (typing.Annotated aliases), and the one-line error."""
+"""The option declarations several `dpot-data` commands share (typing.Annotated aliases), the one-line error and
+the printing helpers (JSON or text lines, written paths)."""
 
 import json
 from pathlib import Path
