@@ -18,7 +18,7 @@ import io
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import yaml
@@ -504,3 +504,17 @@ def write_card(root: str, catalog: Catalog | None = None) -> list[str]:
     text = card_text(manifest, catalog, previews)
     written.append(_write(root, CARD_NAME, text.encode("utf-8")))
     return written
+
+
+def write_cards(folder: str) -> Iterator[list[str]]:
+    """`dpot-data card`: write_card for the output at `folder`, or for each dataset folder of an `ingest corpus`
+    folder, yielding what each wrote as it is written. InputError for a file given instead of a folder."""
+    from pathlib import Path
+
+    from dpot_data.paths import output_roots
+
+    if "://" not in folder and Path(folder).is_file():  # e.g. shards/manifest.json
+        hint = f" (give {Path(folder).parent})" if Path(folder).name == "manifest.json" else ""
+        raise InputError(folder, f"a file; expected an output folder holding manifest.json{hint}")
+    for root in output_roots(folder):
+        yield write_card(root)

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from dpot_data.errors import CatalogError  # defined there: the CLI catches it without importing the catalog
 from dpot_data.sources.base import BOUNDARIES, SPLITS, ReadResult
 from dpot_format.names import manifest_name  # noqa: F401 - re-export: the rule lives in the format
 
@@ -25,10 +26,6 @@ _KEYS = {"name", "source", "dpot_name", "files", "file_count", "channels", "fram
          "download", "reference"}
 _REQUIRED = {"name", "source", "files", "channels", "frames", "samples", "grid", "boundary", "split", "pretrain",
              "weight", "rollout", "parameters"}
-
-
-class CatalogError(ValueError):
-    """The catalog file itself is malformed (names the file, the entry and the key)."""
 
 
 @dataclass(frozen=True)
@@ -463,3 +460,47 @@ def match(paths: Sequence[str | Path], *, dataset: str | None = None, source: st
         if detected != source:
             raise InputError(inputs[0], f"holds {detected} data, but {entry.name} is a {source} dataset")
     return CatalogMatch(source, inputs, entry, reader_options)
+
+
+def select_entries(name: str | None, pretrain: bool) -> tuple[Catalog, list[Entry]]:
+    """The catalog and the entries `dpot-data catalog` shows: all, or the one NAME names (CatalogError when none
+    does); with `pretrain` only the pre-training ones."""
+    catalog = load_catalog()
+    entries = list(catalog.entries.values())
+    if name is not None:
+        found = catalog.find(name)
+        if found is None:
+            raise CatalogError(f"no catalog dataset {name!r}; `dpot-data catalog` lists them")
+        entries = [found]
+    return catalog, [e for e in entries if e.pretrain] if pretrain else entries
+
+
+def entry_facts(entry: Entry) -> dict[str, Any]:
+    """One catalog entry as `catalog --json` prints it: the published set's facts, then what each convention's
+    ingest stores (`conventions`, the default dpot-reference first), so that frames and split are never ambiguous."""
+    from dataclasses import asdict
+
+    facts = {k: v for k, v in asdict(entry).items() if k not in ("frames", "segment", "split", "reference")}
+    return {**facts, "manifest_name": entry.manifest_name, "published_frames": entry.frames,
+            "default_convention": "dpot-reference", "conventions": entry.conventions()}
+
+
+def entry_lines(entry: Entry) -> list[str]:
+    """`dpot-data catalog NAME`: every fact of one entry, one a line, then the ingest command for it."""
+    lines = [f"{key:<12} {value}" for key, value in entry_facts(entry).items()]
+    return [*lines, f"ingest:      dpot-data ingest --dataset {entry.name} {entry.files[0]} "
+                    f"--out out/{entry.manifest_name}"]
+
+
+def catalog_table(catalog: Catalog, entries: Sequence[Entry]) -> Any:
+    """`dpot-data catalog`: a rich table of the entries, one row each."""
+    from rich.table import Table
+
+    table = Table(title=f"{len(entries)} datasets ({catalog.path}); `dpot-data catalog NAME` for one")
+    for column in ("dataset", "source", "files", "trajectories", "frames", "grid", "channels", "pre-train"):
+        table.add_column(column)
+    for e in entries:
+        table.add_row(e.name, e.source, e.files[0] + (f" (+{e.file_count - 1})" if (e.file_count or 1) > 1 else ""),
+                      str(e.samples or "-"), str((e.reference or {}).get("frames") or e.frames or e.segment),
+                      "x".join(map(str, e.grid)), ", ".join(e.channels), "yes" if e.pretrain else "")
+    return table

@@ -97,3 +97,58 @@ def ingest_corpus(paths: Sequence[str | Path], out: str | Path, options: object 
         except InputError as exc:
             failed.append((name, str(exc)))
     return CorpusRun(done, failed, plan)
+
+
+@dataclass
+class DownloadCheck:
+    """What `catalog --check DIR` found: the report (`--json`), its lines, and the exit code (1: an MD5 differs)."""
+
+    report: dict[str, Any]
+    lines: list[str]
+    code: int
+
+
+def _md5(path: Path) -> str:
+    """The MD5 of a file, read in blocks."""
+    import hashlib
+
+    h = hashlib.md5()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_downloads(folder: Path, md5: bool) -> DownloadCheck:
+    """Which catalog datasets a download folder holds, which pre-training ones it lacks, files no dataset claims;
+    with `md5`, each file compared with its published MD5. InputError for a folder that cannot be read."""
+    catalog = load_catalog()
+    plan = plan_corpus([folder], catalog)
+    report: dict[str, Any] = {"folder": str(folder), "datasets": {}, "missing_pretrain": plan.missing,
+                              "unknown": [str(p) for p in plan.unknown]}
+    bad = 0
+    for name, paths in plan.groups.items():
+        entry = catalog.get(name)
+        files = []
+        for path in sorted(p for q in paths for p in ([q] if q.is_file() else sorted(q.rglob("*"))) if p.is_file()):
+            item: dict[str, Any] = {"path": str(path), "bytes": path.stat().st_size}
+            published = entry.download if entry.download and path.name == entry.files[0] else None
+            if md5 and published and "md5" in published:
+                item["md5_ok"] = _md5(path) == published["md5"]
+                bad += not item["md5_ok"]
+            files.append(item)
+        report["datasets"][name] = files
+    return DownloadCheck(report, _download_lines(report, catalog), 1 if bad else 0)
+
+
+def _download_lines(report: dict[str, Any], catalog: Catalog) -> list[str]:
+    """The lines of `catalog --check DIR`: found, missing and unknown, one a line."""
+    lines = []
+    for name, files in report["datasets"].items():
+        checked = [f for f in files if "md5_ok" in f]
+        note = "" if not checked else (" (published MD5 matches)" if all(f["md5_ok"] for f in checked)
+                                       else " (published MD5 DIFFERS)")
+        lines.append(f"found   {name}: {len(files)} file(s), {sum(f['bytes'] for f in files)} bytes{note}")
+    lines += [f"missing {name} (pre-training): expected {catalog.get(name).files[0]}"
+              for name in report["missing_pretrain"]]
+    return lines + [f"unknown {path}: no catalog dataset has this file name" for path in report["unknown"]]

@@ -18,6 +18,10 @@ class InputError(Exception):
         return type(self), (self.path, self.message)
 
 
+class CatalogError(ValueError):
+    """The catalog file itself is malformed (names the file, the entry and the key)."""
+
+
 class TrajectoryError(InputError):
     """An InputError about one trajectory's values (NaN/Inf, data that cannot be read): what a reader's
     `check_finite=True` scan leaves out, met instead by a block read that checks what it reads."""

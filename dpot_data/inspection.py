@@ -153,3 +153,40 @@ def render(report: dict[str, Any]) -> Any:
                       resample, str(d["shards"]["count"]), human_bytes(d["bytes_on_disk"]),
                       status if d["checksums"]["ok"] else f"[red]{status}[/red]")
     return table
+
+
+def inspect_outputs(folder: str, verify: bool = False, plot: str | None = None) -> tuple[dict[str, Any], list[dict]]:
+    """`dpot-data inspect`: the report of every output at `folder` (one, or each dataset folder of a corpus) and
+    the one that sums them up; a local --plot file is checked by the output rule first. InputError / FormatError."""
+    from dpot_data.paths import output_roots
+
+    if plot is not None and "://" not in str(plot):
+        from dpot_format.output import check_file
+
+        check_file(plot, "--plot", "frames.png")  # the one output rule, before the output is inspected
+    reports = [inspect_dir(root, verify=verify) for root in output_roots(folder)]
+    report = reports[0] if len(reports) == 1 else {
+        "ok": all(r["ok"] for r in reports), "folder": str(folder),
+        "datasets": [d for r in reports for d in r["datasets"]], "outputs": reports}
+    return report, reports
+
+
+def verify_outputs(folder: str, workers: int | None = None, scheduler: str | None = None
+                   ) -> tuple[list[Problem], int | None]:
+    """`dpot-data verify`: the problems of every output at `folder` against docs/format.md (named by dataset folder
+    in a corpus) and how many items were checked (None when the manifest itself failed). InputError."""
+    from dataclasses import replace
+
+    from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
+    from dpot_data.paths import absolute_path, output_roots
+
+    roots = output_roots(absolute_path(folder))
+    problems: list[Problem] = []
+    items: list = []
+    with scheduler_context(SchedulerOptions(workers=workers, address=scheduler)) as runner:
+        for root in roots:
+            found = validate_output(root, runner=runner, progress=lambda item, _found: items.append(item))
+            prefix = "" if len(roots) == 1 else f"{Path(root).name}/"
+            problems += [replace(p, what=prefix + p.what) for p in found]
+    checked = None if any(p.kind in ("manifest", "schema") for p in problems) else len(items)
+    return problems, checked

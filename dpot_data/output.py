@@ -140,3 +140,23 @@ def recompute_stats(root: str, runner: Any | None = None, block: int = 8) -> dic
             parts = list(runner.imap(one_block, blocks)) if runner is not None else [one_block(b) for b in blocks]
         out[view.name] = to_manifest(merge_all(parts, n_valid), view.entry["channels"], valid.tolist())
     return out
+
+
+def check_stats(folder: str, workers: int | None = None, scheduler: str | None = None
+                ) -> tuple[dict[str, dict], dict[str, list[str]]]:
+    """`dpot-data stats`: the statistics recomputed from the stored trajectories and, per dataset, how the
+    manifest's differ from them. FormatError / InputError for an output that cannot be read."""
+    from dpot_data.ingest.scheduler import SchedulerOptions, scheduler_context
+    from dpot_data.paths import absolute_path
+    from dpot_data.stats import compare
+
+    folder = absolute_path(folder)
+    manifest = read_manifest(folder)
+    with scheduler_context(SchedulerOptions(workers=workers, address=scheduler)) as runner:
+        recomputed = recompute_stats(folder, runner)
+    problems = {}
+    for entry in manifest["datasets"]:
+        stored = entry.get("stats")
+        problems[entry["name"]] = (["the manifest holds no statistics"] if stored is None
+                                   else compare(stored, recomputed[entry["name"]]))
+    return recomputed, problems

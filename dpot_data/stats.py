@@ -261,3 +261,22 @@ def compare(expected: Mapping, actual: Mapping, rtol: float = 1e-9, atol: float 
                 elif not math.isclose(float(x), float(y), rel_tol=rtol, abs_tol=atol):
                     problems.append(f"{family}.{name}.{key}: {x!r} vs {y!r}")
     return problems
+
+
+def stats_lines(recomputed: Mapping[str, dict], problems: Mapping[str, list[str]]) -> list[str]:
+    """The table `dpot-data stats` prints: per dataset and channel the values' and the time differences'
+    moments, then whether the manifest matches."""
+    lines = []
+    for name, doc in recomputed.items():
+        lines.append(f"{name}: {doc['trajectories']} train trajectories, float64, fluid cells, ddof 0")
+        lines.append(f"  {'channel':<12} {'kind':<6} {'count':>12} {'mean':>13} {'std':>13} {'rms':>13} "
+                     f"{'min':>13} {'max':>13}")
+        for family, label in (("fields", "value"), ("diff", "dt")):
+            for ch in doc["channels"]:
+                v = doc[family][ch]
+                nums = " ".join(f"{v[k]:>13.6g}" if v[k] is not None else f"{'-':>13}"
+                                for k in ("mean", "std", "rms", "min", "max"))
+                lines.append(f"  {ch:<12} {label:<6} {v['count']:>12} {nums}")
+        diffs = problems[name]
+        lines.append(f"  manifest: {'matches' if not diffs else 'DIFFERS: ' + '; '.join(diffs[:5])}")
+    return lines

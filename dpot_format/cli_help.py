@@ -1,4 +1,5 @@
-"""What `dpot-data` and `dpot-train` share in their help: flags shown without a type, and `--version`.
+"""What `dpot-data` and `dpot-train` share in their help: flags shown without a type, `--version`, and the root
+app built the same way (`root_app`).
 
 typer prints a value type beside every option, `<bool>` on on/off flags included; a flag takes no value, so its
 help reads better without one. Kept here because both command lines import dpot_format and nothing else in common.
@@ -71,3 +72,11 @@ def add_version_option(app: typer.Typer, prog: str) -> None:
     def root(version: bool = typer.Option(False, "--version", callback=show, is_eager=True, metavar="",
                                           help="Print the version (from the installed package) and exit.")) -> None:
         """Root options."""
+
+
+def root_app(prog: str, help_text: str) -> typer.Typer:
+    """The root of a command line: no-args help, no completion or pretty tracebacks, tidy flags, `--version`."""
+    app = typer.Typer(name=prog, help=help_text, no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_enable=False, cls=TidyGroup)
+    add_version_option(app, prog)
+    return app

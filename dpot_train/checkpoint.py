@@ -749,3 +749,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def export_weights(checkpoint: str, out: str | Path, fmt: str | None = None) -> str:
+    """`dpot-train model export`: a run checkpoint's weights written in the released format (`fmt`: pth or
+    safetensors, default from `out`'s suffix); returns the line saying what was written and where its sha256 is."""
+    from dpot_train.model.family_config import grid_text
+
+    kind = export_format(out, fmt)
+    config = export_released(checkpoint, out, kind)
+    layout = "safetensors: the tensors, recipe and normalisation" if kind == "safetensors" else \
+        "{'model': state_dict}, the released format"
+    return (f"wrote {out}: {config.in_channels} channels, {grid_text(config.grid)}, "
+            f"{config.in_timesteps} input frames ({layout}); its sha256 in {record_path(out).name} (publish it: "
+            "`--sha256` checks a copy)")

@@ -103,3 +103,14 @@ def format_info(info: dict[str, Any]) -> str:
     lines.append("config:")
     lines += [f"  {k:<14} {v}" for k, v in info["config"].items()]
     return "\n".join(lines)
+
+
+def model_info_text(target: str, *, trusted: bool = False, sha256: str | None = None, as_json: bool = False) -> str:
+    """`dpot-train model info`: model_info of `target` (`sha256` checked as the --sha256 option), as JSON or as the
+    summary. FileNotFoundError / ValueError, one line."""
+    import json
+
+    from dpot_train.checkpoint import check_sha256_option
+
+    info = model_info(target, trusted=trusted, sha256=check_sha256_option(sha256))
+    return json.dumps(info, indent=1) if as_json else format_info(info)

@@ -11,7 +11,7 @@ adds the fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -86,3 +86,33 @@ def save_array(path: str | Path, array: np.ndarray) -> str:
     np.save(buf, array, allow_pickle=False)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, buf.getvalue())
+
+
+def preview_window(manifest: str, out: str, mask_out: str | None, *, res: str = "0", normalize: str = "auto",
+                   **where: Any) -> tuple[np.ndarray, np.ndarray, Stats | None]:
+    """`dpot-train preview`: the output files checked (--out, --mask-out, not the same file), then `window` of the
+    trajectory `where` names (dataset, split, index, start, frames, backend, cache_dir, cache_limit) while the
+    output is held for reading. ValueError / FileNotFoundError / ReadersBusy, one line."""
+    from dpot_train.eval_run import check_out_file
+    from dpot_train.launch import reading
+    from dpot_train.launch_request import res_option
+    from dpot_train.normalize import check_mode
+
+    check_out_file(out, "--out", "x.npy")
+    if mask_out is not None:
+        check_out_file(mask_out, "--mask-out", "mask.npy")
+        if Path(mask_out).absolute() == Path(out).absolute():
+            raise ValueError(f"--mask-out {mask_out}: the same file as --out; expected another file")
+    with reading([manifest]):  # an ingest --overwrite of this output waits for the read
+        return window(manifest, res=res_option(res), normalize=check_mode(normalize, "--normalize"), **where)
+
+
+def save_preview(out: str, mask_out: str | None, x: np.ndarray, mask: np.ndarray, stats: Stats | None
+                 ) -> Iterator[str]:
+    """Write the preview's array (and its loss mask), yielding what each file holds as it is written."""
+    axes = "(X, Y, Z" if x.ndim == 5 else "(H, W"
+    how = "as stored (not normalised)" if stats is None else \
+        f"normalised per channel, (x - mean) / std with mean {stats['mean']} and std {stats['std']}"
+    yield f"{save_array(out, x)}: {x.dtype} {tuple(x.shape)} {axes}, T, C), {how}"
+    if mask_out is not None:
+        yield f"{save_array(mask_out, mask)}: loss mask {mask.dtype} {tuple(mask.shape)} {axes}) (True: fluid)"

@@ -135,6 +135,6 @@ def test_evaluate_loads_the_checkpoint_once(fno_train_shards: Path, reference_di
 def test_launch_imports_neither_the_trainer_nor_the_worker() -> None:
     from tests.test_import_graph import ROOT, _imports
 
-    for module in ("launch.py", "topology.py", "run_plan.py", "cli_train.py"):
+    for module in ("launch.py", "topology.py", "run_plan.py", "cli_train.py", "launch_request.py", "cli/launch.py"):
         names = _imports(ROOT / "dpot_train" / module)
         assert not [n for n in names if n.startswith(("dpot_train.trainer", "dpot_train.worker"))], module

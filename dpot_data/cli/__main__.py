@@ -1,0 +1,3 @@
+from dpot_data.cli import main
+
+main()

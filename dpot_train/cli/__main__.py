@@ -1,0 +1,3 @@
+from dpot_train.cli import main
+
+main()
