@@ -133,6 +133,12 @@ def launch_cmd(
                                                               "(0: to the end of each trajectory).")),
     deterministic: bool = typer.Option(False, "--deterministic",
                                        help="Deterministic CUDA kernels: a GPU run and its resume repeat bitwise."),
+    compile_step: bool = typer.Option(False, "--compile", help="torch.compile the training step (forward, loss, "
+                                      "backward, optimiser step): the first steps pay the compilation."),
+    compile_mode: Optional[str] = typer.Option(None, "--compile-mode", help="torch.compile mode of --compile: "
+                                               "default, reduce-overhead, max-autotune or "
+                                               "max-autotune-no-cudagraphs; default: reduce-overhead (CUDA graphs) "
+                                               "on CUDA, default on CPU."),
     audit: bool = typer.Option(False, "--audit", help="Write the trajectory ids each rank consumed."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation at the end (RUN_DIR/eval.json)."),
@@ -211,11 +217,12 @@ _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res"
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
            "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit",
            "sha256": "init_sha256", "normalize": "data.normalize", "tracker": "tracker",
-           "tracker_project": "tracker_project"}
+           "tracker_project": "tracker_project", "compile_mode": "compile_mode"}
 _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
              "deterministic": ("deterministic", True), "trust": ("trust", True),
              "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),
-             "no_eval": ("eval_at_end", False), "no_verify_checksums": ("data.verify_checksums", False)}
+             "no_eval": ("eval_at_end", False), "no_verify_checksums": ("data.verify_checksums", False),
+             "compile_step": ("compile", True)}
 
 
 def res_option(value: str | None) -> int | list[int] | None:
