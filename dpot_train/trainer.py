@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import random
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
@@ -289,9 +290,11 @@ def compiled_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Opt
                   trainable: list[torch.nn.Parameter], device: torch.device) -> Callable[..., Any]:
     """--compile: `train_step` whose update (forward, loss, backward, clipping, optimiser step) runs through
     torch.compile. The data side (device copy, resize, seeded noise) and the schedule stay eager; ops inductor does
-    not lower (the spectral mixer's complex FFTs) run as aten fallbacks, so the model's numerics are unchanged.
+    not lower (the spectral mixer's complex FFTs) run as aten fallbacks, so the model's numerics are unchanged
+    (inductor's warning about them is expected and silenced).
     The learning rate becomes a tensor (`tensor_lr`), so the schedule changing it needs no recompilation."""
     tensor_lr(opt, device, True)
+    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex operators")
     update = torch.compile(make_update(cfg, model, opt, trainable, device), mode=compile_mode(cfg, device))
     return functools.partial(train_step, update=update)
 
