@@ -160,7 +160,8 @@ def bench_step(preset: str, dtype_name: str, compiled: str, data: BenchData, dev
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     n = args.steps * args.batch
     step_rate, model_rate = n / step_s, n / model_s
-    return StepResult(preset, dtype_name, compiled != "off", compiled, args.workers, round(params / 1e6, 3), args.batch, args.steps,
+    return StepResult(preset, dtype_name, compiled != "off", compiled, args.workers, round(params / 1e6, 3),
+                      args.batch, args.steps,
                       round(step_rate, 2), round(model_rate, 2), round(max(0.0, 1.0 - step_rate / model_rate), 3),
                       round(step_s / args.steps * 1e3, 1), round(peak, 1) if peak is not None else None)
 
