@@ -10,7 +10,7 @@ ingested to 128x128 x 4 channels into WebDataset shards), streamed by our traini
 WindowStream, make_loader). On CUDA the batches come from page-locked (pinned) memory and are copied with
 non_blocking=True, the model runs under bf16 autocast when asked, and optionally under torch.compile: `--compile on`
 wraps the model, `--compile step` (or `--compile-step`: off and step side by side) runs the trainer's compiled step
-(`dpot_train.trainer.compiled_step`'s update: forward, loss, backward, clipping and AdamW as one compiled function).
+(`dpot_train.trainer.compiled_update`: forward, loss, backward, clipping and AdamW as one compiled function).
 
 For each preset x precision x compile it measures, after `--warmup` untimed steps:
   * step samples/s: full training steps exactly as dpot_train.trainer runs them (batch to device, noise injection on
@@ -48,7 +48,7 @@ from dpot_train.config import OptimConfig, TrainConfig  # noqa: E402
 from dpot_train.data.windows import inject_noise  # noqa: E402
 from dpot_train.metrics import relative_l2_loss  # noqa: E402
 from dpot_train.model_setup import data_overrides, fresh_model  # noqa: E402
-from dpot_train.trainer import build_optimizer, compile_mode, make_update, tensor_lr  # noqa: E402
+from dpot_train.trainer import build_optimizer, compiled_update  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -104,10 +104,8 @@ class Stepper:
         self.forward = torch.compile(self.model) if compiled == "on" else self.model
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.update = None
-        if compiled == "step":  # as trainer.compiled_step builds it
-            tensor_lr(self.opt, device, True)
-            self.update = torch.compile(make_update(cfg, self.model, self.opt, self.trainable, device),
-                                        mode=compile_mode(cfg, device))
+        if compiled == "step":  # the trainer's --compile update
+            self.update = compiled_update(cfg, self.model, self.opt, self.trainable, device)
         self.device, self.dtype, self.clip = device, dtype, cfg.optim.clip_grad
         self.noise, self.seed = noise, seed
         self.model.train()

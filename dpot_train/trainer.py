@@ -288,15 +288,30 @@ def compile_mode(cfg: TrainConfig, device: torch.device) -> str:
 
 def compiled_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
                   trainable: list[torch.nn.Parameter], device: torch.device) -> Callable[..., Any]:
-    """--compile: `train_step` whose update (forward, loss, backward, clipping, optimiser step) runs through
-    torch.compile. The data side (device copy, resize, seeded noise) and the schedule stay eager; ops inductor does
-    not lower (the spectral mixer's complex FFTs) run as aten fallbacks, so the model's numerics are unchanged
-    (inductor's warning about them is expected and silenced).
-    The learning rate becomes a tensor (`tensor_lr`), so the schedule changing it needs no recompilation."""
+    """--compile: `train_step` with `compiled_update`. The data side (device copy, resize, seeded noise) and the
+    schedule stay eager."""
+    return functools.partial(train_step, update=compiled_update(cfg, model, opt, trainable, device))
+
+
+def compiled_update(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    trainable: list[torch.nn.Parameter], device: torch.device) -> Update:
+    """`make_update`'s update (forward, loss, backward, clipping, optimiser step) through torch.compile. Ops inductor
+    does not lower (the spectral mixer's complex FFTs) run as aten fallbacks, so the model's numerics are unchanged
+    (inductor's warning about them is expected and silenced). The learning rate becomes a tensor (`tensor_lr`), so
+    the schedule changing it needs no recompilation."""
     tensor_lr(opt, device, True)
     warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex operators")
-    update = torch.compile(make_update(cfg, model, opt, trainable, device), mode=compile_mode(cfg, device))
-    return functools.partial(train_step, update=update)
+    compiled = torch.compile(make_update(cfg, model, opt, trainable, device), mode=compile_mode(cfg, device))
+
+    def update(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, cv: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One call of the compiled update, a new step for CUDA graphs; its outputs copied out of the graph's memory,
+        which the next step's replay overwrites (the loop keeps them until its next log or checkpoint step)."""
+        torch.compiler.cudagraph_mark_step_begin()
+        loss, per_sample, grad_norm = compiled(x, y, mask, cv)
+        return loss.clone(), per_sample.clone(), grad_norm.clone()
+
+    return update
 
 
 def tensor_lr(opt: torch.optim.Optimizer, device: torch.device, on: bool) -> None:
