@@ -141,7 +141,7 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
 
     if compiled == "step":
         train_step = torch.compile(train_step, mode=args.compile_mode)
-    warmup = max(args.warmup, 3) if compiled == "step" else args.warmup  # 1st call compiles, 2nd: AdamW state exists
+    warmup = max(args.warmup, 3) if compiled == "step" else args.warmup  # compilation stays out of the timed calls
     steps, steps_cpu = _time(train_step, device, warmup, args.train_iters)
     step_s = statistics.median(steps)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
