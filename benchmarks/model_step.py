@@ -5,6 +5,7 @@ Usage:
     python benchmarks/model_step.py --device cpu --presets Ti,S
     python benchmarks/model_step.py --device cuda --presets L --train-batch 20 --iters 20 --compile
     python benchmarks/model_step.py --device cuda --no-train --cuda-graph        # batch-1 forward as a CUDA graph
+    python benchmarks/model_step.py --device cpu --presets tiny --compile-step   # eager vs the compiled whole step
 
 Prints a table and, as the last line, one JSON object with every measurement and the settings used.
 CPU defaults are smaller (presets Ti,S, fp32 only, train batch 2, fewer iterations) so a run finishes in a couple of minutes on 2 cores.
@@ -38,6 +39,7 @@ class Result:
 
     preset: str
     dtype: str
+    compiled: str  # "off", "model" (--compile: the model wrapped) or "step" (--compile-step: the whole train step)
     params_m: float
     forward_ms: float
     forward_ms_min: float
@@ -92,12 +94,14 @@ def _relative_l2(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (diff / torch.linalg.vector_norm(target.float(), dim=dims).clamp_min(1e-8)).mean()
 
 
-def bench_preset(name: str, dtype_name: str, device: torch.device, args: argparse.Namespace) -> Result:
-    """Measure one preset in one precision."""
+def bench_preset(name: str, dtype_name: str, device: torch.device, args: argparse.Namespace,
+                 compiled: str = "off") -> Result:
+    """Measure one preset in one precision; `compiled`: "model" wraps the model in torch.compile, "step" compiles
+    the whole train step (forward, loss, backward, AdamW step) as one function."""
     torch.manual_seed(0)
     model = build_model(name).to(device)
     cfg = model.config
-    if args.compile:
+    if compiled == "model":
         model = torch.compile(model, mode=args.compile_mode)
     amp_dtype = DTYPES[dtype_name]
 
@@ -119,7 +123,7 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
 
     params = sum(p.numel() for p in model.parameters())
     if args.no_train:
-        return Result(name, dtype_name, round(params / 1e6, 3), round(statistics.median(fwd) * 1e3, 3),
+        return Result(name, dtype_name, compiled, round(params / 1e6, 3), round(statistics.median(fwd) * 1e3, 3),
                       round(min(fwd) * 1e3, 3), round(statistics.median(fwd_cpu) * 1e3, 3), None, None, None, None)
     model.train()
     xb = torch.randn(args.train_batch, *shape, device=device)
@@ -135,7 +139,10 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
         loss.backward()
         opt.step()
 
-    steps, steps_cpu = _time(train_step, device, args.warmup, args.train_iters)
+    if compiled == "step":
+        train_step = torch.compile(train_step, mode=args.compile_mode)
+    warmup = max(args.warmup, 3) if compiled == "step" else args.warmup  # compilation stays out of the timed calls
+    steps, steps_cpu = _time(train_step, device, warmup, args.train_iters)
     step_s = statistics.median(steps)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     del model, opt
@@ -144,6 +151,7 @@ def bench_preset(name: str, dtype_name: str, device: torch.device, args: argpars
     return Result(
         preset=name,
         dtype=dtype_name,
+        compiled=compiled,
         params_m=round(params / 1e6, 3),
         forward_ms=round(statistics.median(fwd) * 1e3, 3),
         forward_ms_min=round(min(fwd) * 1e3, 3),
@@ -172,6 +180,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-train", action="store_true", help="forward latency only (for large presets on CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    parser.add_argument("--compile-step", action="store_true",
+                        help="also time the whole train step (forward, loss, backward, AdamW step) compiled as one "
+                             "function, side by side with eager (the forward is then timed eagerly)")
     parser.add_argument("--compile-mode", default=None,
                         help="torch.compile mode (default, reduce-overhead, max-autotune, ...)")
     parser.add_argument("--cuda-graph", action="store_true",
@@ -193,21 +204,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def variants(args: argparse.Namespace) -> list[str]:
+    """What is compiled in each measurement: eager then the whole step (--compile-step), the model (--compile), or
+    nothing."""
+    if args.compile_step:
+        return ["off", "step"]
+    return ["model"] if args.compile else ["off"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = bench_device(args.device, args.threads)
     results: list[Result] = []
-    header = f"{'preset':<6} {'dtype':<5} {'params':>9} {'fwd ms (b=1)':>13} {'fwd min':>9} {'fwd cpu':>9} " \
+    header = f"{'preset':<6} {'dtype':<5} {'compile':<7} {'params':>9} {'fwd ms (b=1)':>13} {'fwd min':>9} {'fwd cpu':>9} " \
              f"{'train samp/s (b=' + str(args.train_batch) + ')':>22} {'step ms':>9} {'step cpu':>9} {'peak MiB':>9}"
     print(f"# DPOT model step benchmark on {device} ({device_name(device)}), torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}", flush=True)
     print(header, flush=True)
     for name in args.presets.split(","):
-        for dtype_name in args.dtypes.split(","):
-            r = bench_preset(name.strip(), dtype_name, device, args)
+        for dtype_name, compiled in [(d, c) for d in args.dtypes.split(",") for c in variants(args)]:
+            r = bench_preset(name.strip(), dtype_name, device, args, compiled)
             results.append(r)
             peak = f"{r.peak_mem_mib:.0f}" if r.peak_mem_mib is not None else "-"
-            print(f"{r.preset:<6} {r.dtype:<5} {r.params_m:>8.2f}M {r.forward_ms:>13.2f} {r.forward_ms_min:>9.2f} "
+            print(f"{r.preset:<6} {r.dtype:<5} {r.compiled:<7} {r.params_m:>8.2f}M {r.forward_ms:>13.2f} {r.forward_ms_min:>9.2f} "
                   f"{r.forward_cpu_ms:>9.1f} {_fmt(r.train_samples_per_s, 22, '.2f')} {_fmt(r.train_step_ms, 9, '.0f')} "
                   f"{_fmt(r.train_step_cpu_ms, 9, '.0f')} {peak:>9}", flush=True)
     summary = {
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "settings": {k: getattr(args, k) for k in ("presets", "dtypes", "train_batch", "warmup", "iters",
-                                                   "train_iters", "compile", "compile_mode", "cuda_graph",
+                                                   "train_iters", "compile", "compile_step", "compile_mode", "cuda_graph",
                                                    "no_train")},
         "results": [asdict(r) for r in results],
     }

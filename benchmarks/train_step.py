@@ -3,11 +3,14 @@
 Run:  .venv/bin/python benchmarks/train_step.py                         # CPU: `tiny`, fp32, about a minute
       .venv/bin/python benchmarks/train_step.py --device cuda             # GPU: Ti and S, fp32/bf16, eager/compile
       .venv/bin/python benchmarks/train_step.py --device cuda --presets Ti --workers 6 --batch 20 --steps 50
+      .venv/bin/python benchmarks/train_step.py --device cpu --compile-step          # eager vs the compiled step
 
 Data: the trajectories of benchmarks/loader.py (PDEBench diffusion-reaction synthesized by `dpot_data.synth`,
 ingested to 128x128 x 4 channels into WebDataset shards), streamed by our training loader (prepare_stream,
 WindowStream, make_loader). On CUDA the batches come from page-locked (pinned) memory and are copied with
-non_blocking=True, the model runs under bf16 autocast when asked, and optionally under torch.compile.
+non_blocking=True, the model runs under bf16 autocast when asked, and optionally under torch.compile: `--compile on`
+wraps the model, `--compile step` (or `--compile-step`: off and step side by side) runs the trainer's compiled step
+(`dpot_train.trainer.compiled_update`: forward, loss, backward, clipping and AdamW as one compiled function).
 
 For each preset x precision x compile it measures, after `--warmup` untimed steps:
   * step samples/s: full training steps exactly as dpot_train.trainer runs them (batch to device, noise injection on
@@ -45,7 +48,7 @@ from dpot_train.config import OptimConfig, TrainConfig  # noqa: E402
 from dpot_train.data.windows import inject_noise  # noqa: E402
 from dpot_train.metrics import relative_l2_loss  # noqa: E402
 from dpot_train.model_setup import data_overrides, fresh_model  # noqa: E402
-from dpot_train.trainer import build_optimizer  # noqa: E402
+from dpot_train.trainer import build_optimizer, compiled_update  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -57,6 +60,7 @@ class StepResult:
     preset: str
     dtype: str
     compile: bool
+    compiled: str  # "off", "on" (the model wrapped in torch.compile) or "step" (the trainer's compiled update)
     workers: int
     params_m: float
     batch: int
@@ -88,17 +92,20 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
 class Stepper:
     """Model, optimiser and schedule built by the trainer's own functions; `step` is one trainer step."""
 
-    def __init__(self, preset: str, device: torch.device, dtype: torch.dtype | None, compile_model: bool, steps: int,
+    def __init__(self, preset: str, device: torch.device, dtype: torch.dtype | None, compiled: str, steps: int,
                  noise: float, seed: int = 0) -> None:
         torch.manual_seed(0)
         fixed = data_overrides(4, (128, 128), 10, 1)
         self.model = fresh_model(preset, {}, fixed).to(device)
         for p in getattr(self.model, "cls_head", torch.nn.Module()).parameters():
             p.requires_grad_(False)  # as the trainer does: the classification head is never trained
-        cfg = TrainConfig(steps=max(steps, 1), optim=OptimConfig())
+        cfg = TrainConfig(steps=max(steps, 1), optim=OptimConfig(), amp=dtype is not None, compile=compiled == "step")
         self.opt, self.sched = build_optimizer(self.model, cfg)
-        self.forward = torch.compile(self.model) if compile_model else self.model
+        self.forward = torch.compile(self.model) if compiled == "on" else self.model
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.update = None
+        if compiled == "step":  # the trainer's --compile update
+            self.update = compiled_update(cfg, self.model, self.opt, self.trainable, device)
         self.device, self.dtype, self.clip = device, dtype, cfg.optim.clip_grad
         self.noise, self.seed = noise, seed
         self.model.train()
@@ -106,6 +113,10 @@ class Stepper:
     def step(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, cv: torch.Tensor,
              positions: torch.Tensor, cv_host: torch.Tensor) -> torch.Tensor:
         x = inject_noise(x, self.noise, positions, self.seed, mask, cv_host)  # host copy: no device-to-host sync
+        if self.update is not None:
+            loss = self.update(x, y, mask, cv)[0]
+            self.sched.step()
+            return loss
         with autocast(self.device, self.dtype):
             pred = self.forward(x)
         loss = relative_l2_loss(pred.float(), y, mask, cv, "valid")
@@ -127,11 +138,11 @@ def timed(n: int, device: torch.device, fn: Any) -> float:
     return time.perf_counter() - start
 
 
-def bench_step(preset: str, dtype_name: str, compile_model: bool, data: BenchData, device: torch.device,
+def bench_step(preset: str, dtype_name: str, compiled: str, data: BenchData, device: torch.device,
                args: argparse.Namespace) -> StepResult:
     """Full steps from the loader, then the same step on a resident batch."""
     total = args.warmup + args.steps
-    stepper = Stepper(preset, device, DTYPES[dtype_name], compile_model, 2 * total, args.noise)
+    stepper = Stepper(preset, device, DTYPES[dtype_name], compiled, 2 * total, args.noise)
     params = sum(p.numel() for p in stepper.model.parameters())
     loader = our_loader(data, "webdataset", args.workers, args.batch, pin_memory=device.type == "cuda",
                         kind=args.worker_kind)
@@ -147,7 +158,8 @@ def bench_step(preset: str, dtype_name: str, compile_model: bool, data: BenchDat
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     n = args.steps * args.batch
     step_rate, model_rate = n / step_s, n / model_s
-    return StepResult(preset, dtype_name, compile_model, args.workers, round(params / 1e6, 3), args.batch, args.steps,
+    return StepResult(preset, dtype_name, compiled != "off", compiled, args.workers, round(params / 1e6, 3),
+                      args.batch, args.steps,
                       round(step_rate, 2), round(model_rate, 2), round(max(0.0, 1.0 - step_rate / model_rate), 3),
                       round(step_s / args.steps * 1e3, 1), round(peak, 1) if peak is not None else None)
 
@@ -170,7 +182,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
     parser.add_argument("--presets", default=None, help="comma list; default Ti,S on CUDA, tiny on CPU")
     parser.add_argument("--dtypes", default=None, help="comma list of fp32,bf16; default both on CUDA, fp32 on CPU")
-    parser.add_argument("--compile", default=None, help="comma list of off,on; default off,on on CUDA, off on CPU")
+    parser.add_argument("--compile", default=None, help="comma list of off, on (the model wrapped in torch.compile), "
+                        "step (the trainer's compiled step: forward, loss, backward, AdamW); default off,on on CUDA, "
+                        "off on CPU")
+    parser.add_argument("--compile-step", action="store_true", help="the same as --compile off,step: eager and the "
+                        "compiled whole step side by side")
     parser.add_argument("--batch", type=int, default=None, help="windows per step; default 20 on CUDA, 4 on CPU")
     parser.add_argument("--workers", default=None,
                         help="comma list of loader worker counts, each measured in turn; default min(8, cores - 1) "
@@ -209,9 +225,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [d for d in args.dtypes.split(",") if d not in DTYPES]
     if bad:
         parser.error(f"unknown dtypes {bad}; choose from {list(DTYPES)}")
-    bad = [c for c in args.compile.split(",") if c not in ("off", "on")]
+    if args.compile_step:
+        args.compile = "off,step"
+    bad = [c for c in args.compile.split(",") if c not in ("off", "on", "step")]
     if bad:
-        parser.error(f"--compile takes off and/or on, got {bad}")
+        parser.error(f"--compile takes off, on and/or step, got {bad}")
     return args
 
 
@@ -242,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             for preset in filter(None, args.presets.split(",")):
                 for dtype_name in args.dtypes.split(","):
                     for comp in args.compile.split(","):
-                        r = bench_step(preset.strip(), dtype_name, comp == "on", data, device, args)
+                        r = bench_step(preset.strip(), dtype_name, comp, data, device, args)
                         results.append(r)
                         peak = f"{r.peak_mem_mib:.0f}" if r.peak_mem_mib is not None else "-"
                         print(f"{r.preset:<6} {r.dtype:<5} {comp:<7} {workers:>7} {r.params_m:>7.2f}M "
@@ -283,13 +301,21 @@ def targets(results: list[StepResult], loader_rate: float) -> dict[str, Any]:
         fastest = max(r.step_samples_per_s for r in ti)
         out["loader_vs_ti_step"] = round(loader_rate / fastest, 2)
         out["loader_vs_ti_step_met"] = loader_rate >= 1.5 * fastest
-    for comp in (False, True):
-        fp32 = [r for r in ti if r.dtype == "fp32" and r.compile == comp]
-        bf16 = [r for r in ti if r.dtype == "bf16" and r.compile == comp]
+    for comp, suffix in (("off", ""), ("on", "_compiled"), ("step", "_compiled_step")):
+        fp32 = [r for r in ti if r.dtype == "fp32" and r.compiled == comp]
+        bf16 = [r for r in ti if r.dtype == "bf16" and r.compiled == comp]
         if fp32 and bf16:
-            key = "ti_bf16_vs_fp32" + ("_compiled" if comp else "")
+            key = "ti_bf16_vs_fp32" + suffix
             out[key] = round(bf16[0].step_samples_per_s / fp32[0].step_samples_per_s, 2)
             out[key + "_model"] = round(bf16[0].model_samples_per_s / fp32[0].model_samples_per_s, 2)
+    for preset in {r.preset for r in results}:  # the compiled whole step against eager, same preset and precision
+        for r in (r for r in results if r.preset == preset and r.compiled == "step"):
+            eager = [e for e in results if e.preset == preset and e.dtype == r.dtype and e.compiled == "off"
+                     and e.workers == r.workers]
+            if eager:
+                key = f"{preset}_{r.dtype}_step_compiled_vs_eager"
+                out[key] = round(r.step_samples_per_s / eager[0].step_samples_per_s, 2)
+                out[key + "_model"] = round(r.model_samples_per_s / eager[0].model_samples_per_s, 2)
     if not ti:
         fastest_any = max((r.step_samples_per_s for r in results), default=0.0)
         if fastest_any:

@@ -68,6 +68,7 @@ class DataConfig:
 
 
 OPTIMIZERS = ("adamw", "adam")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 SCHEDULES = ("one_cycle", "step")
 
 
@@ -122,6 +123,9 @@ class TrainConfig:
     device: str = "auto"  # "auto", "cpu" or "cuda"
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     deterministic: bool = False  # deterministic CUDA kernels (bitwise-repeatable GPU runs and resumes)
+    # torch.compile the training step's forward, loss, backward and optimiser step (dpot_train.trainer.compiled_step)
+    compile: bool = False
+    compile_mode: str | None = None  # torch.compile mode; None: reduce-overhead (CUDA graphs) on CUDA, default on CPU
     log_every: int = 10
     ckpt_every: int = 100
     keep_checkpoints: int = 3
@@ -145,6 +149,8 @@ class TrainConfig:
         from dpot_train.trackers import tracker_names
 
         self.tracker = tracker_names(self.tracker)
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode: expected one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (lists, not tuples) that YAML and torch.load(weights_only=True) both accept."""

@@ -54,7 +54,7 @@ _RESUMABLE = {"out", "progress", "log_every", "ckpt_every", "keep_checkpoints", 
               "eval_every", "rollout_steps", "eval_max_trajectories", "device", "audit", "data.num_workers",
               "data.worker_kind", "data.verify_checksums", "data.checksum_record", "deterministic", "trust",
               "allow_convention_mismatch", "data.cache_dir", "data.cache_limit", "init_sha256", "tracker",
-              "tracker_project"}
+              "tracker_project", "compile", "compile_mode"}
 
 
 # Fields computed from `epochs` and the data at launch: a resume recomputes them, so they are not compared.

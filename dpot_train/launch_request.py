@@ -43,11 +43,12 @@ _VALUES = {"out": "out", "model": "model", "init": "init", "load": "load", "res"
            "backend": "data.backend", "num_workers": "data.num_workers", "worker_kind": "data.worker_kind",
            "recipe": "recipe", "cache_dir": "data.cache_dir", "cache_limit": "data.cache_limit",
            "sha256": "init_sha256", "normalize": "data.normalize", "tracker": "tracker",
-           "tracker_project": "tracker_project"}
+           "tracker_project": "tracker_project", "compile_mode": "compile_mode"}
 _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit", True),  # flag -> (key, value)
              "deterministic": ("deterministic", True), "trust": ("trust", True),
              "allow_convention_mismatch": ("allow_convention_mismatch", True), "no_progress": ("progress", False),
-             "no_eval": ("eval_at_end", False), "no_verify_checksums": ("data.verify_checksums", False)}
+             "no_eval": ("eval_at_end", False), "no_verify_checksums": ("data.verify_checksums", False),
+             "compile_step": ("compile", True)}
 
 
 def res_option(value: str | None) -> int | list[int] | None:

@@ -150,7 +150,7 @@ def _flush(pending: list[tuple[int, int, float, torch.Tensor, torch.Tensor]], lo
     values = torch.stack([torch.stack([l.float(), g.float()]) for *_, l, g in pending]).cpu().tolist()
     if log is not None:
         for (step, position, lr, _, _), (loss, grad) in zip(pending, values):
-            log.record(step, position, lr, loss, grad)
+            log.record(step, position, float(lr), loss, grad)  # a --compile run's lr is a tensor
         if log.tracker is not None:  # these steps' lines are in metrics.jsonl: send the trackers' copy
             log.tracker.flush()
     pending.clear()

@@ -6,12 +6,14 @@ Run it under torchrun (`dpot-train launch` builds the command); a plain `python 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import random
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -141,6 +143,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
         print(recipe_line(cfg.init, cfg.recipe), flush=True)
     opt, sched = build_optimizer(model, cfg)
     step, position = _restore(found, cfg, model, opt, sched) if found is not None else (0, 0)
+    tensor_lr(opt, info.device, False)  # a --compile run's checkpoint holds tensors; compiled_step sets them again
     if info.is_main and found is not None:
         print(f"resumed from {found[0]} at step {step} (stream position {position})", flush=True)
     elif resume and info.is_main:
@@ -229,33 +232,98 @@ def _restore(found: tuple[Path, dict[str, Any]], cfg: TrainConfig, model: torch.
 
 
 def train_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
-               batch: dict[str, Any], device: torch.device, trainable: list[torch.nn.Parameter]
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               batch: dict[str, Any], device: torch.device, trainable: list[torch.nn.Parameter],
+               update: Update | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimiser step on a batch: resize to the run's grid (with --res: the grid the model was built for), add
-    the noise, predict, loss, clip, step. Returns the loss, the per-sample losses and the gradient norm, left on the
-    device. The batch's "fluid_rule" (the loop's `fluid_rule_samples`) names the samples the mask-aware resize
-    applies to; absent: every sample with a solid cell."""
-    reference = cfg.recipe == "reference"
+    the noise, then `update` (predict, loss, clip, step; `make_update`'s, or its compiled form, `compiled_step`),
+    then the schedule. Returns the loss, the per-sample losses and the gradient norm, left on the device. The
+    batch's "fluid_rule" (the loop's `fluid_rule_samples`) names the samples the mask-aware resize applies to;
+    absent: every sample with a solid cell."""
     fluid_rule = batch.get("fluid_rule", True)
     x, y, mask, cv = (batch[k].to(device, non_blocking=True) for k in ("x", "y", "mask", "channel_valid"))
     if cfg.data.res:  # the run's grid (the reference resizes in its loader, before the noise)
         grid = unwrap_model(model).config.grid  # run_grid of the data: the model was fitted to it
         x, _ = resize_window(x, mask, grid, fluid_rule)
         y, mask = resize_window(y, mask, grid, fluid_rule)
-    if reference:  # the reference's noise touches every channel and cell
+    if cfg.recipe == "reference":  # the reference's noise touches every channel and cell
         x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed)
     else:
         x = inject_noise(x, cfg.data.noise, batch["position"], cfg.seed, mask, batch["channel_valid"])
-    with _autocast(device, cfg.amp):
-        pred = model(x)
-    per_sample = per_sample_loss(pred.float(), y, mask, cv, "all" if reference else cfg.loss)
-    loss = per_sample.mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf)
-    opt.step()
+    update = update or make_update(cfg, model, opt, trainable, device)
+    loss, per_sample, grad_norm = update(x, y, mask, cv)
     sched.step()
-    return loss.detach(), per_sample.detach(), grad_norm.detach()
+    return loss, per_sample, grad_norm
+
+
+Update = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                  tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def make_update(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                trainable: list[torch.nn.Parameter], device: torch.device) -> Update:
+    """The step's update on prepared tensors: forward (bf16 autocast on CUDA with amp), loss, backward, clipping,
+    the optimiser's step; (loss, per-sample losses, gradient norm), detached, on the device."""
+    mode = "all" if cfg.recipe == "reference" else cfg.loss
+    clip = cfg.optim.clip_grad if cfg.optim.clip_grad > 0 else math.inf
+
+    def update(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, cv: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with _autocast(device, cfg.amp):
+            pred = model(x)
+        per_sample = per_sample_loss(pred.float(), y, mask, cv, mode)
+        loss = per_sample.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
+        opt.step()
+        return loss.detach(), per_sample.detach(), grad_norm.detach()
+
+    return update
+
+
+def compile_mode(cfg: TrainConfig, device: torch.device) -> str:
+    """torch.compile's mode for --compile: the config's, else reduce-overhead (CUDA graphs) on CUDA, else default."""
+    return cfg.compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")
+
+
+def compiled_step(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                  trainable: list[torch.nn.Parameter], device: torch.device) -> Callable[..., Any]:
+    """--compile: `train_step` with `compiled_update`. The data side (device copy, resize, seeded noise) and the
+    schedule stay eager."""
+    return functools.partial(train_step, update=compiled_update(cfg, model, opt, trainable, device))
+
+
+def compiled_update(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    trainable: list[torch.nn.Parameter], device: torch.device) -> Update:
+    """`make_update`'s update (forward, loss, backward, clipping, optimiser step) through torch.compile. Ops inductor
+    does not lower (the spectral mixer's complex FFTs) run as aten fallbacks, so the model's numerics are unchanged
+    (inductor's warning about them is expected and silenced). The learning rate becomes a tensor (`tensor_lr`), so
+    the schedule changing it needs no recompilation."""
+    tensor_lr(opt, device, True)
+    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex operators")
+    compiled = torch.compile(make_update(cfg, model, opt, trainable, device), mode=compile_mode(cfg, device))
+
+    def update(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, cv: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One call of the compiled update, a new step for CUDA graphs; its outputs copied out of the graph's memory,
+        which the next step's replay overwrites (the loop keeps them until its next log or checkpoint step)."""
+        torch.compiler.cudagraph_mark_step_begin()
+        loss, per_sample, grad_norm = compiled(x, y, mask, cv)
+        return loss.clone(), per_sample.clone(), grad_norm.clone()
+
+    return update
+
+
+def tensor_lr(opt: torch.optim.Optimizer, device: torch.device, on: bool) -> None:
+    """Each parameter group's learning rate as a float64 tensor on `device` (on: the compiled step reads it as an
+    input, not as a constant to guard on) or as a float (off: eager, as before). Called after a checkpoint's
+    restore, so either kind of checkpoint resumes either way."""
+    for group in opt.param_groups:
+        lr = group["lr"]
+        if on:
+            group["lr"] = torch.as_tensor(float(lr), dtype=torch.float64).to(device)
+        elif isinstance(lr, torch.Tensor):
+            group["lr"] = lr.item()
 
 
 class NonFiniteLoss(D.CollectiveError):
@@ -308,6 +376,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
     log = TrainLog(cfg, info, run, step, spec, tracker)
     guard = FiniteGuard([d.name for d in spec.datasets])
     trainable = [p for p in model.parameters() if p.requires_grad]
+    step_fn = compiled_step(cfg, ddp_model, opt, trainable, info.device) if cfg.compile else train_step
     ddp_model.train()
     first = startup.FirstStep.begin(info.is_main)  # a launch's time to its first step (rank 0)
     try:
@@ -315,7 +384,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             batch = next(it)
             if cfg.data.res:  # which samples' solid cells take the mask-aware resize, decided on the CPU
                 batch["fluid_rule"] = fluid_rule_samples(spec.datasets, batch["dataset"], batch["mask"])
-            loss, per_sample, grad_norm = train_step(cfg, ddp_model, opt, sched, batch, info.device, trainable)
+            loss, per_sample, grad_norm = step_fn(cfg, ddp_model, opt, sched, batch, info.device, trainable)
             step, position = step + 1, position + cfg.batch_size
             if first is not None:
                 log.first_step(step, first.end(info.device))

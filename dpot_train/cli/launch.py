@@ -91,6 +91,12 @@ def launch_cmd(
                                                               "(0: to the end of each trajectory).")),
     deterministic: bool = typer.Option(False, "--deterministic",
                                        help="Deterministic CUDA kernels: a GPU run and its resume repeat bitwise."),
+    compile_step: bool = typer.Option(False, "--compile", help="torch.compile the training step (forward, loss, "
+                                      "backward, optimiser step): the first steps pay the compilation."),
+    compile_mode: Optional[str] = typer.Option(None, "--compile-mode", help="torch.compile mode of --compile: "
+                                               "default, reduce-overhead, max-autotune or "
+                                               "max-autotune-no-cudagraphs; default: reduce-overhead (CUDA graphs) "
+                                               "on CUDA, default on CPU."),
     audit: bool = typer.Option(False, "--audit", help="Write the trajectory ids each rank consumed."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation at the end (RUN_DIR/eval.json)."),
