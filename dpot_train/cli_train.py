@@ -158,7 +158,7 @@ def launch_cmd(
 ) -> None:
     """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
     given = dict(locals())  # every option by name, before anything else is bound here
-    from dpot_train.launch import prepare_run
+    from dpot_train.launch import hand_over, prepare_run
     from dpot_train.topology import choose_topology, torchrun_command
 
     try:
@@ -185,7 +185,7 @@ def launch_cmd(
         from dpot_train import startup
 
         os.environ[startup.ENV] = startup.handover()  # the workers' rank 0 prints the time to its first step
-        os.execv(cmd[0], cmd)
+        hand_over(cmd)  # torchrun in this process (no second interpreter), as an exec would run it
 
 
 def _model_named(model: str | None, source: Path | None) -> str | None:
