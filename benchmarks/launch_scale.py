@@ -14,10 +14,10 @@ of main) on the same output, so that before and after are measured side by side 
 (sparse files: fast to write, little disk used, read back at page-cache speed, so the first launch's sha256 pass is
 bound by sha256 itself, the cheapest the pass can be), beside it the same shards and trajectories at 16x16 (1/64 of
 the bytes) and ten times as many of those. On each: a real `launch --steps 1` twice (the first hashes every
-shard and writes the record, the second consults it; both print their time to first step, parsed here), then
+shard and writes the record, the second consults it; both print their time to first step, parsed here; the same
+two from every `--tree`, its record removed first), then
 `launch`'s data check alone in this process (`check_outputs`, consulting the record, and without sha256),
-`launch --dry-run` consulting the record, with `--verify-checksums always`, and from every `--tree` (main: its
-sha256 of every shard on every launch):
+`launch --dry-run` consulting the record, with `--verify-checksums always`, and from every `--tree`:
 
     python benchmarks/launch_scale.py --record --gib 10 --shards 1000 --tree /tmp/main-tree
 """
@@ -51,6 +51,7 @@ from dpot_format.shard_index import INDEX_NAME, index_bytes, index_document  # n
 from dpot_format.tar import Member, SampleIndex  # noqa: E402
 
 FRAMES, GRID = 11, 16
+RECORD = ".dpot-verified.json"  # an output's record of verified shards (dpot_train.data.verified.RECORD_NAME)
 
 
 def template(base: Path, grid: int = GRID, frames: int = FRAMES) -> dict:
@@ -299,6 +300,10 @@ def record_bench(args: argparse.Namespace) -> dict:
                          "disk_bytes": sum(os.stat(out / s["path"]).st_blocks * 512 for s in listed)}
             row["first"] = real_launch(ROOT, str(out), work / "run", env)  # hashes every shard, writes the record
             row["second"] = real_launch(ROOT, str(out), work / "run", env)  # consults it
+            for tree in trees[1:]:  # the same two launches from the other checkout, its record written afresh
+                (out / RECORD).unlink(missing_ok=True)
+                row[f"first_{tree.name}"] = real_launch(tree, str(out), work / "run", env)
+                row[f"second_{tree.name}"] = real_launch(tree, str(out), work / "run", env)
             pass_seconds(out, True)  # untimed: imports, the record and index read into the page cache
             for _ in range(args.repeat):  # the check alone, alternated: what the record adds to a pass without sha256
                 for variant, verify in (("pass_no_sha256_s", False), ("pass_record_s", True)):

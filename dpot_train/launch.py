@@ -1,7 +1,8 @@
 """`dpot-train launch`: check the data and RUN_DIR, write RUN_DIR/config.yaml, then hand over to torchrun.
 
-The launcher replaces itself with torchrun (exec), so that a scheduler's signals reach torchrun directly; every
-data problem (missing shard, wrong checksum, anything dpot_format's validator refuses, unknown mixture name,
+The launcher's process becomes torchrun's (`hand_over`: torchrun runs in it, as an exec would have it: the same pid,
+so that a scheduler's signals reach torchrun directly, and the same held locks), without starting a second
+interpreter and importing torch again; every data problem (missing shard, wrong checksum, anything dpot_format's validator refuses, unknown mixture name,
 mismatched channels) is reported before that, one line per problem.
 """
 
@@ -9,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -221,6 +224,16 @@ def check_model_size(cfg: TrainConfig, fixed: dict) -> None:
                          f"{grid_text(fixed['img_size'])} grid has {count:.2e}")
 
 
+class _Groups(torch.optim.Optimizer):
+    """An optimiser of one parameter group holding no parameter, which a schedule is built on (check_schedule);
+    torch's Optimizer.__init__ is left out: its first call imports torch._dynamo (~1 s of the launcher's checks)."""
+
+    def __init__(self, lr: float) -> None:  # noqa: D107 - no super().__init__(), on purpose (above)
+        self.defaults: dict[str, Any] = {"lr": lr}
+        self.param_groups: list[dict[str, Any]] = [{"params": [], "lr": lr}]
+        self.state: dict[Any, Any] = {}
+
+
 def check_schedule(cfg: TrainConfig) -> None:
     """The learning-rate schedule can be built for cfg.steps (one-cycle) or has a decay interval (step)."""
     if cfg.optim.schedule == "step":
@@ -229,9 +242,8 @@ def check_schedule(cfg: TrainConfig) -> None:
         return
     if not 0 < cfg.optim.warmup_pct < 1:
         raise ValueError(f"optim.warmup_pct must lie strictly between 0 and 1, got {cfg.optim.warmup_pct}")
-    try:  # the same schedule the trainer builds, on a dummy parameter
-        dummy = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
-        one_cycle(dummy, cfg.steps, cfg.optim)
+    try:  # the same schedule the trainer builds, on one group of no parameters
+        one_cycle(_Groups(cfg.optim.lr), cfg.steps, cfg.optim)
     except (ZeroDivisionError, ValueError) as exc:
         raise ValueError(f"--steps {cfg.steps} with optim.warmup_pct {cfg.optim.warmup_pct}: the one-cycle schedule "
                          f"cannot be built ({type(exc).__name__}: {exc}); choose another --steps") from None
@@ -557,6 +569,31 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
     save_plan(make_plan(cfg.to_dict(), docs, weights, spec, evaluation, init, layout_record(topo)), run)
     save_layout(run, topo)
     return cfg, cfg_path
+
+
+def hand_over(cmd: list[str]) -> NoReturn:
+    """Run torchrun (`cmd`: torchrun_command's `python -m dpot_train.torchrun ARGS`) in this process and exit with its
+    code. This process then is torchrun's, as after an exec (the pid a scheduler signals, the RUN_DIR and readers'
+    locks held through the run), and torch, imported for the checks, is not imported again by a second interpreter
+    (1-3 s of a launch's fixed cost). What an exec'd torchrun did at its end is kept: an exception is its traceback
+    and exit code 1, Ctrl-C ends the process by SIGINT."""
+    from dpot_train import torchrun
+
+    module = cmd.index("dpot_train.torchrun")
+    try:
+        code = torchrun.main(cmd[module + 1:])
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    except Exception:  # noqa: BLE001 - torchrun's failure (a crashed rank, SIGTERM): its traceback, as before
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    raise SystemExit(code)
 
 
 def check_run_dir(cfg: TrainConfig, resume: bool) -> None:

@@ -121,8 +121,10 @@ def plan_launch(given: dict[str, Any]) -> tuple[TrainConfig, Any, list[str]]:
 
 
 def exec_torchrun(cmd: list[str]) -> None:
-    """Replace this process with torchrun (`cmd`); the workers' rank 0 then prints the time to its first step."""
+    """Run torchrun (`cmd`) in this process, as an exec would (no second interpreter; its exit code is ours); the
+    workers' rank 0 then prints the time to its first step."""
     from dpot_train import startup
+    from dpot_train.launch import hand_over
 
     os.environ[startup.ENV] = startup.handover()
-    os.execv(cmd[0], cmd)
+    hand_over(cmd)

@@ -4,11 +4,11 @@ in four parts that add up to it:
 * checks: the launcher's work before torchrun (its start, imports, every check of the config, RUN_DIR and the
   data), the sha256 pass left out;
 * hashing: the sha256 pass over local shards and Zarr arrays (`launch.check_outputs`, record consulted);
-* start-up: from the exec into torchrun to the training loop (workers started, model built, checkpoint restored,
+* start-up: from the hand-over to torchrun to the training loop (workers started, model built, checkpoint restored,
   loader ready);
 * first batch: the first batch read and the first optimizer step (synchronised on CUDA).
 
-The launcher hands its times to the workers in the environment (DPOT_LAUNCH_TIMING, JSON: its start and exec as
+The launcher hands its times to the workers in the environment (DPOT_LAUNCH_TIMING, JSON: its start and hand-over as
 Unix times, the hashing seconds); rank 0 prints one line at its first step and records the parts on that step's
 metrics.jsonl line (docs/training.md). Every process of a node reads one clock, so the differences hold.
 """
@@ -48,7 +48,7 @@ _FALLBACK = time.time()
 
 
 def handover(now: float | None = None) -> str:
-    """The value of DPOT_LAUNCH_TIMING for the workers, taken just before the exec into torchrun."""
+    """The value of DPOT_LAUNCH_TIMING for the workers, taken just before torchrun starts (launch.hand_over)."""
     return json.dumps({"start": process_start(), "exec": time.time() if now is None else now,
                        "hashing_s": _noted.get("hashing", 0.0)})
 

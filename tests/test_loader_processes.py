@@ -282,3 +282,74 @@ def test_with_pinned_slots_a_slot_goes_back_only_after_its_copies_ran(stream_dat
     finally:
         it.ring.pinned = False
         it.close()
+
+
+class _FakeCudart:
+    """Stands in for torch.cuda.cudart(): records cudaHostRegister / cudaHostUnregister and answers `code`."""
+
+    def __init__(self, code: int = 0) -> None:
+        self.code = code
+        self.calls: list[tuple] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 - CUDA's name
+        self.calls.append(("register", ptr, size, flags))
+        return self.code
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802 - CUDA's name
+        self.calls.append(("unregister", ptr))
+        return 0
+
+
+def test_on_the_cpu_the_ring_is_not_page_locked(stream_data, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pin_memory asked for where CUDA is not available (the trainer asks on a CUDA device only): no cudart call,
+    prefetch + 1 slots per worker, and the loader's batches as without it."""
+    def no_cudart() -> None:
+        raise AssertionError("cudart called without CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "cudart", no_cudart)
+    spec, reader = stream_data
+    it = process_ring.ProcessBatches(WindowStream(spec, reader, 0, BATCH), 2, prefetch=2, pin_memory=True)
+    try:
+        assert not it.ring.pinned and it.ring.count == 2 * 3
+        assert next(it)["x"].shape[0] == BATCH
+    finally:
+        it.close()
+    loader = make_loader(WindowStream(spec, reader, 0, BATCH), 1, pin_memory=True, kind="process")
+    assert loader.pin_memory is False
+
+
+def test_on_cuda_the_whole_ring_is_registered_once_and_unregistered_at_close(
+        stream_data, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CUDA (stood in for): the region is registered page-locked in one cudaHostRegister of its address and
+    whole size, portable (flag 1), with one more slot per worker; close() waits for the queued copies and
+    unregisters that address; a refused registration is one warning and the slots stay pageable."""
+    cudart = _FakeCudart()
+    synced: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(True))
+    spec, reader = stream_data
+    stream = WindowStream(spec, reader, 0, BATCH)
+    it = process_ring.ProcessBatches(stream, 2, prefetch=2, pin_memory=True)
+    ring = it.ring
+    address, size = ring.base.data_ptr(), ring.count * ring.size
+    try:
+        assert ring.count == 2 * 4 and size == ring.base.numel() and ring.pinned
+        assert cudart.calls == [("register", address, size, 1)]
+    finally:
+        it.close()
+    assert cudart.calls == [("register", address, size, 1), ("unregister", address)] and synced and not ring.pinned
+    it.close()  # twice: nothing more
+    assert len(cudart.calls) == 2
+
+    refused = _FakeCudart(code=712)  # cudaErrorHostMemoryAlreadyRegistered, say
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: refused)
+    with pytest.warns(UserWarning, match=r"page-locking the loader's \d+ MiB of batch slots failed \(cudaError "
+                                         r"712\); batches are copied to the GPU from pageable memory"):
+        it = process_ring.ProcessBatches(stream, 1, prefetch=1, pin_memory=True)
+    try:
+        assert not it.ring.pinned and len(refused.calls) == 1
+    finally:
+        it.close()
+    assert len(refused.calls) == 1  # nothing to unregister

@@ -23,7 +23,7 @@ from torch import nn
 
 from .family_config import (GridError, canonical_grid, config_from_dict, grid_problem, grid_sides, grid_text,
                             multiple_problem)
-from .layers import coordinate_grid
+from .layers import coordinate_grid, initial
 
 FAMILY = "fno"
 
@@ -126,8 +126,10 @@ class SpectralConv2d(nn.Module):
         super().__init__()
         self.out_channels, self.modes1, self.modes2 = out_channels, modes1, modes2
         scale = 1.0 / (in_channels * out_channels)
-        self.weights1 = nn.Parameter(scale * torch.rand(2, in_channels, out_channels, modes1, modes2))
-        self.weights2 = nn.Parameter(scale * torch.rand(2, in_channels, out_channels, modes1, modes2))
+        self.weights1 = nn.Parameter(initial(lambda: scale * torch.rand(2, in_channels, out_channels, modes1, modes2),
+                                             2, in_channels, out_channels, modes1, modes2))
+        self.weights2 = nn.Parameter(initial(lambda: scale * torch.rand(2, in_channels, out_channels, modes1, modes2),
+                                             2, in_channels, out_channels, modes1, modes2))
 
     @staticmethod
     def _mix(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -246,7 +248,9 @@ class SpectralConv3d(nn.Module):
         self.out_channels, self.modes = out_channels, (modes1, modes2, modes3)
         scale = 1.0 / (in_channels * out_channels)
         for i in range(1, 5):
-            weight = scale * torch.rand(in_channels, out_channels, modes1, modes2, modes3, dtype=torch.cfloat)
+            weight = initial(lambda: scale * torch.rand(in_channels, out_channels, modes1, modes2, modes3,
+                                                        dtype=torch.cfloat),
+                             in_channels, out_channels, modes1, modes2, modes3, dtype=torch.cfloat)
             self.register_parameter(f"weights{i}", nn.Parameter(weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ Module and parameter names equal the released checkpoint keys, so pre-trained we
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,12 @@ from torch import nn
 
 _CONV = {2: nn.Conv2d, 3: nn.Conv3d}
 _CONV_T = {2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
+
+
+def initial(draw: Callable[[], torch.Tensor], *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """draw(), a parameter's initial value; on the meta device (a parameter count) an empty tensor of its shape:
+    random draws and arithmetic on meta tensors run torch's Python kernels, which import torch._dynamo (~1 s)."""
+    return torch.empty(shape, dtype=dtype) if torch.empty(0).is_meta else draw()
 
 
 def activation(name: str) -> nn.Module:
@@ -67,9 +73,10 @@ class TimeAggregator(nn.Module):
     def __init__(self, n_timesteps: int, dim: int, kind: str = "exp_mlp") -> None:
         super().__init__()
         self.kind = kind
-        self.w = nn.Parameter(torch.randn(n_timesteps, dim, dim) / (n_timesteps * math.sqrt(dim)))
+        self.w = nn.Parameter(initial(lambda: torch.randn(n_timesteps, dim, dim) / (n_timesteps * math.sqrt(dim)),
+                                      n_timesteps, dim, dim))
         if kind == "exp_mlp":
-            self.gamma = nn.Parameter(torch.pow(2.0, torch.linspace(-10, 10, dim)).unsqueeze(0))
+            self.gamma = nn.Parameter(initial(lambda: torch.pow(2.0, torch.linspace(-10, 10, dim)), dim).unsqueeze(0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D, *S) -> (B, D, *S)."""
@@ -102,10 +109,13 @@ class AFNOMixer(nn.Module):
         self.act = activation(act)
         hidden = self.block_size * hidden_factor
         scale = 1.0 / (self.block_size * self.block_size * hidden_factor)
-        self.w1 = nn.Parameter(scale * torch.rand(2, n_blocks, self.block_size, hidden))
-        self.b1 = nn.Parameter(scale * torch.rand(2, n_blocks, hidden))
-        self.w2 = nn.Parameter(scale * torch.rand(2, n_blocks, hidden, self.block_size))
-        self.b2 = nn.Parameter(scale * torch.rand(2, n_blocks, self.block_size))
+        size = self.block_size
+        self.w1 = nn.Parameter(initial(lambda: scale * torch.rand(2, n_blocks, size, hidden),
+                                       2, n_blocks, size, hidden))
+        self.b1 = nn.Parameter(initial(lambda: scale * torch.rand(2, n_blocks, hidden), 2, n_blocks, hidden))
+        self.w2 = nn.Parameter(initial(lambda: scale * torch.rand(2, n_blocks, hidden, size),
+                                       2, n_blocks, hidden, size))
+        self.b2 = nn.Parameter(initial(lambda: scale * torch.rand(2, n_blocks, size), 2, n_blocks, size))
 
     def _complex_linear(self, z: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """Block-diagonal complex affine map on z = (2=re/im, B, *K, heads, i) -> (2, B, *K, heads, o)."""
