@@ -51,7 +51,7 @@ from common import machine  # noqa: E402
 
 @dataclass(frozen=True)
 class Scale:
-    """What one scale trains: presets, data size and step budget."""
+    """What one scale trains: presets, data, step budget, optimiser and seeds."""
 
     dpot: str
     fno: str
@@ -65,14 +65,21 @@ class Scale:
     batch_size: int
     device: str
     workers: int  # loader workers per process
+    lr: float  # peak of the one-cycle schedule, every run
+    dr_t_end: float  # time of the last diffusion-reaction frame (`synth pdebench-dr --t-end`; published: 5)
+    seeds: int  # training seeds 0 .. seeds-1 of every compared run
+    normalize: str  # `launch --normalize`: manifest = per-channel statistics of the train split
 
 
 SCALES = {
-    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 24, 13, 32, 32, 60, 60, 8, "cpu", 0),
-    "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 64, 10000, 10000, 20, "cuda", 4),
-    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 32, 10, 10, 2, "cpu", 0),
+    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 160, 13, 32, 32, 1500, 1500, 8, "cpu", 0, 3e-3, 20.0, 3,
+                 "manifest"),
+    "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 64, 10000, 10000, 20, "cuda", 4, 1e-3, 48.0, 3, "manifest"),
+    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 32, 10, 10, 2, "cpu", 0, 3e-3, 20.0, 2, "manifest"),
 }
 ROWS = ("dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence")  # the report's runs, in this order
+COLOURS = {"dpot-scratch": "tab:blue", "fno": "tab:orange", "unet": "tab:green", "dpot-finetuned": "tab:red",
+           "pretrain": "tab:gray"}
 
 
 def run(args: list[str]) -> str:
@@ -95,19 +102,20 @@ def corpus(folder: Path, s: Scale, seed: int) -> list[Path]:
     run(["dpot_data", "ingest", "fno", *map(str, mat), "--out", str(folder / "fno"), "--resolution", res,
          "--split", "0.8", "--no-progress"])
     run(["dpot_data", "synth", "pdebench-dr", "--out", str(folder / "raw-dr"), "--n", n, "--frames", frames,
-         "--res", res, "--seed", str(seed)])
+         "--res", res, "--seed", str(seed), "--t-end", str(s.dr_t_end)])
     h5 = sorted((folder / "raw-dr").glob("*.h5"))
     run(["dpot_data", "ingest", "pdebench", *map(str, h5), "--out", str(folder / "dr"), "--resolution", res,
          "--split", "0.8", "--no-progress"])
     return [folder / "fno", folder / "dr"]
 
 
-def launch(out: Path, model: str, manifests: list[Path], steps: int, a: argparse.Namespace, *extra: str) -> Path:
+def launch(out: Path, model: str, manifests: list[Path], steps: int, seed: int, a: argparse.Namespace,
+           *extra: str) -> Path:
     """One `dpot-train launch` run without its own evaluation; its last checkpoint."""
     args = ["dpot_train", "launch", "--model", model, "--steps", str(steps), "--batch-size", str(a.batch_size),
-            "--seed", "0", "--recipe", "dpot", "--device", a.device, "--nproc-per-node", str(a.nproc_per_node),
-            "--num-workers", str(a.workers),
-            "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 10)), "--no-eval", "--no-progress",
+            "--lr", str(a.lr), "--seed", str(seed), "--recipe", "dpot", "--normalize", a.normalize,
+            "--device", a.device, "--nproc-per-node", str(a.nproc_per_node), "--num-workers", str(a.workers),
+            "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 100)), "--no-eval", "--no-progress",
             "--out", str(out)]
     for m in manifests:
         args += ["--manifest", str(m)]
@@ -139,23 +147,85 @@ def persistence_eval(scratch: dict[str, Any], source: Path, out: Path) -> dict[s
     return result
 
 
-def table(evals: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """Rows (run) x columns (dataset: rollout L2RE, one-step L2RE) as text lines, and the figures behind them."""
-    datasets = sorted(evals["dpot-scratch"]["datasets"])
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, min and max of one figure over the seeds, and the values themselves (seed order)."""
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "seeds": list(values)}
+
+
+def losses(metrics: Path) -> tuple[list[int], list[float]]:
+    """(steps, training losses) a run logged in its metrics.jsonl."""
+    steps, values = [], []
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "loss" in row and "step" in row:
+            steps.append(int(row["step"]))
+            values.append(float(row["loss"]))
+    return steps, values
+
+
+def flattening(values: list[float]) -> dict[str, float]:
+    """The loss's mean over the last tenth of the logged steps and its ratio to the tenth before: near 1 once the
+    loss has flattened (with one-cycle the learning rate is near 0 at the end, so this is read with the curve)."""
+    k = max(1, len(values) // 10)
+    last, before = values[-k:], values[-2 * k:-k] or values[-k:]
+    final = sum(last) / len(last)
+    return {"final_loss": final, "last_over_previous_tenth": final / (sum(before) / len(before))}
+
+
+def table(evals: list[dict[str, dict[str, Any]]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Rows (run) x columns (dataset: rollout L2RE, one-step L2RE), each the mean over the seeds with [min, max], as
+    text lines, and the figures behind them (`evals`: one {label: eval.json} per seed)."""
+    datasets = sorted(evals[0]["dpot-scratch"]["datasets"])
     figures: dict[str, dict[str, Any]] = {}
-    head = f"{'run':16}{'network':28}{'params':>10}" + "".join(f"{d[:24]:>26}{'':>10}" for d in datasets)
-    sub = f"{'':54}" + "".join(f"{'rollout L2RE':>26}{'one-step':>10}" for _ in datasets)
+    head = f"{'run':16}{'network':22}{'params':>8}" + "".join(f"{d[:40]:>44}" for d in datasets)
+    sub = f"{'':46}" + "".join(f"{'rollout L2RE [min-max]':>26}{'one-step':>18}" for _ in datasets)
     lines = [head, sub]
     for label in ROWS:
-        e = evals[label]
-        net = e.get("network") or {}
+        net = evals[0][label].get("network") or {}
         name = f"{net.get('model', '?')} {net.get('size', '')}".strip()
-        scores = {d: {"rollout_l2re": e["datasets"][d]["model"]["rollout_l2re"],
-                      "one_step_l2re": e["datasets"][d]["model"]["one_step_l2re"]} for d in datasets}
-        figures[label] = {"network": net, "scores": scores}
-        lines.append(f"{label:16}{name[:27]:28}{net.get('parameters', 0):>10}" + "".join(
-            f"{scores[d]['rollout_l2re']:26.4f}{scores[d]['one_step_l2re']:10.4f}" for d in datasets))
+        scores = {d: {f"{k}_l2re": spread([e[label]["datasets"][d]["model"][f"{k}_l2re"] for e in evals])
+                      for k in ("rollout", "one_step")} for d in datasets}
+        figures[label] = {"network": net, "scores": {
+            d: {**{k: v["mean"] for k, v in sc.items()}, **{f"{k}_spread": v for k, v in sc.items()}}
+            for d, sc in scores.items()}}
+        cells = "".join(f"{sc['rollout_l2re']['mean']:8.4f} [{sc['rollout_l2re']['min']:.4f}-"
+                        f"{sc['rollout_l2re']['max']:.4f}]{sc['one_step_l2re']['mean']:10.4f} "
+                        f"[{sc['one_step_l2re']['min']:.3f}-{sc['one_step_l2re']['max']:.3f}]".rjust(44)
+                        for sc in scores.values())
+        lines.append(f"{label:16}{name[:21]:22}{net.get('parameters', 0):>8}" + cells)
     return lines, figures
+
+
+def plot_curves(curves: dict[str, list[tuple[list[int], list[float]]]], path: Path, title: str) -> Path:
+    """Training loss against step, one colour per model: each seed a thin line, the mean over seeds a thick one
+    (log scale); written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
+    for label, runs in curves.items():
+        colour = COLOURS.get(label, "black")
+        for steps, values in runs:
+            ax.plot(steps, values, color=colour, linewidth=0.5, alpha=0.45)
+        n = min(len(v) for _, v in runs)
+        mean = [sum(v[i] for _, v in runs) / len(runs) for i in range(n)]
+        ax.plot(runs[0][0][:n], mean, color=colour, linewidth=1.8, label=f"{label} ({len(runs)} seed"
+                f"{'s' if len(runs) > 1 else ''})", linestyle="--" if label == "pretrain" else "-")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (relative L2, valid channels)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -167,11 +237,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, help="Steps of each compared run (default: the scale's).")
     p.add_argument("--pretrain-steps", type=int, help="Steps of the pre-training run (default: the scale's).")
     p.add_argument("--batch-size", type=int, help="Global batch of every run (default: the scale's).")
+    p.add_argument("--lr", type=float, help="Peak learning rate of every run (default: the scale's).")
+    p.add_argument("--seeds", type=int, help="Training seeds 0..N-1 of every compared run (default: the scale's).")
     p.add_argument("--trajectories", type=int, help="Trajectories synthesized per dataset (default: the scale's).")
     p.add_argument("--frames", type=int, help="Frames per trajectory (default: the scale's; at least t_in + 2).")
+    p.add_argument("--dr-t-end", type=float, help="Time of the last diffusion-reaction frame (default: the scale's).")
     p.add_argument("--res", type=int, help="Grid side of the shards and models (default: the scale's).")
     p.add_argument("--fno-res", type=int, help="Grid FNO Navier-Stokes is solved on (default: the scale's).")
     p.add_argument("--workers", type=int, help="Loader workers per process (default: the scale's).")
+    p.add_argument("--normalize", choices=("auto", "manifest", "none"), help="launch --normalize (default: the "
+                   "scale's).")
     p.add_argument("--dpot", help="DPOT preset (default: the scale's).")
     p.add_argument("--fno", help="FNO preset (default: the scale's).")
     p.add_argument("--unet", help="UNet preset (default: the scale's).")
@@ -180,45 +255,66 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = p.parse_args(argv)
     given = {k: v for k, v in vars(a).items() if k in Scale.__dataclass_fields__ and v is not None}
     s = replace(SCALES[a.scale], **given)
-    a.batch_size, a.device, a.workers = s.batch_size, s.device, s.workers
+    if s.seeds < 1:
+        p.error(f"--seeds: expected at least 1, got {s.seeds}")
+    a.batch_size, a.device, a.workers, a.lr, a.normalize = s.batch_size, s.device, s.workers, s.lr, s.normalize
     out = Path(a.out or tempfile.mkdtemp(prefix="dpot-paper-table-")).resolve()  # the CLIs run in the checkout
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    at_start = machine(out, ["torch", "numpy"])
 
     data = corpus(out / "data", s, seed=0)
     pre_data = corpus(out / "pretrain-data", s, seed=1)
-    pre_ckpt = launch(out / "pretrain", s.dpot, pre_data, s.pretrain_steps, a)
+    pre_ckpt = launch(out / "pretrain", s.dpot, pre_data, s.pretrain_steps, 0, a)
     weights = out / "pretrained.pth"
     run(["dpot_train", "model", "export", str(pre_ckpt), "--out", str(weights)])
 
     runs = {"dpot-scratch": (s.dpot, ()), "fno": (s.fno, ()), "unet": (s.unet, ()),
             "dpot-finetuned": (s.dpot, ("--init", str(weights)))}
-    evals: dict[str, dict[str, Any]] = {}
+    evals: list[dict[str, dict[str, Any]]] = []  # one {label: eval.json} per seed
+    curves: dict[str, list[tuple[list[int], list[float]]]] = {label: [] for label in runs}
+    curves["pretrain"] = [losses(out / "pretrain" / "metrics.jsonl")]
     paths: dict[str, Path] = {}
-    for label, (model, extra) in runs.items():
-        ckpt = launch(out / "runs" / label / "train", model, data, s.steps, a, *extra)
-        paths[label] = out / "runs" / label / "eval.json"
-        evals[label] = evaluate(ckpt, data, paths[label], s.device)
-    paths["persistence"] = out / "runs" / "persistence" / "eval.json"
-    evals["persistence"] = persistence_eval(evals["dpot-scratch"], paths["dpot-scratch"], paths["persistence"])
-    # persistence does not depend on the model: every run's evaluation must carry the same figures
-    spread = max(abs(e["datasets"][d]["persistence"]["rollout_l2re"]
-                     - evals["dpot-scratch"]["datasets"][d]["persistence"]["rollout_l2re"])
-                 for label, e in evals.items() for d in e["datasets"])
+    for seed in range(s.seeds):
+        folder = out / "runs" / f"seed-{seed}"
+        seed_evals: dict[str, dict[str, Any]] = {}
+        for label, (model, extra) in runs.items():
+            ckpt = launch(folder / label / "train", model, data, s.steps, seed, a, *extra)
+            curves[label].append(losses(folder / label / "train" / "metrics.jsonl"))
+            seed_evals[label] = evaluate(ckpt, data, folder / label / "eval.json", s.device)
+        seed_evals["persistence"] = persistence_eval(seed_evals["dpot-scratch"], folder / "dpot-scratch" / "eval.json",
+                                                     folder / "persistence" / "eval.json")
+        evals.append(seed_evals)
+        if seed == 0:
+            paths = {label: folder / label / "eval.json" for label in ROWS}
+    # persistence does not depend on the model or seed: every evaluation must carry the same figures
+    first = evals[0]["dpot-scratch"]["datasets"]
+    persistence_spread = max(abs(e["datasets"][d]["persistence"]["rollout_l2re"] - first[d]["persistence"]["rollout_l2re"])
+                             for seed_evals in evals for e in seed_evals.values() for d in e["datasets"])
 
-    report = out / "report.md"
+    report = out / "report.md"  # the paper's rows beside the seed-0 runs (the table below: every seed)
     run(["dpot_train", "report", *(str(paths[label]) for label in ROWS), "--paper", "--out", str(report)])
     print(report.read_text(encoding="utf-8"))
+    settings = (f"scale {a.scale}: {s.steps} steps of batch {s.batch_size} per run (pre-training {s.pretrain_steps},"
+                f" seed 0), one-cycle lr {s.lr:g}, normalize {s.normalize}, seeds 0-{s.seeds - 1}; "
+                f"{s.trajectories} trajectories x {s.frames} frames per dataset at {s.res}x{s.res}, "
+                f"diffusion-reaction to t={s.dr_t_end:g}, device {s.device}, recipe dpot; test split, rollout to "
+                f"the trajectory end")
+    curve_png = plot_curves(curves, out / "learning_curves.png", settings[:settings.index(";")])
     lines, figures = table(evals)
-    print(f"scale {a.scale}: {s.steps} steps of batch {s.batch_size} per run (pre-training {s.pretrain_steps}), "
-          f"{s.trajectories} trajectories x {s.frames} frames per dataset at {s.res}x{s.res}, device {s.device}, "
-          f"recipe dpot; test split, rollout to the trajectory end")
+    for label in runs:
+        flat = [flattening(v) for _, v in curves[label]]
+        figures[label]["training"] = {k: spread([f[k] for f in flat]) for k in flat[0]}
+    print(settings)
+    print(f"each cell: mean over {s.seeds} seed{'s' if s.seeds > 1 else ''} [min-max]")
     print("\n".join(lines))
-    print(f"report: {report}")
+    print(f"report: {report} (seed 0)\nlearning curves: {curve_png}")
     summary = {"benchmark": "paper_table", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "scale": a.scale, "settings": asdict(s), "nproc_per_node": a.nproc_per_node, "recipe": "dpot",
-               "rows": figures, "persistence_spread": spread, "report": str(report), "out": str(out),
-               "wall_s": round(time.monotonic() - t0, 1), "machine": machine(out, ["torch", "numpy"])}
+               "seeds": list(range(s.seeds)), "spread": "min-max over seeds", "rows": figures,
+               "persistence_spread": persistence_spread, "report": str(report), "learning_curves": str(curve_png),
+               "out": str(out), "wall_s": round(time.monotonic() - t0, 1), "machine": machine(out, ["torch", "numpy"]),
+               "load_average_start": at_start["load_average"]}
     print(json.dumps(summary))
     return summary
 

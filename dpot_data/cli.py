@@ -158,11 +158,15 @@ def synth_pdebench_dr_command(
     out: Path = _OUT, n: int = typer.Option(3, "--n", help="Samples (groups)."),
     frames: int = typer.Option(11, "--frames", help="Frames (published: 101)."),
     res: int = typer.Option(32, "--res", help="Grid size (published: 128)."), seed: int = _SEED,
+    t_end: float = typer.Option(5.0, "--t-end", help="Time of the last frame (published: 5); later: frames further "
+                                "apart, the fields changing more between them."),
 ) -> None:
     """PDEBench diffusion–reaction: 2D_diff-react_NA_NA.h5, one lzf group per sample with a YAML config."""
     from dpot_data.synth.pdebench import write_diff_react
 
-    _echo_paths(write_diff_react(out, n=n, frames=frames, res=res, seed=seed))
+    if not t_end > 0:  # before anything is written
+        raise typer.BadParameter(f"expected a time > 0, got {t_end}", param_hint="--t-end")
+    _echo_paths(write_diff_react(out, n=n, frames=frames, res=res, seed=seed, t_end=t_end))
 
 
 @synth_app.command("pdebench-swe")
