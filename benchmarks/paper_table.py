@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -216,7 +217,7 @@ def plot_curves(curves: dict[str, list[tuple[list[int], list[float]]]], path: Pa
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (relative L2, valid channels)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 95)), fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
