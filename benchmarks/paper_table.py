@@ -2,7 +2,7 @@
 and the persistence baseline, trained on the same shards with the same step budget, evaluated with the same recipe and
 set beside the DPOT paper's Table 1 by `dpot-train report --paper`; every trained row over several seeds.
 
-Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --out paper     # CPU scale, ~20-30 min on 2 cores
+Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --out paper     # CPU scale, 19 min on 2 loaded cores
       PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --gpu           # the paper's presets on CUDA
       PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # a check that it runs (2 seeds)
 
@@ -46,8 +46,10 @@ normalisation, one seed; no model beat persistence on either dataset):
   - `--normalize manifest` (per-channel statistics of the train split, applied in evaluation too): without it the
     DPOT loss was still 0.7-1 after 200 steps, with it 0.26; the recipe stays dpot (loss and noise over valid
     channels and fluid cells).
-  - 1500 steps at peak lr 3e-3 instead of 60 at 1e-3: the losses flatten by the end of the one-cycle schedule (the
-    picture and the JSON line's `last_over_previous_tenth`); the paper's lr 1e-3 is kept for --gpu.
+  - 1500 steps at peak lr 3e-3 instead of 60 at 1e-3: the losses flatten towards the end of the one-cycle schedule
+    (still 6-10% lower over the last tenth of the steps: the picture and the JSON line's `last_over_previous_tenth`);
+    the paper's lr 1e-3 is kept for --gpu. unet-tiny (width 4) still underfits diffusion-reaction at this budget
+    and does not beat persistence there (benchmarks/RESULTS.md).
   - 3 seeds: the spread says how much of a difference between rows is seed noise.
 """
 
