@@ -1,33 +1,56 @@
 """The paper's comparison in one command: DPOT from scratch, FNO, UNet, DPOT fine-tuned from a pre-trained checkpoint
 and the persistence baseline, trained on the same shards with the same step budget, evaluated with the same recipe and
-set beside the DPOT paper's Table 1 by `dpot-train report --paper`.
+set beside the DPOT paper's Table 1 by `dpot-train report --paper`; every trained row over several seeds.
 
-Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py                 # CPU scale, a few minutes
+Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --out paper     # CPU scale, 19 min on 2 loaded cores
       PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --gpu           # the paper's presets on CUDA
-      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # about two minutes: a check it runs
+      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # a check that it runs (2 seeds)
 
 Every step is a subprocess call of the CLIs a user runs (`python -m dpot_data`, `python -m dpot_train`):
-1. `dpot-data synth fno` (FNO Navier-Stokes, nu 1e-3) and `synth pdebench-dr` (PDEBench diffusion-reaction) write the
-   corpus, `dpot-data ingest ... --split 0.8` turns it into shards; the same two generators with the next seed write
-   the pre-training corpus (other trajectories of the same equations).
-2. `dpot-train launch` trains, on the corpus shards with the same steps, batch, seed, schedule and recipe (dpot):
-   DPOT from scratch (`--model tiny`), FNO (`fno-tiny`), UNet (`unet-tiny`) and DPOT fine-tuned (`--init`) from the
-   weights of a DPOT run pre-trained on the pre-training corpus and written by `dpot-train model export`.
+1. `dpot-data synth fno` (FNO Navier-Stokes, nu 1e-3) and `synth pdebench-dr --t-end` (PDEBench diffusion-reaction)
+   write the corpus, `dpot-data ingest ... --split 0.8` turns it into shards; the same two generators with the next
+   seed write the pre-training corpus (other trajectories of the same equations).
+2. `dpot-train launch` pre-trains DPOT once (seed 0) on the pre-training corpus (`dpot-train model export` writes its
+   weights), then, for each seed 0..N-1, trains on the corpus shards with the same steps, batch, seed, schedule,
+   normalisation and recipe (dpot): DPOT from scratch (`--model tiny`), FNO (`fno-tiny`), UNet (`unet-tiny`) and DPOT
+   fine-tuned (`--init` the export). The fine-tuned row's spread is that of fine-tuning, not of pre-training.
 3. `dpot-train evaluate CKPT --recipe dpot` scores each run on the test split (rollout to the trajectory end); the
-   persistence baseline, which every eval.json carries, becomes its own run (OUT/runs/persistence/eval.json: the
-   scratch run's evaluation with `persistence` as the model), and `dpot-train report ... --paper --out
-   OUT/report.md` writes the table with the paper's rows beside.
-The output ends with a table of the five rows (rollout and one-step L2RE per dataset) and one JSON line.
+   persistence baseline, which every eval.json carries, becomes its own run (OUT/runs/seed-S/persistence/eval.json:
+   the scratch run's evaluation with `persistence` as the model), and `dpot-train report` of the seed-0 runs
+   `--paper --out OUT/report.md` writes the table with the paper's rows beside.
+The output ends with a table of the five rows (rollout and one-step L2RE per dataset: the mean over the seeds and
+[min-max]), OUT/learning_curves.png (training loss against step from each run's metrics.jsonl: one colour per model,
+seeds thin, their mean thick) and one JSON line (each score's mean, min, max and per-seed values; per model the final
+training loss and its ratio to the tenth of the steps before, ~1 once flat).
 
 Scales (`--scale`; each setting can be overridden by the options below):
-  cpu    tiny, fno-tiny, unet-tiny; 24 trajectories x 13 frames per dataset at 32x32; 60 steps (pre-training 60),
-         batch 8, one process on the CPU. 4 to 6 minutes on a loaded 2-core machine (benchmarks/RESULTS.md).
+  cpu    tiny, fno-tiny, unet-tiny; 160 trajectories x 13 frames per dataset at 32x32, diffusion-reaction to t=20;
+         1500 steps (pre-training 1500) of batch 8, one-cycle lr 3e-3, `--normalize manifest`, 3 seeds, one process
+         on the CPU (benchmarks/RESULTS.md: wall time and load).
   gpu    Ti, fno, unet (the paper's 7M, 0.5M and 25M); 200 trajectories x 30 frames per dataset, FNO
          Navier-Stokes solved at 64x64 and resampled to 128x128 at ingest (as the paper's data), diffusion-reaction
-         at 128x128; 10000 steps (pre-training 10000), batch 20, 4 loader workers, CUDA (bf16, as `launch` does on
-         GPUs). Not run here: each of the three Ti runs takes about 7 minutes at the ~460 samples/s `launch` reached
-         with 4 thread workers on an H100 (benchmarks/RESULTS.md); FNO's and UNet's speed on a GPU is not measured.
-  smoke  the cpu presets, 6 trajectories x 12 frames, 10 steps of batch 2: a check that the pipeline runs.
+         at 128x128 to t=48 (the cpu scale's frame spacing); 10000 steps (pre-training 10000), batch 20, lr 1e-3 (the
+         paper's), 4 loader workers, CUDA (bf16, as `launch` does on GPUs), 3 seeds. Not run here: each Ti run takes
+         about 7 minutes at the ~460 samples/s `launch` reached with 4 thread workers on an H100
+         (benchmarks/RESULTS.md); FNO's and UNet's speed on a GPU is not measured.
+  smoke  the cpu presets, 6 trajectories x 12 frames, 10 steps of batch 2, 2 seeds: a check that the pipeline runs.
+
+What the cpu scale changed, and why (before: 24 trajectories, the published t=5, 60 steps, lr 1e-3, no
+normalisation, one seed; no model beat persistence on either dataset):
+  - diffusion-reaction frames spaced 1.67 apart (`synth pdebench-dr --t-end 20`, 13 frames) instead of 0.42: at t=5
+    the fields barely change between frames (persistence one-step L2RE 0.03, rollout 0.06), so predicting the last
+    frame was the best answer; at t=20 persistence is 0.10 / 0.22 and a model has something to learn. The FNO
+    Navier-Stokes frames are one time unit apart already (persistence 0.07 / 0.16).
+  - 160 trajectories instead of 24: with 48 (38 for training) DPOT tiny beat persistence on the train split of
+    diffusion-reaction (rollout 0.08 vs 0.21) and lost to it on the test split (0.25 vs 0.22): too few trajectories.
+  - `--normalize manifest` (per-channel statistics of the train split, applied in evaluation too): without it the
+    DPOT loss was still 0.7-1 after 200 steps, with it 0.26; the recipe stays dpot (loss and noise over valid
+    channels and fluid cells).
+  - 1500 steps at peak lr 3e-3 instead of 60 at 1e-3: the losses flatten towards the end of the one-cycle schedule
+    (still 6-10% lower over the last tenth of the steps: the picture and the JSON line's `last_over_previous_tenth`);
+    the paper's lr 1e-3 is kept for --gpu. unet-tiny (width 4) still underfits diffusion-reaction at this budget
+    and does not beat persistence there (benchmarks/RESULTS.md).
+  - 3 seeds: the spread says how much of a difference between rows is seed noise.
 """
 
 from __future__ import annotations
@@ -38,6 +61,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -51,7 +75,7 @@ from common import machine  # noqa: E402
 
 @dataclass(frozen=True)
 class Scale:
-    """What one scale trains: presets, data size and step budget."""
+    """What one scale trains: presets, data, step budget, optimiser and seeds."""
 
     dpot: str
     fno: str
@@ -65,14 +89,21 @@ class Scale:
     batch_size: int
     device: str
     workers: int  # loader workers per process
+    lr: float  # peak of the one-cycle schedule, every run
+    dr_t_end: float  # time of the last diffusion-reaction frame (`synth pdebench-dr --t-end`; published: 5)
+    seeds: int  # training seeds 0 .. seeds-1 of every compared run
+    normalize: str  # `launch --normalize`: manifest = per-channel statistics of the train split
 
 
 SCALES = {
-    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 24, 13, 32, 32, 60, 60, 8, "cpu", 0),
-    "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 64, 10000, 10000, 20, "cuda", 4),
-    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 32, 10, 10, 2, "cpu", 0),
+    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 160, 13, 32, 32, 1500, 1500, 8, "cpu", 0, 3e-3, 20.0, 3,
+                 "manifest"),
+    "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 64, 10000, 10000, 20, "cuda", 4, 1e-3, 48.0, 3, "manifest"),
+    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 32, 10, 10, 2, "cpu", 0, 3e-3, 20.0, 2, "manifest"),
 }
 ROWS = ("dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence")  # the report's runs, in this order
+COLOURS = {"dpot-scratch": "tab:blue", "fno": "tab:orange", "unet": "tab:green", "dpot-finetuned": "tab:red",
+           "pretrain": "tab:gray"}
 
 
 def run(args: list[str]) -> str:
@@ -95,19 +126,20 @@ def corpus(folder: Path, s: Scale, seed: int) -> list[Path]:
     run(["dpot_data", "ingest", "fno", *map(str, mat), "--out", str(folder / "fno"), "--resolution", res,
          "--split", "0.8", "--no-progress"])
     run(["dpot_data", "synth", "pdebench-dr", "--out", str(folder / "raw-dr"), "--n", n, "--frames", frames,
-         "--res", res, "--seed", str(seed)])
+         "--res", res, "--seed", str(seed), "--t-end", str(s.dr_t_end)])
     h5 = sorted((folder / "raw-dr").glob("*.h5"))
     run(["dpot_data", "ingest", "pdebench", *map(str, h5), "--out", str(folder / "dr"), "--resolution", res,
          "--split", "0.8", "--no-progress"])
     return [folder / "fno", folder / "dr"]
 
 
-def launch(out: Path, model: str, manifests: list[Path], steps: int, a: argparse.Namespace, *extra: str) -> Path:
+def launch(out: Path, model: str, manifests: list[Path], steps: int, seed: int, a: argparse.Namespace,
+           *extra: str) -> Path:
     """One `dpot-train launch` run without its own evaluation; its last checkpoint."""
     args = ["dpot_train", "launch", "--model", model, "--steps", str(steps), "--batch-size", str(a.batch_size),
-            "--seed", "0", "--recipe", "dpot", "--device", a.device, "--nproc-per-node", str(a.nproc_per_node),
-            "--num-workers", str(a.workers),
-            "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 10)), "--no-eval", "--no-progress",
+            "--lr", str(a.lr), "--seed", str(seed), "--recipe", "dpot", "--normalize", a.normalize,
+            "--device", a.device, "--nproc-per-node", str(a.nproc_per_node), "--num-workers", str(a.workers),
+            "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 100)), "--no-eval", "--no-progress",
             "--out", str(out)]
     for m in manifests:
         args += ["--manifest", str(m)]
@@ -139,23 +171,97 @@ def persistence_eval(scratch: dict[str, Any], source: Path, out: Path) -> dict[s
     return result
 
 
-def table(evals: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """Rows (run) x columns (dataset: rollout L2RE, one-step L2RE) as text lines, and the figures behind them."""
-    datasets = sorted(evals["dpot-scratch"]["datasets"])
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, min and max of one figure over the seeds, and the values themselves (seed order)."""
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "seeds": list(values)}
+
+
+def losses(metrics: Path) -> tuple[list[int], list[float]]:
+    """(steps, training losses) a run logged in its metrics.jsonl."""
+    steps, values = [], []
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "loss" in row and "step" in row:
+            steps.append(int(row["step"]))
+            values.append(float(row["loss"]))
+    return steps, values
+
+
+def flattening(values: list[float]) -> dict[str, float]:
+    """The loss's mean over the last tenth of the logged steps and its ratio to the tenth before: near 1 once the
+    loss has flattened (with one-cycle the learning rate is near 0 at the end, so this is read with the curve)."""
+    k = max(1, len(values) // 10)
+    last, before = values[-k:], values[-2 * k:-k] or values[-k:]
+    final = sum(last) / len(last)
+    return {"final_loss": final, "last_over_previous_tenth": final / (sum(before) / len(before))}
+
+
+def table(evals: list[dict[str, dict[str, Any]]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Rows (run) x columns (dataset: rollout L2RE, one-step L2RE), each the mean over the seeds with [min, max], as
+    text lines, and the figures behind them (`evals`: one {label: eval.json} per seed)."""
+    datasets = sorted(evals[0]["dpot-scratch"]["datasets"])
     figures: dict[str, dict[str, Any]] = {}
-    head = f"{'run':16}{'network':28}{'params':>10}" + "".join(f"{d[:24]:>26}{'':>10}" for d in datasets)
-    sub = f"{'':54}" + "".join(f"{'rollout L2RE':>26}{'one-step':>10}" for _ in datasets)
+    head = f"{'run':16}{'network':22}{'params':>8}" + "".join(f"{d[:40]:>44}" for d in datasets)
+    sub = f"{'':46}" + "".join(f"{'rollout L2RE [min-max]':>26}{'one-step':>18}" for _ in datasets)
     lines = [head, sub]
     for label in ROWS:
-        e = evals[label]
-        net = e.get("network") or {}
+        net = evals[0][label].get("network") or {}
         name = f"{net.get('model', '?')} {net.get('size', '')}".strip()
-        scores = {d: {"rollout_l2re": e["datasets"][d]["model"]["rollout_l2re"],
-                      "one_step_l2re": e["datasets"][d]["model"]["one_step_l2re"]} for d in datasets}
-        figures[label] = {"network": net, "scores": scores}
-        lines.append(f"{label:16}{name[:27]:28}{net.get('parameters', 0):>10}" + "".join(
-            f"{scores[d]['rollout_l2re']:26.4f}{scores[d]['one_step_l2re']:10.4f}" for d in datasets))
+        scores = {d: {f"{k}_l2re": spread([e[label]["datasets"][d]["model"][f"{k}_l2re"] for e in evals])
+                      for k in ("rollout", "one_step")} for d in datasets}
+        figures[label] = {"network": net, "scores": {
+            d: {**{k: v["mean"] for k, v in sc.items()}, **{f"{k}_spread": v for k, v in sc.items()}}
+            for d, sc in scores.items()}}
+        cells = "".join(f"{sc['rollout_l2re']['mean']:8.4f} [{sc['rollout_l2re']['min']:.4f}-"
+                        f"{sc['rollout_l2re']['max']:.4f}]{sc['one_step_l2re']['mean']:10.4f} "
+                        f"[{sc['one_step_l2re']['min']:.3f}-{sc['one_step_l2re']['max']:.3f}]".rjust(44)
+                        for sc in scores.values())
+        lines.append(f"{label:16}{name[:21]:22}{net.get('parameters', 0):>8}" + cells)
     return lines, figures
+
+
+def moving_mean(values: list[float], window: int) -> list[float]:
+    """Mean of each value with the up to `window - 1` before it: the per-step loss without its batch-to-batch noise."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_curves(curves: dict[str, list[tuple[list[int], list[float]]]], path: Path, title: str) -> Path:
+    """Training loss against step, one colour per model: each seed a thin line, the mean over seeds a thick one
+    (log scale, a moving mean over 2% of the steps); written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    longest = max(len(v) for runs in curves.values() for _, v in runs)
+    window = max(1, longest // 50)
+    curves = {label: [(steps, moving_mean(values, window)) for steps, values in runs] for label, runs in curves.items()}
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
+    for label, runs in curves.items():
+        colour = COLOURS.get(label, "black")
+        for steps, values in runs:
+            ax.plot(steps, values, color=colour, linewidth=0.5, alpha=0.45)
+        n = min(len(v) for _, v in runs)
+        mean = [sum(v[i] for _, v in runs) / len(runs) for i in range(n)]
+        ax.plot(runs[0][0][:n], mean, color=colour, linewidth=1.8, label=f"{label} ({len(runs)} seed"
+                f"{'s' if len(runs) > 1 else ''})", linestyle="--" if label == "pretrain" else "-")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (relative L2), mean of {window} step{'s' if window > 1 else ''}")
+    ax.set_title("\n".join(textwrap.wrap(title, 95)), fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -167,11 +273,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, help="Steps of each compared run (default: the scale's).")
     p.add_argument("--pretrain-steps", type=int, help="Steps of the pre-training run (default: the scale's).")
     p.add_argument("--batch-size", type=int, help="Global batch of every run (default: the scale's).")
+    p.add_argument("--lr", type=float, help="Peak learning rate of every run (default: the scale's).")
+    p.add_argument("--seeds", type=int, help="Training seeds 0..N-1 of every compared run (default: the scale's).")
     p.add_argument("--trajectories", type=int, help="Trajectories synthesized per dataset (default: the scale's).")
     p.add_argument("--frames", type=int, help="Frames per trajectory (default: the scale's; at least t_in + 2).")
+    p.add_argument("--dr-t-end", type=float, help="Time of the last diffusion-reaction frame (default: the scale's).")
     p.add_argument("--res", type=int, help="Grid side of the shards and models (default: the scale's).")
     p.add_argument("--fno-res", type=int, help="Grid FNO Navier-Stokes is solved on (default: the scale's).")
     p.add_argument("--workers", type=int, help="Loader workers per process (default: the scale's).")
+    p.add_argument("--normalize", choices=("auto", "manifest", "none"), help="launch --normalize (default: the "
+                   "scale's).")
     p.add_argument("--dpot", help="DPOT preset (default: the scale's).")
     p.add_argument("--fno", help="FNO preset (default: the scale's).")
     p.add_argument("--unet", help="UNet preset (default: the scale's).")
@@ -180,45 +291,66 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = p.parse_args(argv)
     given = {k: v for k, v in vars(a).items() if k in Scale.__dataclass_fields__ and v is not None}
     s = replace(SCALES[a.scale], **given)
-    a.batch_size, a.device, a.workers = s.batch_size, s.device, s.workers
+    if s.seeds < 1:
+        p.error(f"--seeds: expected at least 1, got {s.seeds}")
+    a.batch_size, a.device, a.workers, a.lr, a.normalize = s.batch_size, s.device, s.workers, s.lr, s.normalize
     out = Path(a.out or tempfile.mkdtemp(prefix="dpot-paper-table-")).resolve()  # the CLIs run in the checkout
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    at_start = machine(out, ["torch", "numpy"])
 
     data = corpus(out / "data", s, seed=0)
     pre_data = corpus(out / "pretrain-data", s, seed=1)
-    pre_ckpt = launch(out / "pretrain", s.dpot, pre_data, s.pretrain_steps, a)
+    pre_ckpt = launch(out / "pretrain", s.dpot, pre_data, s.pretrain_steps, 0, a)
     weights = out / "pretrained.pth"
     run(["dpot_train", "model", "export", str(pre_ckpt), "--out", str(weights)])
 
     runs = {"dpot-scratch": (s.dpot, ()), "fno": (s.fno, ()), "unet": (s.unet, ()),
             "dpot-finetuned": (s.dpot, ("--init", str(weights)))}
-    evals: dict[str, dict[str, Any]] = {}
+    evals: list[dict[str, dict[str, Any]]] = []  # one {label: eval.json} per seed
+    curves: dict[str, list[tuple[list[int], list[float]]]] = {label: [] for label in runs}
+    curves["pretrain"] = [losses(out / "pretrain" / "metrics.jsonl")]
     paths: dict[str, Path] = {}
-    for label, (model, extra) in runs.items():
-        ckpt = launch(out / "runs" / label / "train", model, data, s.steps, a, *extra)
-        paths[label] = out / "runs" / label / "eval.json"
-        evals[label] = evaluate(ckpt, data, paths[label], s.device)
-    paths["persistence"] = out / "runs" / "persistence" / "eval.json"
-    evals["persistence"] = persistence_eval(evals["dpot-scratch"], paths["dpot-scratch"], paths["persistence"])
-    # persistence does not depend on the model: every run's evaluation must carry the same figures
-    spread = max(abs(e["datasets"][d]["persistence"]["rollout_l2re"]
-                     - evals["dpot-scratch"]["datasets"][d]["persistence"]["rollout_l2re"])
-                 for label, e in evals.items() for d in e["datasets"])
+    for seed in range(s.seeds):
+        folder = out / "runs" / f"seed-{seed}"
+        seed_evals: dict[str, dict[str, Any]] = {}
+        for label, (model, extra) in runs.items():
+            ckpt = launch(folder / label / "train", model, data, s.steps, seed, a, *extra)
+            curves[label].append(losses(folder / label / "train" / "metrics.jsonl"))
+            seed_evals[label] = evaluate(ckpt, data, folder / label / "eval.json", s.device)
+        seed_evals["persistence"] = persistence_eval(seed_evals["dpot-scratch"], folder / "dpot-scratch" / "eval.json",
+                                                     folder / "persistence" / "eval.json")
+        evals.append(seed_evals)
+        if seed == 0:
+            paths = {label: folder / label / "eval.json" for label in ROWS}
+    # persistence does not depend on the model or seed: every evaluation must carry the same figures
+    first = {d: v["persistence"]["rollout_l2re"] for d, v in evals[0]["dpot-scratch"]["datasets"].items()}
+    persistence_spread = max(abs(e["datasets"][d]["persistence"]["rollout_l2re"] - first[d])
+                             for seed_evals in evals for e in seed_evals.values() for d in e["datasets"])
 
-    report = out / "report.md"
+    report = out / "report.md"  # the paper's rows beside the seed-0 runs (the table below: every seed)
     run(["dpot_train", "report", *(str(paths[label]) for label in ROWS), "--paper", "--out", str(report)])
     print(report.read_text(encoding="utf-8"))
+    settings = (f"scale {a.scale}: {s.steps} steps of batch {s.batch_size} per run (pre-training {s.pretrain_steps},"
+                f" seed 0), one-cycle lr {s.lr:g}, normalize {s.normalize}, seeds 0-{s.seeds - 1}; "
+                f"{s.trajectories} trajectories x {s.frames} frames per dataset at {s.res}x{s.res}, "
+                f"diffusion-reaction to t={s.dr_t_end:g}, device {s.device}, recipe dpot; test split, rollout to "
+                f"the trajectory end")
+    curve_png = plot_curves(curves, out / "learning_curves.png", settings[:settings.index(";")])
     lines, figures = table(evals)
-    print(f"scale {a.scale}: {s.steps} steps of batch {s.batch_size} per run (pre-training {s.pretrain_steps}), "
-          f"{s.trajectories} trajectories x {s.frames} frames per dataset at {s.res}x{s.res}, device {s.device}, "
-          f"recipe dpot; test split, rollout to the trajectory end")
+    for label in runs:
+        flat = [flattening(v) for _, v in curves[label]]
+        figures[label]["training"] = {k: spread([f[k] for f in flat]) for k in flat[0]}
+    print(settings)
+    print(f"each cell: mean over {s.seeds} seed{'s' if s.seeds > 1 else ''} [min-max]")
     print("\n".join(lines))
-    print(f"report: {report}")
+    print(f"report: {report} (seed 0)\nlearning curves: {curve_png}")
     summary = {"benchmark": "paper_table", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "scale": a.scale, "settings": asdict(s), "nproc_per_node": a.nproc_per_node, "recipe": "dpot",
-               "rows": figures, "persistence_spread": spread, "report": str(report), "out": str(out),
-               "wall_s": round(time.monotonic() - t0, 1), "machine": machine(out, ["torch", "numpy"])}
+               "seeds": list(range(s.seeds)), "spread": "min-max over seeds", "rows": figures,
+               "persistence_spread": persistence_spread, "report": str(report), "learning_curves": str(curve_png),
+               "out": str(out), "wall_s": round(time.monotonic() - t0, 1), "machine": machine(out, ["torch", "numpy"]),
+               "load_average_start": at_start["load_average"]}
     print(json.dumps(summary))
     return summary
 

@@ -170,20 +170,35 @@ def test_loop_bound_smoke_reports_loop_against_bound(capsys: pytest.CaptureFixtu
 
 @pytest.mark.slow
 def test_paper_table_smoke_reports_the_five_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """benchmarks/paper_table.py --smoke: synth, ingest, pre-train, four training runs, evaluation and the report end
-    to end; the report holds the five runs (persistence as its own) beside the paper's FNO-nu 1e-3 column."""
+    """benchmarks/paper_table.py --smoke: synth, ingest, pre-train, four training runs per seed (two seeds),
+    evaluation, the learning curves and the report end to end; every row is the mean over the seeds with its min-max
+    spread, the report holds the five runs (persistence as its own) beside the paper's FNO-nu 1e-3 column."""
     summary = bench_paper.main(["--smoke", "--out", str(tmp_path)])
     out = _last_json(capsys.readouterr().out)
     assert out["benchmark"] == "paper_table" and out == json.loads(json.dumps(summary))
+    assert out["seeds"] == [0, 1] and out["spread"] == "min-max over seeds"
     assert list(out["rows"]) == ["dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence"]
     assert [out["rows"][r]["network"]["family"] for r in out["rows"]] == ["dpot", "fno", "unet", "dpot", "persistence"]
-    for row in out["rows"].values():
+    for label, row in out["rows"].items():
         assert set(row["scores"]) == {"fno-ns-v1e-3", "pdebench-dr"}
-        assert all(0 < v["rollout_l2re"] < 100 and 0 < v["one_step_l2re"] < 100 for v in row["scores"].values())
-    assert out["persistence_spread"] == 0.0  # persistence is the same for every run: the same test windows
-    scratch = json.loads((tmp_path / "runs" / "dpot-scratch" / "eval.json").read_text(encoding="utf-8"))
+        for d, v in row["scores"].items():
+            assert 0 < v["rollout_l2re"] < 100 and 0 < v["one_step_l2re"] < 100
+            for key in ("rollout_l2re", "one_step_l2re"):
+                sp = v[f"{key}_spread"]
+                evals = [json.loads((tmp_path / "runs" / f"seed-{s}" / label / "eval.json").read_text(
+                    encoding="utf-8"))["datasets"][d]["model"][key] for s in (0, 1)]
+                assert sp["seeds"] == evals  # each seed's own evaluation, in seed order
+                assert sp["min"] == min(evals) and sp["max"] == max(evals) and v[key] == sp["mean"] == sum(evals) / 2
+    for label in ("dpot-scratch", "fno", "unet", "dpot-finetuned"):
+        assert out["rows"][label]["training"]["final_loss"]["min"] > 0
+        assert len(out["rows"][label]["training"]["final_loss"]["seeds"]) == 2
+    assert out["persistence_spread"] == 0.0  # persistence is the same for every run and seed: the same test windows
+    scratch = json.loads((tmp_path / "runs" / "seed-0" / "dpot-scratch" / "eval.json").read_text(encoding="utf-8"))
     for d, scores in out["rows"]["persistence"]["scores"].items():
         assert scores["rollout_l2re"] == scratch["datasets"][d]["persistence"]["rollout_l2re"]
+    png = tmp_path / "learning_curves.png"
+    assert out["learning_curves"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["report"] == str(tmp_path / "report.md")
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     header = next(ln for ln in report.splitlines() if ln.startswith("| dataset | dpot-scratch"))
     assert [c.split(" (")[0] for c in header.strip("| ").split(" | ")] == \

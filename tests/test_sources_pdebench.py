@@ -295,3 +295,29 @@ def test_truncated_file_among_three_is_skipped(files, tmp_path):
     same.write_bytes(copies[0].read_bytes())
     with pytest.raises(InputError, match="has the same file name as"):
         pdebench.read(convention="canonical", paths=[copies[0], same])
+
+
+def test_synth_dr_t_end_spaces_the_frames_and_a_bad_one_exits_2(tmp_path):
+    """`dpot-data synth pdebench-dr --t-end 20`: frames at 0..20 (the published t = 5 by default), the fields the
+    exact diffusion solution at those times, the config saying t: 20; --t-end 0 is one line, exit 2, no file."""
+    from typer.testing import CliRunner
+
+    from dpot_data.cli import app
+
+    runner = CliRunner()
+    done = runner.invoke(app, ["synth", "pdebench-dr", "--out", str(tmp_path / "raw"), "--n", "2", "--frames", "5",
+                               "--res", "8", "--t-end", "20"])
+    assert done.exit_code == 0, done.output
+    with h5py.File(tmp_path / "raw" / "2D_diff-react_NA_NA.h5") as f:
+        t = f["0001/grid/t"][()]
+        np.testing.assert_array_equal(t, np.float32([0, 5, 10, 15, 20]))
+        x = f["0001/grid/x"][()]
+        np.testing.assert_array_equal(f["0001/data"][()], synth.dr_fields(1, x, x, t))
+        assert "  t: 20.0\n" in f["0001"].attrs["config"]
+    assert not np.array_equal(synth.dr_fields(1, x, x, t), synth.dr_fields(1, x, x, np.linspace(0, 5, 5)))
+    bad = runner.invoke(app, ["synth", "pdebench-dr", "--out", str(tmp_path / "bad"), "--t-end", "0"])
+    assert bad.exit_code == 2 and "Invalid value for --t-end: expected a time > 0, got 0.0" in bad.output
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="t_end: expected a time > 0, got -1"):
+        synth.write_diff_react(tmp_path / "lib", t_end=-1)
+    assert not (tmp_path / "lib").exists()

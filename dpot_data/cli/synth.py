@@ -72,7 +72,7 @@ def _grid_writer(name: str) -> Callable[..., object]:
     """The writer of a `synth` command of (n, frames, res, seed) grids, imported when the command runs."""
     from dpot_data.synth import pdearena, pdebench
 
-    return {"pdebench-dr": pdebench.write_diff_react, "pdebench-swe": pdebench.write_swe,
+    return {"pdebench-swe": pdebench.write_swe,
             "pdearena-ns": pdearena.write_standard, "pdearena-ns-cond": pdearena.write_conditioned}[name]
 
 
@@ -88,8 +88,22 @@ def _grid_command(name: str, doc: str, n: tuple[Any, int], frames: tuple[Any, in
     app.command(name)(command)
 
 
-_grid_command("pdebench-dr", "PDEBench diffusion–reaction: 2D_diff-react_NA_NA.h5, one lzf group per sample with a "
-              "YAML config.", n=(Samples, 3), frames=(FramesOf101, 11))
+
+
+@app.command("pdebench-dr")
+def synth_pdebench_dr_command(
+    out: RawOut, n: Samples = 3, frames: FramesOf101 = 11, res: GridOf128 = 32, seed: Seed = 0,
+    t_end: Annotated[float, typer.Option("--t-end", help="Time of the last frame (published: 5); later: frames "
+                                         "further apart, the fields changing more between them.")] = 5.0,
+) -> None:
+    """PDEBench diffusion–reaction: 2D_diff-react_NA_NA.h5, one lzf group per sample with a YAML config."""
+    from dpot_data.synth.pdebench import write_diff_react
+
+    if not t_end > 0:  # before anything is written
+        raise typer.BadParameter(f"expected a time > 0, got {t_end}", param_hint="--t-end")
+    echo_paths(write_diff_react(out, n=n, frames=frames, res=res, seed=seed, t_end=t_end))
+
+
 _grid_command("pdebench-swe", "PDEBench shallow water (radial dam break): 2D_rdb_NA_NA.h5, one lzf group per sample.",
               n=(Samples, 3), frames=(FramesOf101, 11))
 _grid_command("pdearena-ns", "PDEArena NS: one train, valid and test NavierStokes2D_*.h5 file (float64, buo_y 0.5).",

@@ -224,13 +224,16 @@ def _write_grouped(path: Path, *, n: int, frames: int, res: int, lo: float, hi: 
 
 
 def write_diff_react(out: str | Path, *, n: int = 3, frames: int = 11, res: int = 32, seed: int = 0,
-                     name: str = "2D_diff-react_NA_NA.h5") -> Path:
-    """Write `2D_diff-react_NA_NA.h5` (published: 1000 samples, 101 frames, 128²; here small)."""
+                     name: str = "2D_diff-react_NA_NA.h5", t_end: float = 5.0) -> Path:
+    """Write `2D_diff-react_NA_NA.h5` (published: 1000 samples, 101 frames, 128², t in [0, 5]; here small). A later
+    `t_end` spaces the frames further apart (the fields decay more between frames)."""
+    if not t_end > 0:
+        raise ValueError(f"t_end: expected a time > 0, got {t_end}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    sim = {"Du": 0.001, "Dv": 0.005, "k": 0.005, "t": 5, "tdim": frames, "x_left": -1.0, "x_right": 1.0,
+    sim = {"Du": 0.001, "Dv": 0.005, "k": 0.005, "t": t_end, "tdim": frames, "x_left": -1.0, "x_right": 1.0,
            "xdim": res, "y_bottom": -1.0, "y_top": 1.0, "ydim": res, "'n'": 1}
-    return _write_grouped(out / name, n=n, frames=frames, res=res, lo=-1.0, hi=1.0, t_end=5.0,
+    return _write_grouped(out / name, n=n, frames=frames, res=res, lo=-1.0, hi=1.0, t_end=float(t_end),
                           fields=lambda i, x, y, t: dr_fields(i, x, y, t, seed=seed), config=sim,
                           name="2d_diff-react", seed=seed)
 
