@@ -303,7 +303,7 @@ def build(base: Path, quick: bool) -> list[Case]:
     from dpot_data.ingest import IngestOptions, ingest_files
     from dpot_data.synth import gridded, pdearena, pdebench
     from dpot_data.synth.fno import synth_fno
-    from dpot_train.checkpoint import checkpoint_payload
+    from dpot_train.core.checkpoint import checkpoint_payload
     from dpot_train.model import build_model
 
     dd, dt = str(BIN / "dpot-data"), str(BIN / "dpot-train")

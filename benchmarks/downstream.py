@@ -73,7 +73,7 @@ def pretrain(work: Path, shards: Path, steps: int, batch: int, device: str) -> P
 
 def scratch_config(ckpt: Path, path: Path, t_in: int) -> Path:
     """A run config whose model has the checkpoint's architecture (fresh weights)."""
-    from dpot_train.model_setup import checkpoint_config
+    from dpot_train.core.model_setup import checkpoint_config
 
     _, config = checkpoint_config(str(ckpt))
     arch = {k: v for k, v in config.to_dict().items() if k in ARCHITECTURE}
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elif ckpt is None:
         sys.exit("--manifest needs --init (the checkpoint to compare with training from scratch)")
     from dpot_train.data.datasets import read_manifests
-    from dpot_train.checkpoint import load_state_dict_file
+    from dpot_train.core.checkpoint import load_state_dict_file
 
     dims = len(read_manifests([str(manifest)])[0].dims)
     load = a.load or ("blocks,time_agg" if dims == 3 else "all")

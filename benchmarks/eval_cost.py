@@ -5,8 +5,9 @@
    evaluation as it was, two L2RE scalars). Runs alternate, --repeat times each; the ratio of the medians.
 2. memory: peak RSS of a --long-steps rollout (default 500) at --long-res^2 (default 128), scored chunk by chunk
    (eval_stream) and, for contrast, whole (the rollout held at once), each in a fresh process; with
-   --long-ensemble N also streamed with an ensemble of N members (`evaluate --ensemble`, dpot_train/ensemble.py)
-   at --long-steps and at --long-steps // 4, whose peaks should agree (memory bounded whatever the horizon).
+   --long-ensemble N also streamed with an ensemble of N members (`evaluate --ensemble`,
+   dpot_train/evaluation/ensemble.py) at --long-steps and at --long-steps // 4, whose peaks should agree (memory bounded
+   whatever the horizon).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/eval_cost.py --work /tmp/eval-cost
 
@@ -45,7 +46,7 @@ def make_shards(work: Path, n: int, frames: int, res: int) -> Path:
 
 
 def tiny_model(channels: int, res: int) -> Any:
-    from dpot_train.model_setup import data_overrides, fresh_model
+    from dpot_train.core.model_setup import data_overrides, fresh_model
 
     import torch
 
@@ -77,8 +78,8 @@ def cost(shards: Path, steps: int, repeat: int, device: str) -> dict[str, Any]:
     that the noise of other processes barely moves)."""
     import torch
 
-    from dpot_train import evaluate
-    from dpot_train.config import DataConfig
+    from dpot_train.evaluation import evaluate
+    from dpot_train.core.config import DataConfig
     from dpot_train.data.datasets import read_manifest
 
     ds = read_manifest(str(shards))[0]
@@ -131,8 +132,8 @@ def long_rollout(shards: Path, steps: int, mode: str, device: str, members: int 
     many noisy members beside); peak RSS before and after."""
     import torch
 
-    from dpot_train import evaluate
-    from dpot_train.config import DataConfig
+    from dpot_train.evaluation import evaluate
+    from dpot_train.core.config import DataConfig
     from dpot_train.data.datasets import read_manifest
 
     ds = read_manifest(str(shards))[0]
@@ -141,7 +142,7 @@ def long_rollout(shards: Path, steps: int, mode: str, device: str, members: int 
         evaluate.STREAM_STEPS = 10**9
     ensemble = None
     if members:
-        from dpot_train.ensemble import Ensemble
+        from dpot_train.evaluation.ensemble import Ensemble
 
         ensemble = Ensemble([model], ["tiny"], members, 5e-4)
     before = peak_rss_mib()

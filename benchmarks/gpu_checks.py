@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import bench_device, device_name  # noqa: E402
 
-from dpot_train.checkpoint import load_pretrained  # noqa: E402
+from dpot_train.core.checkpoint import load_pretrained  # noqa: E402
 from dpot_train.model import build_model  # noqa: E402
 
 GOLDEN_TOL = 1e-5  # max abs difference from the reference outputs (fp32)

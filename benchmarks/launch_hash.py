@@ -78,9 +78,9 @@ def dry_run(out: Path, run: Path, serial: bool, checksums: bool = True) -> tuple
     """(wall s, CPU s of this process, all threads) of one `launch --dry-run` (prepare_run, write=False);
     `serial`: with one usable core, so that the validator hashes in this thread (no runner); `checksums` False:
     `--no-verify-checksums` (the launch without its sha256 pass)."""
-    from dpot_train.config import DataConfig, TrainConfig
+    from dpot_train.core.config import DataConfig, TrainConfig
     from dpot_train.data import hash_pool
-    from dpot_train.launch import Topology, prepare_run
+    from dpot_train.run.launch import Topology, prepare_run
 
     cfg = TrainConfig(out=str(run), steps=2, batch_size=2, device="cpu", progress=False, eval_at_end=False,
                       data=DataConfig(manifests=[str(out)], verify_checksums=checksums))

@@ -263,10 +263,10 @@ def real_launch(tree: Path, manifest: str, run: Path, env: dict[str, str]) -> di
 def pass_seconds(out: Path, verify: bool) -> float:
     """Wall seconds of launch's data check alone (`launch.check_outputs`, in this process, this checkout), the
     manifest already read: with the record consulted (nothing written), or without sha256 (--no-verify-checksums)."""
-    from dpot_train.config import DataConfig
+    from dpot_train.core.config import DataConfig
     from dpot_train.data.datasets import read_manifest_docs
     from dpot_train.data.verified import RecordPolicy
-    from dpot_train.launch import check_outputs
+    from dpot_train.run.launch import check_outputs
 
     docs = read_manifest_docs([str(out)])
     start = time.perf_counter()

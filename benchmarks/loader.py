@@ -159,7 +159,7 @@ def our_loader(data: BenchData, backend: str, workers: int, batch: int, seed: in
     """The training stream as the trainer builds it (prepare_stream, WindowStream, make_loader; pinned on CUDA).
     direct=False: batches by the plain path (collate of make_sample: each window read() into an array of its own,
     then stacked) instead of read_batch (each window copied from the shard's map into its slot of the batch)."""
-    from dpot_train.config import DataConfig
+    from dpot_train.core.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.loader import make_loader
     from dpot_train.data.stream import WindowStream

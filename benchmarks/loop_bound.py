@@ -17,8 +17,8 @@ Data: benchmarks/loader.py's (PDEBench diffusion-reaction synthesized and ingest
 this one process run, one after the other (first "ready": one batch made beforehand and handed out again and again,
 the loop's own cost):
   * loader alone: batches per second pulled from the loader with nothing else running (`samples_per_s`);
-  * loop: `dpot_train.trainer._loop` (the trainer's loop: next batch, the step, the finite-loss guard, the log) with
-    `trainer.train_step` replaced by the emulated step and checkpoints left out; steps per second between the first
+  * loop: `dpot_train.train.trainer._loop` (the trainer's loop: next batch, the step, the finite-loss guard, the log)
+    with `trainer.train_step` replaced by the emulated step and checkpoints left out; steps per second between the first
     and the last timed step, after `--warmup` steps (`loop_samples_per_s`), and `ratio` = loop / bound;
     `between_steps_ms`, the mean time from the end of one step to the start of the next (the loop's own work, its
     wait for the batch, and on a busy machine the wait for a core when the step's sleep ends), and `next_ms`, the
@@ -74,7 +74,7 @@ def emulated_step(host_s: float, device_s: float, stamps: list[float]) -> Any:
 
 def make_stream(manifest: Path, batch: int, seed: int = 0) -> Any:
     """The training stream of the benchmark data, as the trainer builds it."""
-    from dpot_train.config import DataConfig
+    from dpot_train.core.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.stream import WindowStream
 
@@ -122,10 +122,10 @@ def loop_rate(stream: Any, workers: int, kind: str, steps: int, warmup: int, hos
     the end of one emulated step to the start of the next (`between`: the loop's own work, its wait for the batch,
     and the wait for a core when the step's sleep ends) and the mean time in the loader's next() (`next`), in
     seconds. loop = batch / (host + device + between)."""
-    from dpot_train import trainer
-    from dpot_train.config import TrainConfig
+    from dpot_train.train import trainer
+    from dpot_train.core.config import TrainConfig
     from dpot_train.data.loader import make_loader
-    from dpot_train.distributed import DistInfo
+    from dpot_train.core.distributed import DistInfo
 
     batch = stream.global_batch
     cfg = TrainConfig(out=str(run), steps=warmup + steps, batch_size=batch, progress=False,

@@ -87,7 +87,7 @@ def scored_truth_check(store: Path, lo: float, hi: float) -> dict[str, Any]:
     colour-bar labels (drawn from the same store)."""
     import xarray as xr
 
-    from dpot_train.eval_plots import fields_figure
+    from dpot_train.evaluation.plots import fields_figure
 
     group = xr.open_zarr(str(store), group="heat")
     truth = group["truth"].sel(channel="temperature").values  # (trajectory, step, *grid)

@@ -137,7 +137,7 @@ class Peak(threading.Thread):
 def run_stream(manifest: str, epochs: float, workers: int, batch: int, cache_dir: str | None = None,
                limit: int | None = None, digest: bool = False) -> dict[str, Any]:
     """Build the stream as the trainer does and consume `epochs` epochs; samples/s over the whole run."""
-    from dpot_train.config import DataConfig
+    from dpot_train.core.config import DataConfig
     from dpot_train.data.loader import make_loader
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.stream import WindowStream

@@ -1,4 +1,5 @@
-"""Training samples/s with 1 and 2 processes, before (torch's default threads) and after (dpot_train.threads' rule).
+"""Training samples/s with 1 and 2 processes, before (torch's default threads) and after (dpot_train.core.threads'
+rule).
 
 Run:  .venv/bin/python benchmarks/threads.py                       # README data (24 FNO trajectories, 128x128)
       .venv/bin/python benchmarks/threads.py --manifest shards --steps 40 --repeats 3 --workers 0 2
@@ -28,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_name  # noqa: E402
 
-from dpot_train.threads import OMP_ENV, USER_OMP_ENV, available_cores, choose_threads  # noqa: E402
+from dpot_train.core.threads import OMP_ENV, USER_OMP_ENV, available_cores, choose_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,11 +10,11 @@ ingested to 128x128 x 4 channels into WebDataset shards), streamed by our traini
 WindowStream, make_loader). On CUDA the batches come from page-locked (pinned) memory and are copied with
 non_blocking=True, the model runs under bf16 autocast when asked, and optionally under torch.compile: `--compile on`
 wraps the model, `--compile step` (or `--compile-step`: off and step side by side) runs the trainer's compiled step
-(`dpot_train.trainer.compiled_update`: forward, loss, backward, clipping and AdamW as one compiled function).
+(`dpot_train.train.trainer.compiled_update`: forward, loss, backward, clipping and AdamW as one compiled function).
 
 For each preset x precision x compile it measures, after `--warmup` untimed steps:
-  * step samples/s: full training steps exactly as dpot_train.trainer runs them (batch to device, noise injection on
-    the device (`--noise`, training default 5e-4), forward under autocast, relative-L2 loss over valid channels and
+  * step samples/s: full training steps exactly as dpot_train.train.trainer runs them (batch to device, noise injection
+    on the device (`--noise`, training default 5e-4), forward under autocast, relative-L2 loss over valid channels and
     fluid cells, backward, gradient clipping, AdamW, one-cycle), the loader included;
   * model samples/s: the same step on one batch already on the device (no loader): the ceiling the data path is
     measured against; data_wait = 1 - step / model is the share of time the step waits for data;
@@ -44,11 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_device  # noqa: E402
 from loader import BenchData, make_data, machine, our_loader  # noqa: E402
 
-from dpot_train.config import OptimConfig, TrainConfig  # noqa: E402
+from dpot_train.core.config import OptimConfig, TrainConfig  # noqa: E402
 from dpot_train.data.windows import inject_noise  # noqa: E402
-from dpot_train.metrics import relative_l2_loss  # noqa: E402
-from dpot_train.model_setup import data_overrides, fresh_model  # noqa: E402
-from dpot_train.trainer import build_optimizer, compiled_update  # noqa: E402
+from dpot_train.core.metrics import relative_l2_loss  # noqa: E402
+from dpot_train.core.model_setup import data_overrides, fresh_model  # noqa: E402
+from dpot_train.train.trainer import build_optimizer, compiled_update  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 

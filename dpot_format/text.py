@@ -1,7 +1,7 @@
 """Text taken from an input (a manifest, an eval.json, a NetCDF attribute) made safe to publish: one line, a bounded
 length, escaped for Markdown or HTML, and machine paths reduced to names. Dataset cards (dpot_data.card) and
-evaluation reports (dpot_train.report) insert every such field through these functions, so that a name cannot open
-an HTML tag, break a table row, start a heading or carry a megabyte into the page.
+evaluation reports (dpot_train.evaluation.report) insert every such field through these functions, so that a name cannot
+open an HTML tag, break a table row, start a heading or carry a megabyte into the page.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from dpot_train.config import MAX_RES, DataConfig, res_value
+from dpot_train.core.config import MAX_RES, DataConfig, res_value
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import TrajectoryReader
 from dpot_train.data.stream import EpochPlans, StreamSpec, make_sample, rank_slice
 from dpot_train.data.windows import resize_window, run_grid, takes_fluid_rule
-from dpot_train.normalize import Stats, denormalize, describe
+from dpot_train.core.normalize import Stats, denormalize, describe
 
 __all__ = ["NormalizationNote", "WindowDataset", "open_dataset"]
 
@@ -179,7 +179,7 @@ def open_dataset(manifest_or_url: str | Path | list[str | Path], split: str = "t
     share of each step is launch's (default: the world size). `rank`, `world_size`: this process's place among
     the ranks (default: torch.distributed's when initialised, else 0 of 1).
     """
-    from dpot_train.config import check_arguments  # each argument as launch checks its option: one line
+    from dpot_train.core.config import check_arguments  # each argument as launch checks its option: one line
 
     whole, count = (0, float("inf"), "a whole number >= 0"), (1, float("inf"), "a whole number of 1 or more")
     check_arguments([("split", split, str, None), ("t_in", t_in, int, "data.t_in"), ("t_out", t_out, int, "data.t_out"),

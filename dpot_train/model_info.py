@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dpot_train.checkpoint import checkpoint_model_config, load_state_dict_file, missing_checkpoint
-from dpot_train.hub import is_reference, resolve
+from dpot_train.core.checkpoint import checkpoint_model_config, load_state_dict_file, missing_checkpoint
+from dpot_train.integrations.hub import is_reference, resolve
 from dpot_train.model import families
 
 # DPOT's modules in the order its summary lists them; other families list theirs in registration order
@@ -110,7 +110,7 @@ def model_info_text(target: str, *, trusted: bool = False, sha256: str | None = 
     summary. FileNotFoundError / ValueError, one line."""
     import json
 
-    from dpot_train.checkpoint import check_sha256_option
+    from dpot_train.core.checkpoint import check_sha256_option
 
     info = model_info(target, trusted=trusted, sha256=check_sha256_option(sha256))
     return json.dumps(info, indent=1) if as_json else format_info(info)

@@ -3,7 +3,7 @@
 `model_input` reads frames of one trajectory through the same readers and layout rule as training and evaluation
 (the manifest's `convention.model_layout`), padded channels included, without noise: (H, W, T, C) float32, or
 (X, Y, Z, T, C) for 3D data; `res` resizes it to the grid a run with `--res` trains on. It is normalised as a run
-with the same `normalize` setting normalises it (dpot_train.normalize: the manifest's train statistics; `auto`
+with the same `normalize` setting normalises it (dpot_train.core.normalize: the manifest's train statistics; `auto`
 leaves the paper's datasets under dpot-reference as stored), or with `norm_stats` given (a run's recorded statistics). `window`
 adds the fluid mask the loss and the evaluation use, (H, W) or (X, Y, Z), cell for cell in the same order.
 """
@@ -16,11 +16,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from dpot_train.config import DataConfig, res_value
+from dpot_train.core.config import DataConfig, res_value
 from dpot_train.data.datasets import DataError
 from dpot_train.data.prepare import data_reader, load_datasets, norm_table
 from dpot_train.data.windows import resize_window, run_grid, takes_fluid_rule, to_model_layout, to_model_mask
-from dpot_train.normalize import Stats, normalize_array
+from dpot_train.core.normalize import Stats, normalize_array
 
 
 def model_input(manifest: str | Path, dataset: str | None = None, split: str = "test", index: int = 0,
@@ -93,10 +93,10 @@ def preview_window(manifest: str, out: str, mask_out: str | None, *, res: str = 
     """`dpot-train preview`: the output files checked (--out, --mask-out, not the same file), then `window` of the
     trajectory `where` names (dataset, split, index, start, frames, backend, cache_dir, cache_limit) while the
     output is held for reading. ValueError / FileNotFoundError / ReadersBusy, one line."""
-    from dpot_train.eval_run import check_out_file
-    from dpot_train.launch import reading
-    from dpot_train.launch_request import res_option
-    from dpot_train.normalize import check_mode
+    from dpot_train.run.eval_run import check_out_file
+    from dpot_train.run.launch import reading
+    from dpot_train.run.launch_request import res_option
+    from dpot_train.core.normalize import check_mode
 
     check_out_file(out, "--out", "x.npy")
     if mask_out is not None:

@@ -17,7 +17,7 @@ import paper_table as bench_paper  # noqa: E402
 import train_step as bench_step  # noqa: E402
 from reference_loader import ReferenceWindows, pad_data  # noqa: E402
 
-from dpot_train.config import DataConfig  # noqa: E402
+from dpot_train.core.config import DataConfig  # noqa: E402
 from dpot_train.data.prepare import prepare_stream  # noqa: E402
 from dpot_train.data.stream import EpochPlans, make_sample  # noqa: E402
 from dpot_train.data.windows import split_window, to_model_layout  # noqa: E402

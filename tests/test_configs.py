@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpot_train.config import load_config
+from dpot_train.core.config import load_config
 from dpot_train.model import build_model
 
 CONFIGS = resources.files("dpot_train") / "configs"

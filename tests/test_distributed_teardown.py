@@ -1,5 +1,5 @@
 """The process group is destroyed with nothing left holding it: a DistributedDataParallel wrapper, which lives in
-reference cycles, is freed by `dpot_train.distributed.shutdown` while the interpreter is whole, not by a garbage
+reference cycles, is freed by `dpot_train.core.distributed.shutdown` while the interpreter is whole, not by a garbage
 collection during its finalization (where its teardown aborted a rank after a run that had ended well)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests import train_runs
 SCRIPT = """
 import gc, sys, weakref
 import torch, torch.distributed as dist
-from dpot_train import distributed as D
+from dpot_train.core import distributed as D
 
 gc.disable()  # no collection but the one shutdown makes: the outcome does not depend on when the collector runs
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dpot_train.checkpoint import record_path, verify_record
-from dpot_train.evaluate import evaluate_checkpoint
+from dpot_train.core.checkpoint import record_path, verify_record
+from dpot_train.evaluation.evaluate import evaluate_checkpoint
 from tests import train_runs
 
 

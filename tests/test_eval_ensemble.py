@@ -14,13 +14,13 @@ import scoringrules as sr  # the test extra: the reference CRPS
 import torch
 from typer.testing import CliRunner
 
-from dpot_train import eval_stream, evaluate
-from dpot_train.checkpoint import checkpoint_payload
-from dpot_train.config import DataConfig
-from dpot_train.ensemble import Ensemble
-from dpot_train.eval_metrics import EnsembleAccumulator, crps_fair
-from dpot_train.eval_predictions import PredictionWriter
-from dpot_train.evaluate import evaluate_model
+from dpot_train.evaluation import stream as eval_stream, evaluate
+from dpot_train.core.checkpoint import checkpoint_payload
+from dpot_train.core.config import DataConfig
+from dpot_train.evaluation.ensemble import Ensemble
+from dpot_train.evaluation.metrics import EnsembleAccumulator, crps_fair
+from dpot_train.evaluation.predictions import PredictionWriter
+from dpot_train.evaluation.evaluate import evaluate_model
 
 
 DS = "fno-ns-v1e-3"
@@ -149,7 +149,7 @@ def test_ensemble_scores_equal_the_predictions_store(fno_train_shards: Path, tmp
     one = _evaluate(fno_train_shards, tmp_path / "one.zarr", batch_size=1)
     monkeypatch.setattr(evaluate, "STREAM_STEPS", 1)
     monkeypatch.setattr(eval_stream, "CHUNK_STEPS", 2)
-    monkeypatch.setattr("dpot_train.ensemble.CHUNK_STEPS", 2)
+    monkeypatch.setattr("dpot_train.evaluation.ensemble.CHUNK_STEPS", 2)
     streamed = _evaluate(fno_train_shards, tmp_path / "s.zarr")
     for other, name in ((one, "one.zarr"), (streamed, "s.zarr")):
         np.testing.assert_array_equal(xr.open_zarr(str(tmp_path / name), group=DS)["ensemble_prediction"].values, x)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.eval_metrics import DatasetSuite, SuiteAccumulator, nrmse, spectral_mse, vrmse
-from dpot_train.metrics import l2re
+from dpot_train.evaluation.metrics import DatasetSuite, SuiteAccumulator, nrmse, spectral_mse, vrmse
+from dpot_train.core.metrics import l2re
 
 GOLDEN = Path(__file__).parent / "golden" / "well_metrics.npz"
 CASES = ("random_2d", "masked_2d", "masked_3d", "odd_2d")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.config import DataConfig
-from dpot_train.eval_metrics import SuiteAccumulator, vrmse, window_means
-from dpot_train.eval_predictions import PredictionWriter
-from dpot_train.evaluate import evaluate_model
+from dpot_train.core.config import DataConfig
+from dpot_train.evaluation.metrics import SuiteAccumulator, vrmse, window_means
+from dpot_train.evaluation.predictions import PredictionWriter
+from dpot_train.evaluation.evaluate import evaluate_model
 
 DS = "fno-ns-v1e-3"
 
@@ -130,7 +130,7 @@ def test_stability_fields_equal_the_predictions_store(fno_train_shards: Path, tm
 def test_error_picture_marks_the_blowups(tmp_path: Path) -> None:
     """DATASET_error.png draws each predictor's blow-up share per step on a second axis (a dpot-eval/2 result,
     without it, draws the L2RE curves alone)."""
-    from dpot_train.eval_plots import plot_error_curve
+    from dpot_train.evaluation.plots import plot_error_curve
 
     curve = {"l2re_per_step": [0.1, 0.2, 0.4, 0.9], "frame_l2re_per_step": [0.1, 0.3, 0.6, 1.4]}
     scores = {"model": {**curve, "blowup_fraction_per_step": [0.0, 0.0, 0.5, 1.0]},

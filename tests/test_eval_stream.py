@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train import eval_stream, evaluate
-from dpot_train.config import DataConfig
-from dpot_train.eval_predictions import PredictionWriter
-from dpot_train.eval_stream import RolloutStream
-from dpot_train.evaluate import evaluate_model
-from dpot_train.metrics import rollout
+from dpot_train.evaluation import stream as eval_stream, evaluate
+from dpot_train.core.config import DataConfig
+from dpot_train.evaluation.predictions import PredictionWriter
+from dpot_train.evaluation.stream import RolloutStream
+from dpot_train.evaluation.evaluate import evaluate_model
+from dpot_train.core.metrics import rollout
 
 DS = "fno-ns-v1e-3"
 

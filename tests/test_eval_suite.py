@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.readers import WebDatasetReader
 from dpot_train.data.datasets import read_manifest
 from dpot_train.data.windows import to_model_layout
-from dpot_train.eval_predictions import mask_to_stored, to_stored_order
-from dpot_train.evaluate import evaluate_model
-from dpot_train.metrics import l2re, one_step, persistence, predicted_entries, rollout
+from dpot_train.evaluation.predictions import mask_to_stored, to_stored_order
+from dpot_train.evaluation.evaluate import evaluate_model
+from dpot_train.core.metrics import l2re, one_step, persistence, predicted_entries, rollout
 from tests import train_runs
 
 DS = "fno-ns-v1e-3"
@@ -101,7 +101,7 @@ def test_evaluate_predictions_plots_video_and_report(fno_train_shards: Path, tmp
     assert names == {f"{DS}_fields.png", f"{DS}_error.png", f"{DS}_spectrum.png", f"{DS}_rollout.gif"}
     assert not list(plots.glob(".dpot-predictions-*"))  # the scratch store of --plot is gone
 
-    from dpot_train.eval_plots import plot_error_curve, plot_fields, plot_spectra, power_spectrum, write_video
+    from dpot_train.evaluation.plots import plot_error_curve, plot_fields, plot_spectra, power_spectrum, write_video
 
     drawn = plot_fields(group, tmp_path / "f.png")
     p0 = group["prediction"].isel(trajectory=0).sel(channel="vorticity").values

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.readers import WebDatasetReader
 from dpot_train.data.datasets import read_manifest
-from dpot_train.evaluate import evaluate_checkpoint, evaluate_model
+from dpot_train.evaluation.evaluate import evaluate_checkpoint, evaluate_model
 from tests import train_runs
 
 
@@ -91,7 +91,7 @@ def test_trained_run_eval_json_and_cli(fno_train_shards: Path, tmp_path_factory:
         {k: v for k, v in again.items() if k not in ("model", "persistence")}
 
     # --init accepts our own checkpoints too: the weights come back exactly
-    from dpot_train.model_setup import data_overrides, init_model
+    from dpot_train.core.model_setup import data_overrides, init_model
 
     model = init_model(str(ckpt), data_overrides(4, (32, 32), 10, 1))
     saved = torch.load(ckpt, weights_only=True)["model"]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpot_train.config import TrainConfig, load_config, resolve_epochs
-from dpot_train.finetune import COMPONENTS, finetune_model, parse_components
+from dpot_train.core.config import TrainConfig, load_config, resolve_epochs
+from dpot_train.train.finetune import COMPONENTS, finetune_model, parse_components
 from dpot_train.model import build_model, dpot3d_from_2d
-from dpot_train.model_setup import data_overrides
-from dpot_train.trainer import build_optimizer
+from dpot_train.core.model_setup import data_overrides
+from dpot_train.train.trainer import build_optimizer
 
 CONFIGS = resources.files("dpot_train") / "configs"
 
@@ -123,7 +123,7 @@ def test_component_names_are_checked() -> None:
 
 
 def test_launch_checks_load_before_torchrun(released_2d) -> None:
-    from dpot_train.launch import validate_config
+    from dpot_train.run.launch import validate_config
 
     with pytest.raises(ValueError, match="--load blocks: names components of an --init checkpoint"):
         validate_config(TrainConfig(load="blocks"))

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dpot_data.cli import app as data_app
 from dpot_train.cli import app as train_app
-from dpot_train.config import find_config, shipped_configs
+from dpot_train.core.config import find_config, shipped_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden" / "dpot_small.pth"  # released format
@@ -57,7 +57,7 @@ def canonical(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _no_checksum_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the checksum pass fail loudly: an error reported instead comes before it."""
-    import dpot_train.launch as launch
+    import dpot_train.run.launch as launch
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("the checksum pass ran before the name checks")
@@ -169,7 +169,7 @@ def test_released_weights_on_another_convention_are_refused_before_the_checksum_
 # item 6: closing lines
 
 def test_a_finished_run_names_where_its_results_are() -> None:
-    from dpot_train.worker import closing_lines
+    from dpot_train.run.worker import closing_lines
 
     text = closing_lines("runs/a/", 1200, evaluated=True)
     assert "results in runs/a/" in text and "step-00001200.pt" in text and "eval.json" in text
@@ -233,7 +233,7 @@ def test_ingest_dry_run_writes_nothing_and_reports_the_plan(tmp_path: Path) -> N
 
 
 def test_model_export_writes_the_released_format(tmp_path: Path) -> None:
-    from dpot_train.checkpoint import checkpoint_payload, load_pretrained, load_state_dict_file
+    from dpot_train.core.checkpoint import checkpoint_payload, load_pretrained, load_state_dict_file
     from dpot_train.model import build_model
 
     model = build_model("tiny", img_size=32)

@@ -304,7 +304,7 @@ def test_launch_runs_the_validator_before_torchrun(toy: Path, tmp_path: Path) ->
     assert result.exit_code == 2, result.output
     errors = result.stderr.splitlines()
     assert len(errors) == 1 and errors[0].startswith(f"error: {toy}/{VALID}:s0000002.fields.npy: "), errors
-    assert phrase in errors[0] and "dpot_train.torchrun" not in result.output
+    assert phrase in errors[0] and "dpot_train.run.torchrun" not in result.output
     assert not run.exists()
 
 

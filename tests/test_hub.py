@@ -1,5 +1,5 @@
-"""Checkpoints by name from the Hugging Face Hub (dpot_train.hub), without a network: a Hub cache laid out as
-huggingface_hub lays it out (models--OWNER--REPO/{blobs,refs,snapshots/<commit>/FILE}), HF_HUB_CACHE pointing at it
+"""Checkpoints by name from the Hugging Face Hub (dpot_train.integrations.hub), without a network: a Hub cache laid out
+as huggingface_hub lays it out (models--OWNER--REPO/{blobs,refs,snapshots/<commit>/FILE}), HF_HUB_CACHE pointing at it
 and HF_HUB_OFFLINE=1, read by `hf_hub_download` itself in every command."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpot_train.checkpoint import checkpoint_payload, file_sha256, load_pretrained
-from dpot_train.hub import DPOT_REPO, RELEASED, HubError, parse_reference
+from dpot_train.core.checkpoint import checkpoint_payload, file_sha256, load_pretrained
+from dpot_train.integrations.hub import DPOT_REPO, RELEASED, HubError, parse_reference
 from tests import train_runs
 from tests.cli_batch import run_batch
 
@@ -166,7 +166,7 @@ def test_the_cache_under_hf_home_is_found(offline: dict[str, Path], monkeypatch:
 def test_load_pretrained_and_export_take_references(offline: dict[str, Path], tmp_path: Path) -> None:
     script = (
         "import sys, torch\n"
-        "from dpot_train.checkpoint import load_pretrained\n"
+        "from dpot_train.core.checkpoint import load_pretrained\n"
         f"a, b = load_pretrained('dpot:Ti'), load_pretrained({str(DPOT_FILE)!r})\n"
         "assert a.state_dict().keys() == b.state_dict().keys()\n"
         "assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())\n"
@@ -284,8 +284,8 @@ def test_hub_answers_become_one_line(raised: str, expected: str, monkeypatch: py
     import huggingface_hub
     from huggingface_hub import constants, errors
 
-    from dpot_train import hub as hub_module
-    from dpot_train.hub import resolve
+    from dpot_train.integrations import hub as hub_module
+    from dpot_train.integrations.hub import resolve
 
     def refuse(*args: object, **kwargs: object) -> str:
         if raised == "unreachable":  # what hf_hub_download raises when the HEAD request fails and nothing is cached

@@ -138,8 +138,8 @@ def test_source_readers_never_import_the_catalog() -> None:
 
 def test_the_model_package_touches_no_file_module_above_it() -> None:
     """dpot_train.model (networks, config, weight helpers) imports nothing else of dpot_train: checkpoint files live
-    in dpot_train.checkpoint, which imports the model, never the other way round."""
+    in dpot_train.core.checkpoint, which imports the model, never the other way round."""
     graph = _module_graph(("dpot_train",))
     model = {m for m in graph if m == "dpot_train.model" or m.startswith("dpot_train.model.")}
-    assert "dpot_train.model.weights" in model and "dpot_train.model" in graph["dpot_train.checkpoint"]
+    assert "dpot_train.model.weights" in model and "dpot_train.model" in graph["dpot_train.core.checkpoint"]
     assert {m: sorted(graph[m] - model) for m in sorted(model) if graph[m] - model} == {}

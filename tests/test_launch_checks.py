@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from dpot_train.checkpoint import UnreadableCheckpointsError, latest_checkpoint, prune
-from dpot_train.config import load_config
-from dpot_train.launch import Topology, prepare_run, release_run
+from dpot_train.core.checkpoint import UnreadableCheckpointsError, latest_checkpoint, prune
+from dpot_train.core.config import load_config
+from dpot_train.run.launch import Topology, prepare_run, release_run
 from dpot_train.model import build_model
 from tests import train_runs
 
@@ -30,7 +30,7 @@ def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "dpot_train.torchrun" not in r.stderr + r.stdout  # stopped before torchrun
+    assert "dpot_train.run.torchrun" not in r.stderr + r.stdout  # stopped before torchrun
     return lines[0]
 
 

@@ -17,10 +17,10 @@ import zarr
 
 import dpot_format.validate as validate
 from dpot_format.io import zarr_store
-from dpot_train.config import DataConfig, TrainConfig
+from dpot_train.core.config import DataConfig, TrainConfig
 from dpot_train.data import hash_pool
 from dpot_train.data.datasets import DataError, read_manifest_docs, read_manifests, verify_shards
-from dpot_train.launch import Topology, check_outputs, prepare_run
+from dpot_train.run.launch import Topology, check_outputs, prepare_run
 from tests.toy_output import write_toy_output
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dpot_train import startup, torchrun
-from dpot_train.config import TrainConfig
-from dpot_train.launch import check_schedule, release_run
+from dpot_train.train import startup
+from dpot_train.run import torchrun
+from dpot_train.core.config import TrainConfig
+from dpot_train.run.launch import check_schedule, release_run
 from dpot_train.model import families
 from tests import train_runs
 from tests.toy_output import write_toy_output
@@ -96,11 +97,11 @@ def test_torchrun_runs_in_the_launchers_process_and_its_code_is_the_exit_code(
         result = CliRunner().invoke(app, _launch_args(output, run))
     finally:
         release_run(run)
-    printed = [ln for ln in result.stderr.splitlines() if "-m dpot_train.torchrun " in ln]
+    printed = [ln for ln in result.stderr.splitlines() if "-m dpot_train.run.torchrun " in ln]
     assert result.exit_code == 2, result.output + result.stderr
     assert len(calls) == 1 and len(printed) == 1
     argv, pid, timing = calls[0]
-    assert printed[0].split(" ")[3:] == argv and argv[-4:] == ["dpot_train.worker", "--config",
+    assert printed[0].split(" ")[3:] == argv and argv[-4:] == ["dpot_train.run.worker", "--config",
                                                              str(run / "config.yaml"), "--checksums-verified"]
     assert pid == os.getpid() and startup.from_env({startup.ENV: timing or ""}) is not None
     assert (run / "config.yaml").is_file()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data import process_ring
 from dpot_train.data.datasets import DataError
 from dpot_train.data.loader import make_loader
@@ -166,7 +166,7 @@ def test_an_unpicklable_worker_error_still_reaches_the_consumer_with_its_traceba
 
 KILL = textwrap.dedent("""
     import multiprocessing, os, signal, sys, time
-    from dpot_train.config import DataConfig
+    from dpot_train.core.config import DataConfig
     from dpot_train.data.prepare import prepare_stream
     from dpot_train.data.loader import make_loader
     from dpot_train.data.prefetch import WorkerError
@@ -213,8 +213,8 @@ def test_training_with_process_workers_copies_no_batch_and_equals_thread_workers
     each batch before it asks for the next), and the losses and weights are those of 2 thread workers."""
     import json
 
-    from dpot_train.config import TrainConfig
-    from dpot_train.trainer import train
+    from dpot_train.core.config import TrainConfig
+    from dpot_train.train.trainer import train
 
     loaders: list[process_ring.ProcessBatches] = []
     start = process_ring.ProcessBatches.__init__

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dpot_data.catalog import load_catalog
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.mixture import parse_caps, parse_mixture
 from dpot_train.data.prepare import prepare_stream
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpot_train.checkpoint import checkpoint_payload, load_pretrained
-from dpot_train.finetune import finetune_model
+from dpot_train.core.checkpoint import checkpoint_payload, load_pretrained
+from dpot_train.train.finetune import finetune_model
 from dpot_train.model import DPOTConfig, build_model, families, infer_config
 from dpot_train.model.family_config import GridError
-from dpot_train.model_setup import data_overrides, fresh_model
+from dpot_train.core.model_setup import data_overrides, fresh_model
 
 
 def _forward_backward(model: torch.nn.Module, grid: tuple[int, ...], t_in: int, channels: int = 4) -> torch.Tensor:

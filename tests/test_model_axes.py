@@ -198,10 +198,10 @@ def _launched_loss_inputs(out: Path, run: Path, backend: str, monkeypatch: pytes
                           ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """What `launch` then the worker do, in this process (prepare_run writes RUN_DIR, the worker's train() reads
     its plan): (targets, mask) the loss gets in step 0, and the batch's ids."""
-    from dpot_train import trainer
-    from dpot_train.config import TrainConfig, apply_overrides
-    from dpot_train.launch import Topology, prepare_run, release_run
-    from dpot_train.run_plan import load_plan
+    from dpot_train.train import trainer
+    from dpot_train.core.config import TrainConfig, apply_overrides
+    from dpot_train.run.launch import Topology, prepare_run, release_run
+    from dpot_train.train.run_plan import load_plan
 
     cfg = apply_overrides(TrainConfig(), {
         "out": str(run), "model": "tiny", "data.manifests": [str(out)], "data.res": RES, "data.t_in": 2,
@@ -257,7 +257,7 @@ def test_the_loss_of_a_launched_run_sees_mask_and_fields_in_one_order(obstacle_o
 @pytest.mark.parametrize("backend", ["webdataset", "zarr"])
 def test_evaluate_scores_with_mask_and_fields_in_one_order(obstacle_out: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
-    import dpot_train.evaluate as ev
+    import dpot_train.evaluation.evaluate as ev
     from dpot_train.model import build_model
 
     torch.manual_seed(0)
@@ -339,7 +339,7 @@ def test_launch_dry_run_writes_nothing(obstacle_out: Path, tmp_path: Path) -> No
     r = CliRunner().invoke(app, ["launch", "--config", str(config), "--manifest", str(obstacle_out), "--out",
                                  str(run), "--res", str(RES), "--device", "cpu", "--dry-run"])
     assert r.exit_code == 0, r.output + r.stderr
-    assert "dpot_train.torchrun" in r.stderr and str(run / "config.yaml") in r.stderr
+    assert "dpot_train.run.torchrun" in r.stderr and str(run / "config.yaml") in r.stderr
     printed = yaml.safe_load(r.stdout)  # the run config it would write
     assert printed["out"] == str(run) and printed["data"]["res"] == RES
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]

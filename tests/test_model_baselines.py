@@ -13,10 +13,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dpot_train.checkpoint import CheckpointError, checkpoint_payload, export_released, load_pretrained
+from dpot_train.core.checkpoint import CheckpointError, checkpoint_payload, export_released, load_pretrained
 from dpot_train.cli import app
 from dpot_train.model import FNO2D, FNO3D, UNet, families
-from dpot_train.model_setup import data_overrides, fresh_model
+from dpot_train.core.model_setup import data_overrides, fresh_model
 
 TOL = 1e-6  # tighter than the 1e-5 acceptance bound
 GOLDEN = Path(__file__).resolve().parent / "golden"  # tests/golden/make_golden_baselines.py
@@ -181,7 +181,7 @@ def test_unet_and_fno_run_in_3d(tmp_path: Path) -> None:
 
 
 def test_a_preset_that_does_not_fit_the_data_is_one_line() -> None:
-    from dpot_train.model_setup import fresh_config
+    from dpot_train.core.model_setup import fresh_config
 
     with pytest.raises(ValueError) as info:  # 8 z modes on a 12-point axis (7 rFFT frequencies)
         fresh_config("fno", {}, data_overrides(5, (12, 12, 12), 3, 1))
@@ -191,7 +191,7 @@ def test_a_preset_that_does_not_fit_the_data_is_one_line() -> None:
 
 
 def test_init_from_a_baseline_loads_whole_and_dpot_components_are_refused(tmp_path: Path) -> None:
-    from dpot_train.finetune import finetune_model
+    from dpot_train.train.finetune import finetune_model
 
     fixed = data_overrides(4, (32, 32), 10, 1)
     source = fresh_model("unet-tiny", {}, fixed)
@@ -271,7 +271,7 @@ def test_a_third_family_needs_only_its_registry_entry(tmp_path: Path, monkeypatc
 @pytest.mark.parametrize("preset, label", [("fno-tiny", "FNO2D"), ("unet-tiny", "UNet2D")])
 def test_evaluate_scores_a_baseline_and_names_it(fno_train_shards: Path, tmp_path: Path, preset: str,
                                                  label: str) -> None:
-    from dpot_train.evaluate import evaluate_checkpoint
+    from dpot_train.evaluation.evaluate import evaluate_checkpoint
 
     torch.manual_seed(0)
     model = fresh_model(preset, {}, data_overrides(4, (32, 32), 10, 1))
@@ -289,7 +289,7 @@ def test_evaluate_scores_a_baseline_and_names_it(fno_train_shards: Path, tmp_pat
 def test_evaluate_runs_a_released_3d_baseline_on_the_data_grid(shards_3d: dict[str, Path], tmp_path: Path) -> None:
     """The grid is not in a baseline's weights (the inferred 128 is a default): 3D released weights are evaluated on
     the data's grid, as with --res 0, not resized to the default."""
-    from dpot_train.evaluate import evaluate_checkpoint
+    from dpot_train.evaluation.evaluate import evaluate_checkpoint
 
     torch.manual_seed(0)
     model = fresh_model("fno-tiny", {}, data_overrides(5, (12, 12, 12), 3, 1))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.checkpoint import CheckpointError, checkpoint_payload, load_pretrained
+from dpot_train.core.checkpoint import CheckpointError, checkpoint_payload, load_pretrained
 from dpot_train.model import DPOT2D, build_model
 
 TOL = 1e-6  # tighter than the 1e-5 acceptance bound: catches tanh-approximated GELU (about 6e-6 here)

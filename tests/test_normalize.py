@@ -1,4 +1,4 @@
-"""Per-channel normalisation from the manifest's train statistics (dpot_train/normalize.py): the same statistics in
+"""Per-channel normalisation from the manifest's train statistics (dpot_train/core/normalize.py): the same statistics in
 the training stream, the evaluation and `preview`, recorded with the checkpoints; dpot-reference data untouched; the
 evaluation recipe the same for a checkpoint and its export; the fine-tune's recipe said before training."""
 
@@ -16,19 +16,19 @@ from typer.testing import CliRunner
 
 from dpot_data.ingest import IngestOptions, ingest_files
 from dpot_data.synth.fno import solve_fno, write_mat_v5
-from dpot_train.checkpoint import export_released, read_checkpoint
+from dpot_train.core.checkpoint import export_released, read_checkpoint
 from dpot_train.cli import app
-from dpot_train.config import DataConfig, TrainConfig, load_config
+from dpot_train.core.config import DataConfig, TrainConfig, load_config
 from dpot_train.data.datasets import read_manifest
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import WebDatasetReader
 from dpot_train.data.stream import EpochPlans, make_sample
-from dpot_train.evaluate import evaluate_checkpoint, evaluate_model
-from dpot_train.finetune import recipe_line
-from dpot_train.normalize import manifest_stats, normalize, denormalize, resolve
+from dpot_train.evaluation.evaluate import evaluate_checkpoint, evaluate_model
+from dpot_train.train.finetune import recipe_line
+from dpot_train.core.normalize import manifest_stats, normalize, denormalize, resolve
 from dpot_train.preview import model_input
-from dpot_train.run_plan import load_plan
-from dpot_train.trainer import train
+from dpot_train.train.run_plan import load_plan
+from dpot_train.train.trainer import train
 from tests import train_runs
 
 STEPS = 40  # enough for the raw losses of the two unit systems to part ways

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dpot_train import open_dataset
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.stream import EpochPlans, WindowStream
 from dpot_train.preview import model_input
@@ -169,7 +169,7 @@ def test_bad_arguments_are_one_line(fno_train_shards: Path) -> None:
 ])
 def test_arguments_are_checked_as_launch_checks_its_options(fno_train_shards: Path, kwargs: dict,
                                                             line: str) -> None:
-    """Before anything is read, each argument against launch's limits for the same option (dpot_train.config:
+    """Before anything is read, each argument against launch's limits for the same option (dpot_train.core.config:
     MAX_RES, the frame counts): one ValueError line naming it, not a 1.6 TB allocation at the first window, a
     traceback deep in the stream, or windows of 0 input frames."""
     with pytest.raises(ValueError) as err:

@@ -21,7 +21,7 @@ import torch
 from typer.testing import CliRunner
 
 from dpot_format.output import OutputError, check_store, pid_alive
-from dpot_train.checkpoint import checkpoint_payload
+from dpot_train.core.checkpoint import checkpoint_payload
 from dpot_train.cli import app
 from dpot_train.model import build_model
 from tests.toy_output import write_fno_raw
@@ -89,7 +89,7 @@ def _store(path: Path, written_by: str | None) -> Path:
 
 
 def test_a_store_is_replaced_only_when_dpot_wrote_it_and_it_holds_nothing_else(tmp_path: Path) -> None:
-    from dpot_train.eval_predictions import WRITTEN_BY, PredictionWriter
+    from dpot_train.evaluation.predictions import WRITTEN_BY, PredictionWriter
 
     ours = _store(tmp_path / "ours.zarr", WRITTEN_BY)
     assert check_store(ours, "--predictions", WRITTEN_BY) == ours  # a store of ours, holding only Zarr's files
@@ -201,7 +201,7 @@ def test_plot_folder_that_is_an_existing_file_is_one_line(tmp_path: Path) -> Non
 # --- 8: what a killed write left is removed by the next write -------------------------------------------------------
 
 def test_leftovers_of_a_killed_predictions_write_are_removed_by_the_next_one(tmp_path: Path) -> None:
-    from dpot_train.eval_predictions import PredictionWriter
+    from dpot_train.evaluation.predictions import PredictionWriter
 
     dead, alive = _dead_pid(), os.getppid()
     store = tmp_path / "preds.zarr"
@@ -214,7 +214,7 @@ def test_leftovers_of_a_killed_predictions_write_are_removed_by_the_next_one(tmp
 
 
 def test_leftovers_of_a_killed_checkpoint_write_go_with_the_next_checkpoint(tmp_path: Path) -> None:
-    from dpot_train import checkpoint as C
+    from dpot_train.core import checkpoint as C
 
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()
@@ -231,7 +231,7 @@ def test_leftovers_of_a_killed_checkpoint_write_go_with_the_next_checkpoint(tmp_
 
 
 def test_leftovers_of_a_killed_report_and_plot_write_are_removed(tmp_path: Path) -> None:
-    from dpot_train.eval_plots import check_plot_folder
+    from dpot_train.evaluation.plots import check_plot_folder
 
     dead = _dead_pid()
     (tmp_path / f".report.md.tmp-{dead}").write_text("partial")

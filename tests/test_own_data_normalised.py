@@ -20,8 +20,8 @@ from dpot_data.synth.gridded import write_user_netcdf
 from dpot_train import open_dataset
 from dpot_train.api import NormalizationNote
 from dpot_train.cli import app as train_app
-from dpot_train.config import DataConfig
-from dpot_train.evaluate import evaluate_model
+from dpot_train.core.config import DataConfig
+from dpot_train.evaluation.evaluate import evaluate_model
 
 PAPER = "fno-ns-v1e-3: none (the paper's data under dpot-reference, as the released checkpoints saw it)"
 
@@ -129,7 +129,7 @@ def test_a_runs_record_keeps_what_it_trained_on(heat: Path, tmp_path: Path) -> N
     that do not name it (a run from before, which trained on it as stored) keep it as stored on --resume and in
     evaluate, while an own-data entry they do not name is normalised."""
     from dpot_train.data.datasets import read_manifest
-    from dpot_train.normalize import describe, manifest_stats, resolve
+    from dpot_train.core.normalize import describe, manifest_stats, resolve
 
     old = read_manifest(str(_as_recorded_before(heat, tmp_path / "old")))[0]
     new = read_manifest(str(heat))[0]

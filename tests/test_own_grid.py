@@ -136,7 +136,7 @@ def test_pictures_keep_the_native_proportions(own_nc: Path, tmp_path: Path, monk
     import xarray as xr
 
     from dpot_data.plot import build_figure
-    from dpot_train.eval_plots import plot_fields
+    from dpot_train.evaluation.plots import plot_fields
 
     # 48x64 -> 64x64: with the Zarr store's coordinates (metres, regridded), and shards alone (cell indices)
     for name, formats in (("sq", "zarr,wds"), ("sq-wds", "wds")):
@@ -223,7 +223,7 @@ def test_grid_notes_name_a_rectangular_trained_grid_as_res_takes_it() -> None:
     gives it back in the manifest's order (48,64; a grid of one side would read as its side)."""
     from types import SimpleNamespace
 
-    from dpot_train.evaluate import grid_notes
+    from dpot_train.evaluation.evaluate import grid_notes
     from dpot_train.model.config import DPOTConfig
 
     cfg = DPOTConfig(img_size=(48, 64), patch_size=8, embed_dim=32, depth=1, n_blocks=1, modes=4)

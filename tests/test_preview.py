@@ -11,7 +11,7 @@ import zarr
 from typer.testing import CliRunner
 
 from dpot_train.cli import app
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.stream import EpochPlans, make_sample
 from dpot_train.preview import model_input

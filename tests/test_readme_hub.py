@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dpot_train.checkpoint import file_sha256
-from dpot_train.hub import DPOT_REPO, RELEASED
+from dpot_train.core.checkpoint import file_sha256
+from dpot_train.integrations.hub import DPOT_REPO, RELEASED
 from tests.test_hub import DPOT_FILE, MAIN, put_hub_file
 from tests.test_readme_path import README, bash_blocks
 

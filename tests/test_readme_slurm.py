@@ -109,7 +109,7 @@ def test_readme_slurm_block_submits_the_ingest_and_the_training_it_documents(tmp
         ["srun", "--overlap", "--ntasks-per-node=1", "--cpus-per-task=32", f"{bin_dir}/dask", "worker", address,
          "--nworkers", "1", "--nthreads", "32", "--local-directory", f"/tmp/dask-worker-{env.get('USER') or 'dpot'}",
          "--death-timeout", "120"],
-        [f"{bin_dir}/python", "-m", "dpot_train.slurm", "dask-wait", address, "--workers", "4", "--timeout", "120"],
+        [f"{bin_dir}/python", "-m", "dpot_train.run.slurm", "dask-wait", address, "--workers", "4", "--timeout", "120"],
         [f"{bin_dir}/dpot-data", "ingest", "fno", *(f"raw/{name}" for name in RAW), "--out", "corpus/fno",
          "--scheduler", address],
     ]

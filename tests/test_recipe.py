@@ -12,7 +12,7 @@ import yaml
 from dpot_data.ingest import IngestOptions, ingest_files
 from dpot_data.synth.fno import synth_fno
 from dpot_train.data.windows import inject_noise
-from dpot_train.evaluate import evaluate_checkpoint
+from dpot_train.evaluation.evaluate import evaluate_checkpoint
 from tests import train_runs
 
 RELEASED = Path(__file__).resolve().parent / "golden" / "dpot_small.pth"  # released format, 32x32, 4 channels

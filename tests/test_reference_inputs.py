@@ -114,7 +114,7 @@ def test_model_input_equals_the_reference(folder: str, inputs_dir: Path, tmp_pat
 @pytest.mark.parametrize("folder", sorted(SOURCES))
 def test_evaluation_of_the_released_format_equals_the_reference(folder: str, inputs_dir: Path, reference_dir: Path,
                                                                 tmp_path: Path) -> None:
-    from dpot_train.evaluate import evaluate_checkpoint
+    from dpot_train.evaluation.evaluate import evaluate_checkpoint
 
     reader, file_sets = SOURCES[folder]
     base = inputs_dir / folder

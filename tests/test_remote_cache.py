@@ -24,7 +24,7 @@ pytest.importorskip("s3fs", reason="needs s3fs (the test or cloud extra)")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import s3_local  # noqa: E402
 
-from dpot_train.config import DataConfig  # noqa: E402
+from dpot_train.core.config import DataConfig  # noqa: E402
 from dpot_train.data.cache import CacheError, CacheSettings, ShardCache  # noqa: E402
 from dpot_train.data.cached_reader import CachedWebDatasetReader  # noqa: E402
 from dpot_train.data.datasets import DatasetInfo, read_manifests  # noqa: E402
@@ -363,7 +363,7 @@ def test_launch_fills_the_cache_and_writes_no_credentials(s3, corpus, tmp_path: 
 
 _RANK = """
 import sys
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.loader import make_loader
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.stream import WindowStream

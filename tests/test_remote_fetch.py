@@ -92,7 +92,7 @@ def test_retryable_classification() -> None:
 
 def test_the_worker_reports_a_failed_download_on_one_line() -> None:
     from dpot_train.data.prefetch import WorkerError
-    from dpot_train.worker import fetch_failure
+    from dpot_train.run.worker import fetch_failure
 
     err = FetchError("s3://b/x.tar: download failed after 6 attempts (last: OSError: 503)")
     wrapped = WorkerError("loader thread 0 failed building step 3:\nTraceback ...")
@@ -107,7 +107,7 @@ def test_the_worker_reports_a_failed_download_on_one_line() -> None:
 def test_the_worker_reports_a_broken_cache_folder_on_one_line() -> None:
     from dpot_train.data.cache import CacheError
     from dpot_train.data.prefetch import WorkerError
-    from dpot_train.worker import fetch_failure
+    from dpot_train.run.worker import fetch_failure
 
     err = CacheError("--cache-dir /scratch/cache: the disk is full while caching s3://b/x.tar (No space left on "
                      "device); free space there, or lower --cache-limit (now 1024 bytes) below its free space")
@@ -147,8 +147,9 @@ def test_a_failed_download_in_a_loader_worker_process_is_reported_as_its_own_lin
                                                                                   capsys) -> None:
     """torch re-raises a worker process's FetchError with the worker's traceback as its message: the training
     process prints the download's own line, not the traceback joined into one."""
-    from dpot_train import trainer, worker
-    from dpot_train.config import TrainConfig, save_config
+    from dpot_train.train import trainer
+    from dpot_train.run import worker
+    from dpot_train.core.config import TrainConfig, save_config
 
     cfg = tmp_path / "config.yaml"
     save_config(TrainConfig(out=str(tmp_path)), cfg)

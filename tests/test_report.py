@@ -11,7 +11,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from dpot_train.cli import app
-from dpot_train.report import build, check_paper, load_paper, load_runs, manifest_name, to_markdown
+from dpot_train.evaluation.report import build, check_paper, load_paper, load_runs, manifest_name, to_markdown
 
 
 def _eval(path: Path, scores: dict[str, float], steps: int = 3, recipe: str = "dpot",
@@ -281,7 +281,7 @@ def test_evaluate_video_needs_plot(tmp_path: Path) -> None:
 def test_3d_fields_picture_shows_the_mid_plane(tmp_path: Path) -> None:
     import xarray as xr
 
-    from dpot_train.eval_plots import plot_fields
+    from dpot_train.evaluation.plots import plot_fields
 
     rng = np.random.default_rng(0)
     pred = rng.standard_normal((1, 4, 2, 6, 5, 7)).astype(np.float32)
@@ -302,7 +302,7 @@ def test_3d_fields_picture_shows_the_mid_plane(tmp_path: Path) -> None:
 
 
 def test_picked_steps() -> None:
-    from dpot_train.eval_plots import picked_steps
+    from dpot_train.evaluation.plots import picked_steps
 
     assert [picked_steps(n) for n in (1, 2, 5, 500)] == [[0], [0, 1], [0, 2, 4], [0, 249, 499]]
 
@@ -426,8 +426,8 @@ def test_every_text_from_an_eval_json_is_escaped_and_bounded(tmp_path: Path) -> 
 
 
 def test_schema_and_out_suffix_are_checked(tmp_path: Path) -> None:
-    from dpot_train.evaluate import EVAL_SCHEMA
-    from dpot_train.report import check_schema
+    from dpot_train.evaluation.evaluate import EVAL_SCHEMA
+    from dpot_train.evaluation.report import check_schema
 
     assert check_schema(Path("e.json"), {"schema": EVAL_SCHEMA}) is None  # what evaluate writes is read
     a = _eval(tmp_path / "run" / "eval.json", {DS: 0.01})
@@ -516,7 +516,7 @@ def test_report_reads_schema_2_and_3_and_shows_windows_and_blowups(tmp_path: Pat
 
 
 # The paper's Tables 2, 9 and 10 typed a second time from their source (the transcription of the paper's PDF that
-# dpot_train/paper/dpot_icml2024.yaml names), to hold the data file and the printed report against.
+# dpot_train/evaluation/paper/dpot_icml2024.yaml names), to hold the data file and the printed report against.
 PAPER_TABLE_10 = {"DPOT": [0.00188, 0.00192, 0.00592, 0.0241, 0.0912],
                   "DPOT-pretrained": [0.00148, 0.00186, 0.00335, 0.0110, 0.0385]}
 PAPER_TABLE_2 = {"(Geo-)FNO": [0.193, 0.410, 0.0357], "MPP-FT": [0.152, None, None],

@@ -118,7 +118,7 @@ def test_a_channel_constant_on_the_fluid_stays_constant_after_res(well: tuple[in
 
 
 def test_evaluate_at_res_names_the_constant_channel(well: tuple[int, Path, Path], tmp_path: Path) -> None:
-    import dpot_train.evaluate as ev
+    import dpot_train.evaluation.evaluate as ev
     from dpot_train.model import build_model
 
     dims, _, out = well

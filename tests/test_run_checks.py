@@ -18,9 +18,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from dpot_train import checkpoint as C
+from dpot_train.core import checkpoint as C
 from dpot_train.cli import app
-from dpot_train.config import TrainConfig, save_config
+from dpot_train.core.config import TrainConfig, save_config
 from dpot_train.data.datasets import read_manifests
 from dpot_train.model import build_model, families
 from tests import train_runs
@@ -102,7 +102,7 @@ def _one_error_line(r: subprocess.CompletedProcess[str]) -> str:
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "dpot_train.torchrun" not in r.stdout + r.stderr  # refused before torchrun
+    assert "dpot_train.run.torchrun" not in r.stdout + r.stderr  # refused before torchrun
     return lines[0]
 
 
@@ -249,7 +249,7 @@ def test_a_missing_best_pt_says_why(fno_train_shards: Path, tmp_path: Path, ever
 
 def _best(ckpt_dir: Path, step: int, score: float) -> Path:
     """best.pt (a validation record inside) and best.json, as validate_and_keep_best writes them."""
-    from dpot_train.validation import BEST_NAME, BEST_RECORD, METRIC, VALID_SPLIT
+    from dpot_train.train.validation import BEST_NAME, BEST_RECORD, METRIC, VALID_SPLIT
 
     record = {"step": step, "score": score, "split": VALID_SPLIT, "metric": METRIC}
     torch.manual_seed(step)
@@ -267,7 +267,7 @@ def _damage(path: Path) -> bytes:
 
 
 def test_a_damaged_best_pt_is_set_aside_on_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from dpot_train.launch import check_run_dir
+    from dpot_train.run.launch import check_run_dir
 
     run = _run_dir(tmp_path, 2, [2])
     ckpt_dir = run / "checkpoints"
@@ -284,7 +284,7 @@ def test_a_damaged_best_pt_is_set_aside_on_resume(tmp_path: Path, capsys: pytest
 
 def test_a_damaged_best_pt_at_the_final_evaluation_is_set_aside_and_the_last_weights_scored(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from dpot_train.validation import load_best
+    from dpot_train.train.validation import load_best
 
     ckpt_dir = tmp_path / "checkpoints"
     ckpt_dir.mkdir()
@@ -301,7 +301,7 @@ def test_a_damaged_best_pt_at_the_final_evaluation_is_set_aside_and_the_last_wei
 
 def test_a_broken_best_json_is_named_and_rebuilt_from_best_pt(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from dpot_train.validation import best_record
+    from dpot_train.train.validation import best_record
 
     ckpt_dir = tmp_path / "checkpoints"
     ckpt_dir.mkdir()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from dpot_format.lock import is_held
-from dpot_train.launch import RUN_LOCK
+from dpot_train.run.launch import RUN_LOCK
 from tests import train_runs
 
 
@@ -25,7 +25,7 @@ def _in_torchrun(pid: int) -> bool:
     """The process has exec'ed into torchrun: launch has written RUN_DIR's files and holds the lock through the
     exec (until then it is still checking the data and writing config.yaml, plan.json and launch.json)."""
     try:
-        return b"dpot_train.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"dpot_train.run.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -56,7 +56,7 @@ def test_two_launches_into_one_out_the_second_refused(fno_train_shards: Path, tm
             assert len(lines) == 1, r.stderr
             assert lines[0].startswith(f"error: {out}: another launch is running in this run folder (pid "
                                        f"{first.pid} on host {socket.gethostname()}"), lines
-            assert "dpot_train.torchrun" not in r.stderr
+            assert "dpot_train.run.torchrun" not in r.stderr
         assert sorted(p.name for p in out.iterdir()) == before  # nothing rewritten beside the live run
         assert first.poll() is None
     finally:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dpot_train.config import load_config
-from dpot_train.run_plan import PLAN_NAME, load_plan
+from dpot_train.core.config import load_config
+from dpot_train.train.run_plan import PLAN_NAME, load_plan
 from tests import train_runs
 
 # Counts the opens for reading of manifest.json files and of one watched file, per process, through an audit hook
@@ -98,7 +98,7 @@ def test_a_two_process_launch_reads_each_manifest_and_init_once_and_no_tar_heade
 def test_a_plan_written_for_another_config_is_refused(tmp_path: Path) -> None:
     from dpot_train.data.datasets import DataError
     from dpot_train.data.stream import StreamSpec
-    from dpot_train.run_plan import make_plan, save_plan
+    from dpot_train.train.run_plan import make_plan, save_plan
 
     spec = StreamSpec(datasets=[], refs=[], visits=[], t_in=10, t_out=1, seed=0)
     save_plan(make_plan({"steps": 4}, {}, {}, spec, {}, None, {"nproc_per_node": 1}), tmp_path)
@@ -115,7 +115,7 @@ def test_evaluate_loads_the_checkpoint_once(fno_train_shards: Path, reference_di
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from dpot_train.evaluate import evaluate_checkpoint
+    from dpot_train.evaluation.evaluate import evaluate_checkpoint
 
     released = reference_dir / "dpot_tiny.pth"  # 16x16 weights on 32x32 data: the positional embedding is resampled
     loads: list[object] = []
@@ -135,6 +135,7 @@ def test_evaluate_loads_the_checkpoint_once(fno_train_shards: Path, reference_di
 def test_launch_imports_neither_the_trainer_nor_the_worker() -> None:
     from tests.test_import_graph import ROOT, _imports
 
-    for module in ("launch.py", "topology.py", "run_plan.py", "cli_train.py", "launch_request.py", "cli/launch.py"):
+    for module in ("run/launch.py", "core/topology.py", "train/run_plan.py", "cli_train.py", "run/launch_request.py",
+                   "cli/launch.py"):
         names = _imports(ROOT / "dpot_train" / module)
-        assert not [n for n in names if n.startswith(("dpot_train.trainer", "dpot_train.worker"))], module
+        assert not [n for n in names if n.startswith(("dpot_train.train.trainer", "dpot_train.run.worker"))], module

@@ -14,8 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from dpot_train import checkpoint as C
-from dpot_train.checkpoint import CheckpointError, checkpoint_payload, file_sha256, load_pretrained, record_path
+from dpot_train.core import checkpoint as C
+from dpot_train.core.checkpoint import CheckpointError, checkpoint_payload, file_sha256, load_pretrained, record_path
 from dpot_train.cli import app
 from dpot_train.model import build_model
 

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from dpot_train.config import TrainConfig
-from dpot_train.launch import check_schedule
-from dpot_train.schedule import one_cycle
+from dpot_train.core.config import TrainConfig
+from dpot_train.run.launch import check_schedule
+from dpot_train.train.schedule import one_cycle
 
 
 def _lrs(steps: int, pct: float, ours: bool) -> list[float]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dpot_train import slurm
+from dpot_train.run import slurm
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "scripts" / "slurm" / "train.sbatch"
@@ -278,7 +278,7 @@ def test_ingest_starts_the_cluster_waits_for_it_and_ingests_against_it(tmp_path:
            "--no-dashboard" in lines
     assert f"srun --overlap --ntasks-per-node=1 --cpus-per-task=8 {fakes}/dask worker {address} --nworkers 1 " \
            "--nthreads 8 --local-directory /scratch/w --death-timeout 120" in lines
-    wait = f"python -m dpot_train.slurm dask-wait {address} --workers 2 --timeout 120"
+    wait = f"python -m dpot_train.run.slurm dask-wait {address} --workers 2 --timeout 120"
     ingest = f"dpot-data ingest fno raw/a.mat raw/b.mat --out corpus/fno --scheduler {address} --resolution 64"
     assert wait in lines and ingest in lines and lines.index(wait) < lines.index(ingest)
 

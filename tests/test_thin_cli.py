@@ -137,7 +137,7 @@ def test_stats_lines_one_row_per_channel_and_kind() -> None:
 
 def test_launch_request_refuses_a_launch_without_run_dir() -> None:
     from dpot_train.cli.launch import launch_cmd
-    from dpot_train.launch_request import plan_launch
+    from dpot_train.run.launch_request import plan_launch
 
     given = {name: getattr(p.default, "default", p.default)
              for name, p in inspect.signature(launch_cmd).parameters.items()}
@@ -146,7 +146,7 @@ def test_launch_request_refuses_a_launch_without_run_dir() -> None:
 
 
 def test_evaluation_summary_and_its_checks(tmp_path: Path) -> None:
-    from dpot_train.eval_run import EvalFiles, comma_list, evaluate_to_files, summary_lines
+    from dpot_train.run.eval_run import EvalFiles, comma_list, evaluate_to_files, summary_lines
 
     result = {"recipe": "dpot", "normalization": {"stats": {"b": {"mean": 0}, "a": None}}, "plots": ["/x/p1.png"]}
     files = EvalFiles("e.json", plot=Path("pics"))

@@ -1,4 +1,4 @@
-"""Each training process chooses torch's intra-op threads from the cores it has (dpot_train.threads): the rule, the
+"""Each training process chooses torch's intra-op threads from the cores it has (dpot_train.core.threads): the rule, the
 user's OMP_NUM_THREADS winning over it (and over the 1 torchrun sets for several processes), and the line rank 0 logs.
 """
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpot_train.threads import (OMP_ENV, USER_OMP_ENV, ThreadsError, apply_threads, available_cores, choose_threads,
-                                user_threads)
+from dpot_train.core.threads import (OMP_ENV, USER_OMP_ENV, ThreadsError, apply_threads, available_cores,
+                                     choose_threads, user_threads)
 from tests import train_runs
 
 
@@ -45,7 +45,7 @@ def test_user_threads_from_env() -> None:
     assert user_threads({OMP_ENV: ""}) is None
     assert user_threads({OMP_ENV: "4"}) == 4
     assert user_threads({OMP_ENV: " 4,2 "}) == 4  # OpenMP's nested form: the outer count
-    # under dpot_train.torchrun: the launcher's value is the user's, not the 1 torchrun sets for several processes
+    # under dpot_train.run.torchrun: the launcher's value is the user's, not the 1 torchrun sets for several processes
     assert user_threads({OMP_ENV: "1", USER_OMP_ENV: ""}) is None
     assert user_threads({OMP_ENV: "1", USER_OMP_ENV: "6"}) == 6
 
@@ -97,5 +97,5 @@ def test_bad_omp_value_stops_the_launch_in_one_line(fno_train_shards: Path, tmp_
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert errors == ["error: OMP_NUM_THREADS='abc': expected a positive integer thread count"]
     assert "Traceback" not in r.stderr
-    assert "dpot_train.torchrun" not in r.stderr  # refused by launch itself, before any rank starts
+    assert "dpot_train.run.torchrun" not in r.stderr  # refused by launch itself, before any rank starts
     assert not (tmp_path / "run").exists()  # and before RUN_DIR is written

@@ -22,11 +22,11 @@ import yaml
 from typer.testing import CliRunner
 
 from dpot_train.cli import app as train_app
-from dpot_train.config import TrainConfig
-from dpot_train import trackers as trackers_module
-from dpot_train.trackers import (INSTALL, STATE_NAME, Held, TrackerError, Trackers, open_trackers, read_state,
-                                   tracker_names, wandb_history_steps)
-from dpot_train.train_log import eval_scalars
+from dpot_train.core.config import TrainConfig
+from dpot_train.integrations import trackers as trackers_module
+from dpot_train.integrations.trackers import (INSTALL, STATE_NAME, Held, TrackerError, Trackers, open_trackers,
+                                              read_state, tracker_names, wandb_history_steps)
+from dpot_train.train.log import eval_scalars
 from tests import train_runs
 from tests.test_readme_path import ROOT, bash_blocks
 
@@ -328,7 +328,7 @@ def test_a_failing_tracker_is_one_warning_and_metrics_jsonl_stays_whole(tmp_path
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
-    from dpot_train.train_log import _flush, _StepLog
+    from dpot_train.train.log import _flush, _StepLog
 
     broken, kept = _Broken(), _Kept()
     trackers = Trackers({"mlflow": broken, "wandb": kept})
@@ -451,7 +451,7 @@ def _steps(run: Path, trackers: Trackers, first: int, last: int, flush_every: in
 def _resume(monkeypatch: pytest.MonkeyPatch, run: Path, tracker: _Fake, checkpoint: int) -> Trackers:
     """`launch --resume` from the checkpoint at `checkpoint`: metrics.jsonl cut back to it (as TrainLog does), the
     trackers opened with resume=True and sent the lines they lack."""
-    from dpot_train.train_log import _truncate_jsonl
+    from dpot_train.train.log import _truncate_jsonl
 
     _truncate_jsonl(run / "metrics.jsonl", checkpoint)
     trackers = _open_fake(monkeypatch, run, tracker, resume=True)
@@ -583,7 +583,7 @@ def test_wandb_offline_resume_sends_each_step_once(tmp_path: Path, monkeypatch: 
         monkeypatch.setenv("WANDB_DIR", str(tmp_path / f"attempt-{n}"))
         if checkpoint is None:
             return open_trackers(cfg, run, resume=False)
-        from dpot_train.train_log import _truncate_jsonl
+        from dpot_train.train.log import _truncate_jsonl
 
         _truncate_jsonl(run / "metrics.jsonl", checkpoint)
         trackers = open_trackers(cfg, run, resume=True)
@@ -633,7 +633,7 @@ def _stop_after_a_flush_past_a_checkpoint(proc: subprocess.Popen[str], out: Path
     import signal
     import time
 
-    from dpot_train.checkpoint import list_checkpoints
+    from dpot_train.core.checkpoint import list_checkpoints
 
     def checkpoint() -> int:
         return max((s for s, _ in list_checkpoints(out / "checkpoints")), default=0) \

@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.datasets import DataError, check_compatible, read_manifests
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.stream import EpochPlans, WindowStream
 from dpot_train.data.windows import inject_noise, resize_frames, resize_mask, to_model_layout
-from dpot_train.metrics import l2re, original_grid_cells, persistence, rollout
+from dpot_train.core.metrics import l2re, original_grid_cells, persistence, rollout
 
 T_IN = 3
 
@@ -115,7 +115,7 @@ def test_2d_and_3d_datasets_in_one_run_are_refused_in_one_line(shards_3d: Path) 
 
 
 def test_evaluate_and_preview_read_3d_at_the_model_grid(shards_3d: Path, tmp_path: Path) -> None:
-    from dpot_train.evaluate import evaluate_checkpoint
+    from dpot_train.evaluation.evaluate import evaluate_checkpoint
     from dpot_train.model import build_model
     from dpot_train.preview import model_input
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpot_train.checkpoint import list_checkpoints
+from dpot_train.core.checkpoint import list_checkpoints
 from tests import train_runs
 
 STEPS, BATCH, T_IN = 12, 4, 3

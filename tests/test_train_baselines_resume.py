@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpot_train.checkpoint import list_checkpoints
+from dpot_train.core.checkpoint import list_checkpoints
 from tests import train_runs
 from tests.test_model_baselines import shards_3d  # noqa: F401  (a fixture)
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dpot_train import checkpoint as C
-from dpot_train.checkpoint import CheckpointError, checkpoint_payload, file_sha256, load_state_dict_file, record_path
+from dpot_train.core import checkpoint as C
+from dpot_train.core.checkpoint import (CheckpointError, checkpoint_payload, file_sha256, load_state_dict_file,
+                                        record_path)
 from dpot_train.cli import app
-from dpot_train.config import load_config
-from dpot_train.launch import Topology, prepare_run, release_run
+from dpot_train.core.config import load_config
+from dpot_train.run.launch import Topology, prepare_run, release_run
 from dpot_train.model import build_model
 from tests import train_runs
 
@@ -161,7 +162,7 @@ def test_resume_with_checkpoints_that_are_zips_but_do_not_load_is_one_line_befor
     assert r.returncode == 2
     lines = train_runs.error_lines(r.stderr)
     assert len(lines) == 1 and "none of the 2 checkpoints loads" in lines[0], r.stderr
-    assert "dpot_train.torchrun" not in r.stderr + r.stdout
+    assert "dpot_train.run.torchrun" not in r.stderr + r.stdout
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002.pt", "step-00000004.pt"]
 
 
@@ -265,8 +266,8 @@ def test_released_weights_are_checked_against_the_sha256_given(fno_train_shards:
 def test_launch_records_the_init_sha256_and_the_workers_check_it(fno_train_shards: Path, tmp_path: Path) -> None:
     import yaml
 
-    from dpot_train.finetune import finetune_model
-    from dpot_train.model_setup import data_overrides
+    from dpot_train.train.finetune import finetune_model
+    from dpot_train.core.model_setup import data_overrides
 
     init = tmp_path / "model_small.pth"
     init.write_bytes(GOLDEN.read_bytes())

@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from dpot_train.checkpoint import list_checkpoints
+from dpot_train.core.checkpoint import list_checkpoints
 from tests import train_runs
 
 # Relative tolerance of the compiled step's loss against eager's, per step over the run: inductor fuses the

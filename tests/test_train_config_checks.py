@@ -62,7 +62,7 @@ def test_yaml_errors_are_one_line_with_file_and_line(tmp_path: Path, text: str, 
 
 
 def test_the_shipped_presets_are_within_the_model_limit() -> None:
-    from dpot_train.launch import MAX_PARAMETERS, model_parameters
+    from dpot_train.run.launch import MAX_PARAMETERS, model_parameters
     from dpot_train.model import build_model
 
     for name in ("tiny", "Ti", "H"):
@@ -75,7 +75,7 @@ def test_every_launch_option_sets_its_run_config_key_or_is_the_launchers_own() -
     import inspect
 
     from dpot_train.cli_train import _DERIVED, _SWITCHES, _VALUES, launch_cmd, launch_overrides
-    from dpot_train.config import TrainConfig
+    from dpot_train.core.config import TrainConfig
 
     launcher = {"config", "nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_timeout", "resume",
                 "dry_run"}

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.checkpoint import latest_checkpoint, list_checkpoints, prune, rng_state, save_atomic, set_rng_state
-from dpot_train.config import TrainConfig, apply_overrides, load_config, save_config
+from dpot_train.core.checkpoint import latest_checkpoint, list_checkpoints, prune, rng_state, save_atomic, set_rng_state
+from dpot_train.core.config import TrainConfig, apply_overrides, load_config, save_config
 from dpot_train.data.datasets import DataError
 from dpot_train.data.mixture import parse_mixture, resolve_weights, visit_counts
 from dpot_train.data.stream import epoch_plan, rank_slice
 from dpot_train.data.windows import inject_noise, model_view, split_window, to_model_layout, window_start
-from dpot_train.metrics import l2re, one_step, persistence, predicted_entries, relative_l2_loss, rollout
-from dpot_train.trainer import build_optimizer
+from dpot_train.core.metrics import l2re, one_step, persistence, predicted_entries, relative_l2_loss, rollout
+from dpot_train.train.trainer import build_optimizer
 
 
 # --- mixture and epoch plans ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import WindowStream, rank_slice

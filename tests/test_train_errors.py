@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.datasets import DataError
 from dpot_train.data.prepare import prepare_stream
 from tests import train_runs

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpot_train.config import load_config
-from dpot_train.launch import Topology, torchrun_command
+from dpot_train.core.config import load_config
+from dpot_train.run.launch import Topology, torchrun_command
 from tests import train_runs
 
 
 def test_torchrun_command_single_and_multi_node(tmp_path: Path) -> None:
     cfg = tmp_path / "config.yaml"
     one = torchrun_command(cfg, Topology(2), resume=False, checksums_verified=True)
-    assert one[:3] == [sys.executable, "-m", "dpot_train.torchrun"]
+    assert one[:3] == [sys.executable, "-m", "dpot_train.run.torchrun"]
     assert "--nproc-per-node=2" in one and "--standalone" in one
-    assert one[-5:] == ["-m", "dpot_train.worker", "--config", str(cfg), "--checksums-verified"]
+    assert one[-5:] == ["-m", "dpot_train.run.worker", "--config", str(cfg), "--checksums-verified"]
     multi = torchrun_command(cfg, Topology(8, 4, 3, "node0:29500"), resume=True, checksums_verified=False)
     for arg in ("--nproc-per-node=8", "--nnodes=4", "--node-rank=3", "--rdzv-backend=c10d",
                 "--rdzv-endpoint=node0:29500", "--resume"):
@@ -39,7 +39,7 @@ def test_yaml_config_with_cli_overrides_dry_run(fno_train_shards: Path, tmp_path
     r = train_runs.run([sys.executable, "-m", "dpot_train", "launch", "--config", str(config), "--steps", "7",
                         "--nproc-per-node", "3", "--dry-run"])
     assert r.returncode == 0, r.stderr
-    assert "dpot_train.torchrun --nproc-per-node=3 --standalone" in r.stderr
+    assert "dpot_train.run.torchrun --nproc-per-node=3 --standalone" in r.stderr
     printed = tmp_path / "printed.yaml"  # --dry-run prints the run config and writes nothing
     printed.write_text(r.stdout)
     saved = load_config(printed)

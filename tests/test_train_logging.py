@@ -95,7 +95,7 @@ def test_a_resume_cuts_the_log_back_leaving_out_a_line_cut_short(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """The resume's cut of metrics.jsonl to its checkpoint step keeps every whole line up to it, leaves out a last
     line that a crash cut short (with one warning line), and replaces the file whole, leaving no temporary."""
-    from dpot_train.train_log import _truncate_jsonl
+    from dpot_train.train.log import _truncate_jsonl
 
     log = tmp_path / "metrics.jsonl"
     lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 7)]

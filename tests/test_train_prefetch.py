@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.config import DataConfig, TrainConfig, apply_overrides
+from dpot_train.core.config import DataConfig, TrainConfig, apply_overrides
 from dpot_train.data.datasets import DataError
 from dpot_train.data.prefetch import ThreadLoader, WorkerError
 from dpot_train.data.process_ring import ProcessLoader
@@ -248,7 +248,7 @@ def test_interpreter_exits_with_a_loader_still_running(fno_train_shards: Path, k
     import subprocess
     import sys
 
-    code = ("from dpot_train.config import DataConfig\n"
+    code = ("from dpot_train.core.config import DataConfig\n"
             "from dpot_train.data.prepare import prepare_stream\n"
             "from dpot_train.data.loader import make_loader\n"
             "from dpot_train.data.stream import WindowStream\n"

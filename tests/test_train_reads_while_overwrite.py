@@ -104,7 +104,8 @@ def test_an_overwrite_while_evaluate_or_preview_reads_is_refused(output: tuple[P
                                                                  monkeypatch: pytest.MonkeyPatch, command: str) -> None:
     import numpy as np
 
-    from dpot_train import evaluate, preview
+    from dpot_train.evaluation import evaluate
+    from dpot_train import preview
     from dpot_train.cli import app as train_app
 
     raw, out = output

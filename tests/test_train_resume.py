@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpot_train.checkpoint import list_checkpoints
+from dpot_train.core.checkpoint import list_checkpoints
 from tests import train_runs
 
 

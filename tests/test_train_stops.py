@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from dpot_train.config import DataConfig
-from dpot_train.evaluate import evaluate_model, print_table
+from dpot_train.core.config import DataConfig
+from dpot_train.evaluation.evaluate import evaluate_model, print_table
 from tests import toy_output, train_runs
 
 TOY_ARRAYS = toy_output.toy_arrays

@@ -167,9 +167,9 @@ class _Damped(torch.nn.Module):
 @pytest.fixture(scope="module")
 def scored(heat: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """The heat test split evaluated with the stand-in model, its rollouts written to a predictions store."""
-    from dpot_train.config import DataConfig
-    from dpot_train.eval_predictions import PredictionWriter
-    from dpot_train.evaluate import evaluate_model
+    from dpot_train.core.config import DataConfig
+    from dpot_train.evaluation.predictions import PredictionWriter
+    from dpot_train.evaluation.evaluate import evaluate_model
 
     writer = PredictionWriter(tmp_path_factory.mktemp("scored") / "pred.zarr")
     result = evaluate_model(_Damped(), DataConfig(manifests=[str(heat)], t_in=T_IN, t_out=1, normalize="none"),
@@ -183,7 +183,7 @@ def _group(store: Path) -> xr.Dataset:
 
 def test_eval_json_gives_the_rmse_in_the_channels_unit(scored: tuple[dict, Path], capsys: pytest.CaptureFixture
                                                        ) -> None:
-    from dpot_train.evaluate import print_table
+    from dpot_train.evaluation.evaluate import print_table
 
     result, store = scored
     r = result["datasets"]["heat"]
@@ -213,7 +213,7 @@ def test_the_predictions_store_carries_times_coordinates_and_units(scored: tuple
 
 
 def test_evaluation_fields_picture_names_units_times_and_fluid_ranges(scored: tuple[dict, Path]) -> None:
-    from dpot_train.eval_plots import fields_figure
+    from dpot_train.evaluation.plots import fields_figure
 
     g = _group(scored[1])
     mask = g["mask"].values[0]
@@ -236,7 +236,7 @@ def test_evaluation_fields_picture_names_units_times_and_fluid_ranges(scored: tu
 
 
 def test_evaluation_spectrum_picture_has_units_dataset_and_several_steps(scored: tuple[dict, Path]) -> None:
-    from dpot_train.eval_plots import spectra_figure
+    from dpot_train.evaluation.plots import spectra_figure
 
     fig = spectra_figure(_group(scored[1]))
     try:
@@ -252,7 +252,7 @@ def test_the_rollout_gif_keeps_one_colour_scale_per_channel_over_the_whole_rollo
                                                                                    tmp_path: Path) -> None:
     from PIL import Image
 
-    from dpot_train.eval_plots import write_video
+    from dpot_train.evaluation.plots import write_video
 
     g = _group(scored[1])
     video = write_video(g, tmp_path / "rollout.gif")

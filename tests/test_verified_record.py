@@ -25,10 +25,10 @@ import pytest
 from typer.testing import CliRunner
 
 from dpot_format.lock import FileLock
-from dpot_train.config import DataConfig, TrainConfig
+from dpot_train.core.config import DataConfig, TrainConfig
 from dpot_train.data import verified
 from dpot_train.data.verified import RECORD_NAME, Record, read_record
-from dpot_train.launch import Topology, prepare_run, release_run
+from dpot_train.run.launch import Topology, prepare_run, release_run
 from tests import train_runs
 from tests.toy_output import write_toy_output
 
@@ -97,7 +97,7 @@ def _dry_run(root: Path, run: Path, *extra: str) -> tuple[int, list[str], list[s
             "cpu", "--normalize", "none", "--no-progress", "--no-eval", "--dry-run", *extra]
     with _TarOpens() as opened:
         result = CliRunner().invoke(app, args)
-    lines = [ln for ln in result.stderr.splitlines() if "dpot_train.torchrun" not in ln
+    lines = [ln for ln in result.stderr.splitlines() if "dpot_train.run.torchrun" not in ln
              and not ln.startswith("normalise: ")]
     return result.exit_code, sorted(p for p in opened if p.startswith(str(root))), lines, result.stderr
 
@@ -280,7 +280,7 @@ def test_zarr_arrays_are_recorded_and_a_changed_chunk_is_hashed_again(output: Pa
     from dpot_format.io import zarr_store
     from dpot_train.data.datasets import DataError, read_manifest_docs
     from dpot_train.data.verified import RecordPolicy
-    from dpot_train.launch import check_outputs
+    from dpot_train.run.launch import check_outputs
 
     hashed: list[str] = []
     real = validate.sha256_array
@@ -347,8 +347,8 @@ def test_time_to_first_step_parts_add_up_on_the_first_steps_line(tmp_path: Path)
     first step's metrics.jsonl line only, mirrored to the trackers with the rest of that line."""
     import torch
 
-    from dpot_train import startup
-    from dpot_train.train_log import _flush, _print_loss_curve, _StepLog, _truncate_jsonl
+    from dpot_train.train import startup
+    from dpot_train.train.log import _flush, _print_loss_curve, _StepLog, _truncate_jsonl
 
     launch = startup.from_env({startup.ENV: json.dumps({"start": 100.0, "exec": 104.5, "hashing_s": 1.25})})
     assert launch == {"start": 100.0, "exec": 104.5, "hashing_s": 1.25}

@@ -22,7 +22,7 @@ _SAID = ("normalise: ", "note: sha256 of", "Setting OMP_NUM_THREADS", "*")
 
 def error_lines(text: str) -> list[str]:
     """A launch's stderr without what it says besides errors (_SAID)."""
-    return [ln for ln in text.splitlines() if ln.strip() and " -m dpot_train.torchrun " not in ln
+    return [ln for ln in text.splitlines() if ln.strip() and " -m dpot_train.run.torchrun " not in ln
             and not ln.startswith(_SAID)]
 
 

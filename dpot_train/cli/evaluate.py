@@ -1,4 +1,4 @@
-"""`dpot-train evaluate`: score a checkpoint on manifests' data into eval.json (dpot_train.eval_run)."""
+"""`dpot-train evaluate`: score a checkpoint on manifests' data into eval.json (dpot_train.run.eval_run)."""
 
 from pathlib import Path
 from typing import Annotated, Optional
@@ -59,8 +59,8 @@ def evaluate_cmd(
 ) -> None:
     """Rollout and one-step (or in-rollout step) L2RE per dataset, for the model and the persistence baseline, with
     per-step L2RE and The Well's NRMSE / VRMSE / spectral MSE per channel; writes eval.json."""
-    from dpot_train.eval_run import EvalFiles, evaluate_to_files, summary_lines
-    from dpot_train.evaluate import print_table
+    from dpot_train.run.eval_run import EvalFiles, evaluate_to_files, summary_lines
+    from dpot_train.evaluation.evaluate import print_table
 
     files = EvalFiles(out, predictions=predictions, plot=plot, video=video)
     try:

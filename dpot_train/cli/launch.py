@@ -1,4 +1,4 @@
-"""`dpot-train launch`: check data and RUN_DIR, write the run config, run torchrun (dpot_train.launch_request)."""
+"""`dpot-train launch`: check data and RUN_DIR, write the run config, run torchrun (dpot_train.run.launch_request)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import typer
 
 from dpot_train.cli.options import (CACHE_DIR_HELP, CACHE_LIMIT_HELP, SHA256_HELP, TRACKER_HELP, TRACKER_PROJECT_HELP,
                                     VERIFY_HELP, fail)
-from dpot_train.config import TrainConfig
+from dpot_train.core.config import TrainConfig
 
 
 def _default(key: str, text: str = "") -> str:
@@ -120,9 +120,9 @@ def launch_cmd(
     tracker: Optional[list[str]] = typer.Option(None, "--tracker", metavar="wandb|mlflow", help=TRACKER_HELP),
     tracker_project: Optional[str] = typer.Option(None, "--tracker-project", help=TRACKER_PROJECT_HELP),
 ) -> None:
-    """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.worker."""
+    """Check data and RUN_DIR, write RUN_DIR/config.yaml, then run torchrun with dpot_train.run.worker."""
     given = dict(locals())  # every option by name, before anything else is bound here
-    from dpot_train.launch_request import exec_torchrun, plan_launch
+    from dpot_train.run.launch_request import exec_torchrun, plan_launch
 
     try:
         cfg, topo, cmd = plan_launch(given)

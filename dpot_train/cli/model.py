@@ -43,7 +43,7 @@ def model_export_cmd(
     reference implementation loads, and what --init and evaluate treat as released weights (the reference recipe).
     With --format safetensors (or an --out ending .safetensors) the same tensors and entries go into a safetensors
     file, which every command that reads weights also reads."""
-    from dpot_train.checkpoint import CheckpointWriteError, export_weights
+    from dpot_train.core.checkpoint import CheckpointWriteError, export_weights
 
     try:
         line = export_weights(checkpoint, out, fmt)

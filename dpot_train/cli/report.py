@@ -1,4 +1,4 @@
-"""`dpot-train report`: one table of datasets x runs from eval.json files (dpot_train.report)."""
+"""`dpot-train report`: one table of datasets x runs from eval.json files (dpot_train.evaluation.report)."""
 
 from pathlib import Path
 from typing import Annotated
@@ -12,14 +12,15 @@ def report_cmd(
     out: Annotated[Path, typer.Option("--out", help="report.md (Markdown) or report.html (HTML, pictures "
                                       "embedded).")],
     paper: Annotated[bool, typer.Option(
-        "--paper", help="Set the DPOT paper's published tables beside the runs (dpot_train/paper/dpot_icml2024.yaml: "
+        "--paper", help="Set the DPOT paper's published tables beside the runs "
+                        "(dpot_train/evaluation/paper/dpot_icml2024.yaml: "
         "Table 1 with each run's ratio to each row and its sign, the checkpoint sizes), each with its "
         "source.")] = False,
 ) -> None:
     """One table of datasets x runs (the model's rollout L2RE), persistence, the horizon columns, and with --paper
     the paper's figures; prints the Markdown form and writes --out (a picture not embedded: one line each on
     stderr)."""
-    from dpot_train.report import write_report
+    from dpot_train.evaluation.report import write_report
 
     try:
         path, text = write_report(list(evals), out, paper=paper, warn=lambda line: typer.echo(line, err=True))

@@ -2,7 +2,7 @@
 data check (`verify_shards`) run `dpot_format.validate.validate_output` with when it rehashes.
 
 Each shard (or Zarr array) is hashed on its own thread of a pool sized to the CPUs this process may use
-(`dpot_train.threads.available_cores`); hashlib and file reads release the GIL on the validator's 8 MiB pieces, so
+(`dpot_train.core.threads.available_cores`); hashlib and file reads release the GIL on the validator's 8 MiB pieces, so
 the threads hash in parallel, each holding one bounded piece, never a whole shard. Results come back in the
 manifest's order (`Executor.map`), so the problems, and the error lines made from them, are those of the one-thread
 pass, in the same order. Without rehashing (the recorded-index path, the shard cache) nothing here is used.
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from dpot_format.io import ARRAY_BLOCK_BYTES, CHUNK
 from dpot_format.validate import Item, Problem
-from dpot_train.threads import available_cores
+from dpot_train.core.threads import available_cores
 
 T = TypeVar("T")
 R = TypeVar("R")

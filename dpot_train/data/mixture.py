@@ -69,7 +69,7 @@ def packaged_mixture(name: str) -> Path | None:
 
 
 def _read(path: str | Path) -> object:
-    from dpot_train.config import read_yaml
+    from dpot_train.core.config import read_yaml
 
     try:
         return read_yaml(path)

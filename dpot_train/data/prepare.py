@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dpot_format.tar import SampleIndex
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.cached_reader import cache_settings, reader_for, uses_cache
 from dpot_train.data.datasets import (DataError, DatasetInfo, check_compatible, note_scanned, read_manifests,
                                       recorded_index, verify_shards)
@@ -17,7 +17,7 @@ from dpot_train.data.mixture import parse_caps, parse_mixture, resolve_weights, 
 from dpot_train.data.readers import ShardIndex, TrajectoryReader
 from dpot_train.data.stream import StreamSpec
 from dpot_train.data.verified import RecordPolicy, named_cache
-from dpot_train.normalize import resolve
+from dpot_train.core.normalize import resolve
 
 
 def load_datasets(cfg: DataConfig, split: str, verify: bool | None = None
@@ -55,7 +55,7 @@ def data_reader(cfg: DataConfig, datasets: Sequence[DatasetInfo] = ()) -> Trajec
 
 
 def norm_table(cfg: DataConfig, datasets: Sequence[DatasetInfo]) -> dict:
-    """Per dataset, the statistics cfg normalises it with (dpot_train.normalize.resolve); DataError naming the
+    """Per dataset, the statistics cfg normalises it with (dpot_train.core.normalize.resolve); DataError naming the
     manifest (or the config key) when a dataset to normalise has none."""
     try:
         return resolve(cfg.normalize, datasets, cfg.norm_stats)

@@ -33,7 +33,7 @@ from dpot_train.data.readers import TrajectoryReader, TrajRef
 from dpot_train.data.seeded import window_start_at
 from dpot_train.data.windows import (as_model_order, mask_view, model_batch_view, model_view, split_window,
                                      stored_reversed_axes, window_start)
-from dpot_train.normalize import Stats, normalize_array
+from dpot_train.core.normalize import Stats, normalize_array
 
 
 def _name_seed(name: str) -> int:
@@ -78,7 +78,8 @@ class StreamSpec:
     t_in: int
     t_out: int
     seed: int
-    # per dataset name, the statistics its windows are normalised with (dpot_train.normalize; absent or None: as read)
+    # per dataset name, the statistics its windows are normalised with (dpot_train.core.normalize; absent or None: as
+    # read)
     norm: dict[str, Stats | None] = field(default_factory=dict)
 
     @property

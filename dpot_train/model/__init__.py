@@ -6,8 +6,11 @@ Public API:
     families.build(families.resolve("fno" | "fno-m" | "unet" | ... | "Ti", **overrides)) -> FNO2D | UNet | DPOT
     model(x) -> prediction (B, X, Y, T_out, C); model(x, return_logits=True) -> (prediction, logits (B, n_cls));
     model.classify(x) -> logits
-Checkpoint files (`load_pretrained`, `checkpoint_payload`, ...): `dpot_train.checkpoint`; `dpot-train model info`:
+Checkpoint files (`load_pretrained`, `checkpoint_payload`, ...): `dpot_train.core.checkpoint`; `dpot-train model info`:
 `dpot_train.model_info`.
+
+May import: none. The package stands at the bottom, below core, whose checkpoint and model_setup build networks
+from files.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """DPOT weights in memory, no file involved: the wrapper prefixes, the config a state dict's shapes imply, a strict
-load into a model, and the model inside DDP/torch.compile wrappers. Checkpoint files: `dpot_train.checkpoint`."""
+load into a model, and the model inside DDP/torch.compile wrappers. Checkpoint files: `dpot_train.core.checkpoint`."""
 
 from __future__ import annotations
 

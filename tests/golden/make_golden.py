@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpot_train.checkpoint import load_pretrained  # noqa: E402
+from dpot_train.core.checkpoint import load_pretrained  # noqa: E402
 from dpot_train.model import build_model  # noqa: E402
 
 CONFIG = dict(img_size=32, patch_size=8, in_channels=4, out_channels=4, in_timesteps=10, out_timesteps=1, n_blocks=4,

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpot_train.checkpoint import load_pretrained  # noqa: E402
+from dpot_train.core.checkpoint import load_pretrained  # noqa: E402
 from dpot_train.model import FNO2D, FNO3D, FNOConfig, UNet, UNetConfig  # noqa: E402
 
 FNO = FNOConfig(modes1=4, modes2=3, width=8, img_size=16, n_channels=4, in_timesteps=10, out_timesteps=1, n_layers=2,

@@ -1,9 +1,9 @@
-"""Entry point of one training process under torchrun: `python -m dpot_train.worker --config RUN_DIR/config.yaml`.
+"""Entry point of one training process under torchrun: `python -m dpot_train.run.worker --config RUN_DIR/config.yaml`.
 
 torchrun starts workers in their own sessions, so a SIGKILL of the launcher would leave them running; a watchdog
 thread ends this process as soon as its parent is gone, so that a killed launch stops writing into RUN_DIR.
 A problem the user can act on (full disk, damaged checkpoints, data changed under the run) is one `error:` line and
-exit code REPORTED; dpot_train.torchrun then adds nothing to it.
+exit code REPORTED; dpot_train.run.torchrun then adds nothing to it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpot_train.config import TrainConfig, load_config
+from dpot_train.core.config import TrainConfig, load_config
 
 if TYPE_CHECKING:
-    from dpot_train.trackers import Trackers
+    from dpot_train.integrations.trackers import Trackers
 
 REPORTED = 2  # exit code of a worker that printed its one-line error (or left it to rank 0)
 PEER_FAILED = 3  # exit code of a worker stopped by another process's failure; that process says why
@@ -29,10 +29,11 @@ PEER_FAILED = 3  # exit code of a worker stopped by another process's failure; t
 def _reported_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message is the whole story: checkpoint, run-folder and data problems."""
     from dpot_format.errors import FormatError
-    from dpot_train.checkpoint import CheckpointError, CheckpointWriteError, RunDirError, UnreadableCheckpointsError
+    from dpot_train.core.checkpoint import (CheckpointError, CheckpointWriteError, RunDirError,
+                                            UnreadableCheckpointsError)
 
-    from dpot_train.distributed import CollectiveError
-    from dpot_train.evaluate import ResultWriteError
+    from dpot_train.core.distributed import CollectiveError
+    from dpot_train.evaluation.evaluate import ResultWriteError
 
     return (CheckpointWriteError, UnreadableCheckpointsError, CheckpointError, RunDirError, FormatError, CollectiveError,
             ResultWriteError)
@@ -51,8 +52,8 @@ def _watch_parent(interval: float = 0.2) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse args, run dpot_train.trainer.train, shut the process group down."""
-    ap = argparse.ArgumentParser(prog="python -m dpot_train.worker", description=__doc__)
+    """Parse args, run dpot_train.train.trainer.train, shut the process group down."""
+    ap = argparse.ArgumentParser(prog="python -m dpot_train.run.worker", description=__doc__)
     ap.add_argument("--config", required=True, help="run config YAML (RUN_DIR/config.yaml)")
     ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in RUN_DIR")
     ap.add_argument("--checksums-verified", action="store_true",
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     _watch_parent()
     cfg = load_config(args.config)
-    from dpot_train.threads import ThreadsError, apply_threads
+    from dpot_train.core.threads import ThreadsError, apply_threads
 
     try:
         threads = apply_threads(cfg.data.num_workers)  # before any torch work: the run's intra-op thread count
@@ -70,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return REPORTED
     if int(os.environ.get("RANK", "0")) == 0:
         print(threads.line(), flush=True)
-    from dpot_train import distributed as D
-    from dpot_train.run_plan import load_plan
-    from dpot_train.trainer import train
+    from dpot_train.core import distributed as D
+    from dpot_train.train.run_plan import load_plan
+    from dpot_train.train.trainer import train
 
     tracker = _open_trackers(cfg, args.resume)
     ended = False  # the tracker runs are marked failed unless training and its evaluation end well
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(cfg, resume=args.resume, verify_checksums=False if args.checksums_verified else None,
                         plan=plan, tracker=tracker)
         if tracker is not None and "eval" in summary:  # eval.json's numbers at the final step, as TensorBoard has
-            from dpot_train.train_log import eval_scalars
+            from dpot_train.train.log import eval_scalars
 
             tracker.log(eval_scalars(summary["eval"]), int(summary["step"]))
         ended = True
@@ -107,17 +108,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _open_trackers(cfg: TrainConfig, resume: bool) -> "Trackers | None":
-    """Rank 0's experiment trackers (dpot_train.trackers.Trackers) when the run names any, else None."""
+    """Rank 0's experiment trackers (dpot_train.integrations.trackers.Trackers) when the run names any, else None."""
     if not cfg.tracker or int(os.environ.get("RANK", "0")) != 0:
         return None
-    from dpot_train.trackers import open_trackers
+    from dpot_train.integrations.trackers import open_trackers
 
     return open_trackers(cfg, Path(cfg.out), resume)
 
 
 def closing_lines(run: str, step: int, evaluated: bool) -> str:
     """Where a finished run's results are, and how to look at them."""
-    from dpot_train.checkpoint import checkpoint_path
+    from dpot_train.core.checkpoint import checkpoint_path
 
     run_dir = os.path.normpath(run)
     lines = [f"results in {run_dir}/:",

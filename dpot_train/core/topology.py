@@ -32,9 +32,9 @@ class Topology:
 
 
 def torchrun_command(config_path: Path, topo: Topology, resume: bool, checksums_verified: bool) -> list[str]:
-    """`python -m dpot_train.torchrun ... -m dpot_train.worker --config ...` for this topology (torchrun's
+    """`python -m dpot_train.run.torchrun ... -m dpot_train.run.worker --config ...` for this topology (torchrun's
     arguments; the wrapper keeps a worker's one-line error to itself)."""
-    cmd = [sys.executable, "-m", "dpot_train.torchrun", f"--nproc-per-node={topo.nproc_per_node}"]
+    cmd = [sys.executable, "-m", "dpot_train.run.torchrun", f"--nproc-per-node={topo.nproc_per_node}"]
     if topo.nnodes > 1:
         if not topo.rdzv_endpoint:
             raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
@@ -42,7 +42,7 @@ def torchrun_command(config_path: Path, topo: Topology, resume: bool, checksums_
                 f"--rdzv-endpoint={topo.rdzv_endpoint}", f"--rdzv-conf=join_timeout={topo.rdzv_timeout}"]
     else:
         cmd += ["--standalone", "--nnodes=1"]
-    cmd += ["-m", "dpot_train.worker", "--config", str(config_path)]
+    cmd += ["-m", "dpot_train.run.worker", "--config", str(config_path)]
     if resume:
         cmd.append("--resume")
     if checksums_verified:

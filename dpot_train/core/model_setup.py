@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from dpot_format.conventions import OWN_DATA, REFERENCE
-from dpot_train.checkpoint import load_state_dict_file
+from dpot_train.core.checkpoint import load_state_dict_file
 from dpot_train.model import families
 from dpot_train.model.family_config import GridError
 from dpot_train.model.weights import resize_pos_embed

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpot_train.metrics import EPS
+from dpot_train.core.metrics import EPS
 
 WELL_EPS = 1e-7  # The Well's eps in NMSE's denominator
 SPECTRAL_BINS = 3

@@ -12,18 +12,18 @@ import numpy as np
 import torch
 
 from dpot_format.units import entry_units, label
-from dpot_train.config import DataConfig
+from dpot_train.core.config import DataConfig
 from dpot_train.data.datasets import DatasetInfo, check_compatible, without_split
 from dpot_train.data.prepare import checked_index, data_reader, load_datasets, norm_table
 from dpot_train.data.readers import TrajRef, indexed_trajectories
 from dpot_train.data.windows import model_shape, resize_window, run_grid, stored_shape, takes_fluid_rule, \
     to_model_layout, to_model_mask
-from dpot_train.eval_metrics import VRMSE_WINDOWS, DatasetSuite
-from dpot_train.eval_predictions import PredictionSink
-from dpot_train.eval_stream import STREAM_STEPS, score_streamed
-from dpot_train.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
-                                reference_rollout_errors, rollout)
-from dpot_train.normalize import Stats, denormalize, normalize
+from dpot_train.evaluation.metrics import VRMSE_WINDOWS, DatasetSuite
+from dpot_train.evaluation.predictions import PredictionSink
+from dpot_train.evaluation.stream import STREAM_STEPS, score_streamed
+from dpot_train.core.metrics import (l2re, one_step, original_grid_cells, persistence, predicted_entries,
+                                     reference_rollout_errors, rollout)
+from dpot_train.core.normalize import Stats, denormalize, normalize
 
 RECIPES = ("dpot", "reference")
 EVAL_SCHEMA = "dpot-eval/3"  # docs/training.md, "eval.json"
@@ -63,7 +63,7 @@ def evaluate_model(model: torch.nn.Module, data: DataConfig, split: str = "test"
     step_l2re, the mean of the per-step errors inside it.
 
     The model is handed each dataset normalised as `data` says
-    (data.normalize, data.norm_stats: dpot_train.normalize) and its predictions are denormalised before scoring.
+    (data.normalize, data.norm_stats: dpot_train.core.normalize) and its predictions are denormalised before scoring.
     rollout_steps = 0 rolls out to the end of each trajectory (reference: at most the dataset's t_test frames).
     `data.res` > 0 resizes every trajectory to that grid first, as training did (2D and 3D alike).
     `datasets`: the manifests' datasets, already read and checked (a run's plan); else they are read here.
@@ -375,17 +375,17 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
     the statistics from the manifests. Released weights on shards of another convention than
     dpot-reference are refused unless `allow_convention_mismatch`. `res`: the grid windows are resized to, as
     data.res (None: the run's data.res; for a 3D model without one, the model's own grid). `sha256`: the file's expected digest.
-    `ensemble` N > 0 (or `ensemble_checkpoints`): also roll out and score an ensemble (dpot_train/ensemble.py) of N
-    members (default: one per checkpoint) over this checkpoint and `ensemble_checkpoints`, with noise
-    `ensemble_noise` (None: the run's data.noise)."""
-    from dpot_train.checkpoint import (parse_checkpoint, pretrained_from, read_checkpoint, trained_on, trained_res,
-                                       weights_recipe)
+    `ensemble` N > 0 (or `ensemble_checkpoints`): also roll out and score an ensemble
+    (dpot_train/evaluation/ensemble.py) of N members (default: one per checkpoint) over this checkpoint and
+    `ensemble_checkpoints`, with noise `ensemble_noise` (None: the run's data.noise)."""
+    from dpot_train.core.checkpoint import (parse_checkpoint, pretrained_from, read_checkpoint, trained_on, trained_res,
+                                            weights_recipe)
     from dpot_train.data.datasets import read_manifests
-    from dpot_train.hub import is_reference, resolve
+    from dpot_train.integrations.hub import is_reference, resolve
     from dpot_train.model import families
-    from dpot_train.model_setup import convention_problems, data_overrides, init_model
-    from dpot_train.normalize import check_mode, recorded
-    from dpot_train.threads import apply_threads
+    from dpot_train.core.model_setup import convention_problems, data_overrides, init_model
+    from dpot_train.core.normalize import check_mode, recorded
+    from dpot_train.core.threads import apply_threads
 
     if normalize is not None:
         check_mode(normalize, "--normalize")
@@ -428,8 +428,8 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
         model = init_model(checkpoint, data_overrides(cfg.in_channels, seen, frames_in, cfg.out_timesteps), trusted,
                            loaded=loaded)
     members = None
-    if ensemble or ensemble_checkpoints:  # dpot_train/ensemble.py; its other checkpoints made as `model` was
-        from dpot_train.ensemble import build_ensemble
+    if ensemble or ensemble_checkpoints:  # dpot_train/evaluation/ensemble.py; its other checkpoints made as `model` was
+        from dpot_train.evaluation.ensemble import build_ensemble
 
         resample = tuple(cfg.grid) != seen  # as for `model`: the positional embedding resampled to the grid seen
         members = build_ensemble(
@@ -442,7 +442,7 @@ def evaluate_checkpoint(checkpoint: str, manifests: list[str], rollout_steps: in
                       normalize=mode, norm_stats=stats)
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
-    apply_threads(0)  # one process, no loader workers: dpot_train.threads' rule, or the user's OMP_NUM_THREADS
+    apply_threads(0)  # one process, no loader workers: dpot_train.core.threads' rule, or the user's OMP_NUM_THREADS
     index = checked_index(data, datasets, split)  # the manifests read above are not read again
     result = evaluate_model(model, data, split=split, rollout_steps=rollout_steps, device=dev,
                             max_trajectories=max_trajectories, recipe=recipe, datasets=datasets,

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from dpot_train.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
+from dpot_train.core.checkpoint import RunDirError, latest_checkpoint, list_checkpoints
 from dpot_format.errors import FormatError
 from dpot_format.grid import grid_text
 from dpot_format.lock import FileLock, LockBusy
@@ -31,8 +31,8 @@ from dpot_format.names import MANIFEST_NAME
 from dpot_format.readers import hold_shared
 from dpot_format.tar import SampleIndex
 from dpot_format.validate import validate_output
-from dpot_train.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
-from dpot_train import startup
+from dpot_train.core.config import DataConfig, TrainConfig, load_config, resolve_epochs, save_config
+from dpot_train.train import startup
 from dpot_train.data.cached_reader import cache_dir, uses_cache, with_cache
 from dpot_train.data.datasets import (DataError, DatasetInfo, datasets_of_docs, expand_outputs, manifest_url,
                                       note_scanned, read_manifest_docs)
@@ -42,13 +42,13 @@ from dpot_train.data.mixture import parse_mixture, resolve_weights
 from dpot_train.data.prepare import prepare_stream
 from dpot_train.data.readers import indexed_trajectories
 from dpot_train.data.windows import run_grid, stored_shape
-from dpot_train.hub import is_reference
+from dpot_train.integrations.hub import is_reference
 from dpot_train.model.family_config import GridError
-from dpot_train.model_setup import data_overrides, fresh_config
-from dpot_train.normalize import applied, describe
-from dpot_train.run_plan import InitFacts, make_plan, save_plan
-from dpot_train.schedule import one_cycle
-from dpot_train.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
+from dpot_train.core.model_setup import data_overrides, fresh_config
+from dpot_train.core.normalize import applied, describe
+from dpot_train.train.run_plan import InitFacts, make_plan, save_plan
+from dpot_train.train.schedule import one_cycle
+from dpot_train.core.topology import LAYOUT_NAME, Topology, layout_record, resume_layout, save_layout, torchrun_command
 
 __all__ = ["LAYOUT_NAME", "Topology", "prepare_run", "resume_layout", "torchrun_command", "validate_config"]
 
@@ -144,10 +144,10 @@ def load_init(path: str, trust: bool, sha256: str | None = None, digest: list[st
     config). A file that holds no DPOT model (a torch file of another network) is refused here, naming it, not in
     every worker after torchrun starts. A Hub reference (dpot:Ti, hf://...) is resolved through huggingface_hub's
     cache; the facts then name it pinned to its commit (hf://OWNER/REPO/FILE@COMMIT), the file the workers load."""
-    from dpot_train.checkpoint import load_state_dict_file
-    from dpot_train.hub import resolve
+    from dpot_train.core.checkpoint import load_state_dict_file
+    from dpot_train.integrations.hub import resolve
     from dpot_train.model import CheckpointError
-    from dpot_train.model_setup import checkpoint_config
+    from dpot_train.core.model_setup import checkpoint_config
 
     hub = resolve(path) if is_reference(path) else None
     if hub is not None:
@@ -184,16 +184,16 @@ def _validate_config(cfg: TrainConfig) -> None:
     check_schedule(cfg)
     if cfg.init_sha256 is not None and not cfg.init:
         raise ValueError("--sha256 checks the --init checkpoint; pass --init CHECKPOINT")
-    from dpot_train.checkpoint import check_sha256_option
+    from dpot_train.core.checkpoint import check_sha256_option
 
     check_sha256_option(cfg.init_sha256)
     if not cfg.init and cfg.load != "all":
         raise ValueError(f"--load {cfg.load}: names components of an --init checkpoint; pass --init CHECKPOINT")
     if cfg.init:  # the file itself is loaded once, by init_facts
-        from dpot_train.finetune import parse_components
+        from dpot_train.train.finetune import parse_components
 
         parse_components(cfg.load)
-    from dpot_train.trackers import check_installed, tracker_names
+    from dpot_train.integrations.trackers import check_installed, tracker_names
 
     check_installed(tracker_names(cfg.tracker))  # a missing package: one line naming the extra, before torchrun
 
@@ -314,14 +314,14 @@ def check_names(cfg: TrainConfig, datasets: list[DatasetInfo], weights: dict[str
     """What the manifests alone can refute, checked before any shard is hashed (every mixture name present was
     checked by resolve_weights): the evaluation split present (unless --no-eval), and released --init weights on
     data of their convention."""
-    from dpot_train.evaluate import require_split
+    from dpot_train.evaluation.evaluate import require_split
 
     if cfg.eval_at_end:
         require_split(datasets, cfg.eval_split, "pass --no-eval to train without the final evaluation")
     if cfg.eval_every > 0:
         check_validation_split(datasets, cfg.eval_every)
     if init is not None and init.released and not cfg.allow_convention_mismatch:
-        from dpot_train.model_setup import convention_problems
+        from dpot_train.core.model_setup import convention_problems
 
         problems = convention_problems([d for d in datasets if weights[d.name] > 0], cfg.init)
         if problems:
@@ -332,7 +332,7 @@ def check_validation_split(datasets: list[DatasetInfo], every: int) -> None:
     """`--eval-every` scores the `valid` split of every dataset: ValueError naming those without one (from the
     manifests, before torchrun), instead of a run that validates nothing and keeps no best.pt."""
     from dpot_train.data.datasets import without_split
-    from dpot_train.validation import VALID_SPLIT
+    from dpot_train.train.validation import VALID_SPLIT
 
     names = without_split(datasets, VALID_SPLIT)
     if names:
@@ -550,7 +550,7 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
             fresh_config(cfg.model, cfg.model_overrides, fixed)
         check_model_size(cfg, fixed)
         if loaded is not None and not (resume and found):  # a resume loads its own checkpoint, not --init
-            from dpot_train.finetune import check_components
+            from dpot_train.train.finetune import check_components
 
             check_components(cfg.init or "", loaded[1], loaded[2], fixed, cfg.load, cfg.model_overrides)
     except GridError as exc:  # a side off the patch size: the nearest grid, as --res and --resolution take it
@@ -572,14 +572,14 @@ def _prepare_run(cfg: TrainConfig, resume: bool, topo: Topology, loaded: InitLoa
 
 
 def hand_over(cmd: list[str]) -> NoReturn:
-    """Run torchrun (`cmd`: torchrun_command's `python -m dpot_train.torchrun ARGS`) in this process and exit with its
-    code. This process then is torchrun's, as after an exec (the pid a scheduler signals, the RUN_DIR and readers'
+    """Run torchrun (`cmd`: torchrun_command's `python -m dpot_train.run.torchrun ARGS`) in this process and exit with
+    its code. This process then is torchrun's, as after an exec (the pid a scheduler signals, the RUN_DIR and readers'
     locks held through the run), and torch, imported for the checks, is not imported again by a second interpreter
     (1-3 s of a launch's fixed cost). What an exec'd torchrun did at its end is kept: an exception is its traceback
     and exit code 1, Ctrl-C ends the process by SIGINT."""
-    from dpot_train import torchrun
+    from dpot_train.run import torchrun
 
-    module = cmd.index("dpot_train.torchrun")
+    module = cmd.index("dpot_train.run.torchrun")
     try:
         code = torchrun.main(cmd[module + 1:])
     except KeyboardInterrupt:
@@ -606,7 +606,7 @@ def check_run_dir(cfg: TrainConfig, resume: bool) -> None:
         raise RunDirError(f"{run} already holds checkpoints; pass --resume to continue it or choose another --out")
     if resume and has_ckpt:  # the newest one that loads, damaged newer ones set aside; none: one line, here
         latest_checkpoint(run / "checkpoints")
-        from dpot_train.validation import check_best
+        from dpot_train.train.validation import check_best
 
         check_best(run / "checkpoints")  # a damaged best.pt set aside too: the resumed validation writes a new one
     if resume and has_ckpt and cfg_path.exists():

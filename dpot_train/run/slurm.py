@@ -1,10 +1,10 @@
 """What the Slurm templates (scripts/slurm/) run on each node, kept here so that it is testable without a cluster.
 
-`python -m dpot_train.slurm launch [--print] -- LAUNCH_OPTIONS` turns the Slurm environment of one node (one task
+`python -m dpot_train.run.slurm launch [--print] -- LAUNCH_OPTIONS` turns the Slurm environment of one node (one task
 per node, started by `srun --ntasks-per-node=1`) into that node's `dpot-train launch`: `--nnodes` from
 SLURM_NNODES, `--node-rank` from SLURM_NODEID, `--nproc-per-node` from the node's GPUs, `--rdzv-endpoint` the first
 host of SLURM_JOB_NODELIST at $DPOT_RDZV_PORT, and `--resume` when the run folder already holds a checkpoint (a
-requeued job continues its run). `python -m dpot_train.slurm dask-wait ADDRESS --workers N` waits until a dask
+requeued job continues its run). `python -m dpot_train.run.slurm dask-wait ADDRESS --workers N` waits until a dask
 scheduler has N workers, so that an ingest started after it sees the whole cluster.
 Bad input (a missing or malformed variable, an option the allocation decides) is one line and exit code 2.
 """
@@ -135,7 +135,7 @@ def run_dir(options: Sequence[str]) -> str:
 
 def has_checkpoint(out: str) -> bool:
     """Whether RUN_DIR/checkpoints holds a complete checkpoint (then the node's launch passes --resume)."""
-    from dpot_train.checkpoint import list_checkpoints
+    from dpot_train.core.checkpoint import list_checkpoints
 
     return bool(list_checkpoints(Path(out) / "checkpoints"))
 
@@ -196,7 +196,7 @@ def wait_for_workers(address: str, workers: int, timeout: float) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`launch [--print] -- OPTIONS` (exec the node's launch, or print it) or `dask-wait ADDRESS --workers N`."""
-    ap = argparse.ArgumentParser(prog="python -m dpot_train.slurm", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dpot_train.run.slurm", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     launch = sub.add_parser("launch", help="run this node's dpot-train launch")
     launch.add_argument("--print", action="store_true", help="print the command instead of running it")

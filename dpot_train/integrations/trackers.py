@@ -37,7 +37,8 @@ MLFLOW_PARAM_CHARS = 500  # a param value longer than this is cut (the API's lim
 
 
 class RunConfig(Protocol):
-    """What the trackers read of dpot_train.config.TrainConfig (not imported: config.py parses with tracker_names)."""
+    """What the trackers read of dpot_train.core.config.TrainConfig (not imported: config.py parses with
+    tracker_names)."""
 
     tracker: str | list[str]  # as TrainConfig declares it; a list once the config is built
     tracker_project: str | None

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from dpot_format.io import atomic_path, atomic_write, fsync_dir
-from dpot_train.hub import local_file
+from dpot_train.integrations.hub import local_file
 from dpot_train.model import CheckpointError, families, load_weights, strip_module_prefix, unwrap_model
 from dpot_train.model.families import HINT_FIELDS
 
@@ -410,7 +410,8 @@ def _load(fh: Any, path: Path, map_location: Any, trusted: bool) -> Any:
 def read_checkpoint(path: str | Path, *, map_location: Any = "cpu", trusted: bool = False,
                     sha256: str | None = None, digest_out: list[str] | None = None) -> Any:
     """The whole content of a checkpoint file, read safely and checked against its record and `sha256` (`_read`);
-    `path` may be a Hub reference (dpot:Ti, hf://...: dpot_train.hub); `digest_out` receives the file's sha256."""
+    `path` may be a Hub reference (dpot:Ti, hf://...: dpot_train.integrations.hub); `digest_out` receives the file's
+    sha256."""
     return _read(local_file(path), map_location, trusted, sha256, digest_out)
 
 
@@ -426,7 +427,8 @@ def load_state_dict_file(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
     """Read a checkpoint safely -> (state dict without wrapper prefixes, our config dict or None, config hints);
     `sha256`: the file's expected digest (checked before it is loaded); `digest_out` receives the file's sha256.
-    `path` may be a Hub reference (dpot:Ti, hf://...), read from huggingface_hub's cache (dpot_train.hub)."""
+    `path` may be a Hub reference (dpot:Ti, hf://...), read from huggingface_hub's cache
+    (dpot_train.integrations.hub)."""
     path = local_file(path)
     return parse_checkpoint(_read(path, map_location, trusted, sha256, digest_out), path)
 
@@ -498,11 +500,11 @@ def export_released(src: str | Path, dst: str | Path, fmt: str | None = None) ->
 
     Refused when the bare weights would not say the architecture back (a field only our config records). The run's
     normalisation (its mode and statistics, unless `none`) goes beside the weights as `normalization`
-    (dpot_train.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the checkpoint.
-    `fmt` (`export_format`): a torch file (.pth), or safetensors (the same entries, read without code execution).
-    The record of the training data (`trained_on`) goes beside them too, for `evaluate`'s checks."""
+    (dpot_train.core.normalize.export_record): the reference code ignores it, `evaluate` applies it as for the
+    checkpoint. `fmt` (`export_format`): a torch file (.pth), or safetensors (the same entries, read without code
+    execution). The record of the training data (`trained_on`) goes beside them too, for `evaluate`'s checks."""
     from dpot_format.output import check_file
-    from dpot_train.normalize import export_record
+    from dpot_train.core.normalize import export_record
 
     check_file(dst, "--out", "dpot_tiny.pth")  # the one output rule, before the checkpoint is read
     check_file(record_path(dst), "--out", "dpot_tiny.pth")  # and the sha256 record written beside it

@@ -26,7 +26,8 @@ class InitFacts:
     path: str
     released: bool  # the released {'model': state_dict} format (no `config` entry): reference recipe, conventions
     config: dict[str, Any] | None  # the DPOTConfig dict of one of our checkpoints
-    # a Hub reference's resolution (dpot_train.hub.Resolved.record: as given, repo, file, commit, sha256); None: a file
+    # a Hub reference's resolution (dpot_train.integrations.hub.Resolved.record: as given, repo, file, commit, sha256);
+    # None: a file
     hub: dict[str, Any] | None = None
 
 

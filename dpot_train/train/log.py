@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import yaml
 
-from dpot_train import distributed as D
-from dpot_train.config import TrainConfig, save_config
-from dpot_train.trackers import Trackers
+from dpot_train.core import distributed as D
+from dpot_train.core.config import TrainConfig, save_config
+from dpot_train.integrations.trackers import Trackers
 
 
 class TrainLog:
@@ -55,11 +55,11 @@ class TrainLog:
                 self.by_dataset.flush(self.writer, step)
 
     def first_step(self, step: int, fields: dict[str, float]) -> None:
-        """Rank 0, at the launch's first optimizer step: print the time to it (dpot_train.startup) in one line and
+        """Rank 0, at the launch's first optimizer step: print the time to it (dpot_train.train.startup) in one line and
         add its parts to that step's metrics.jsonl line (the trackers get them with it)."""
         if self.steps is None:
             return
-        from dpot_train.startup import line
+        from dpot_train.train.startup import line
 
         if self.bar is not None:
             self.bar.write(line(fields))
@@ -111,7 +111,7 @@ def _open_logs(cfg: TrainConfig, run: Path, step: int) -> tuple[Any, Any]:
     # events after the resume step are redone; the resume step's own event stays
     writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=step + 1)
     writer.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False) + "```", step)
-    from dpot_train import threads
+    from dpot_train.core import threads
 
     if threads.applied is not None:
         writer.add_text("threads", threads.applied.line(), step)

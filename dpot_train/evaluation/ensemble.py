@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from dpot_train.data.windows import inject_noise
-from dpot_train.eval_metrics import EnsembleAccumulator
-from dpot_train.eval_stream import CHUNK_STEPS, RolloutStream
-from dpot_train.metrics import predicted_entries
-from dpot_train.normalize import Stats, denormalize, normalize
+from dpot_train.evaluation.metrics import EnsembleAccumulator
+from dpot_train.evaluation.stream import CHUNK_STEPS, RolloutStream
+from dpot_train.core.metrics import predicted_entries
+from dpot_train.core.normalize import Stats, denormalize, normalize
 
 ESTIMATOR = "fair"  # the CRPS estimator (eval_metrics.crps_fair; scoringrules' estimator="fair")
 ReadFrames = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (first frame, count) -> (frames, mask)
@@ -147,7 +147,7 @@ class EnsembleScorer:
 def recorded_noise(content: Any) -> float | None:
     """The noise epsilon a checkpoint's run trained with (its run config's data.noise), None when it records none
     (released weights, exports)."""
-    from dpot_train.checkpoint import trained_config
+    from dpot_train.core.checkpoint import trained_config
 
     data = trained_config(content).get("data")
     noise = data.get("noise") if isinstance(data, dict) else None
@@ -160,9 +160,9 @@ def load_members(paths: list[str], cfg: Any, recorded_norm: Any, trusted: bool =
     weights-only unless `trusted`), and refused in one line unless it has the evaluated model's configuration `cfg`
     and, unless `recorded_norm` is None (--normalize given), its recorded normalisation. `finish(path, loaded)`
     makes the model as the evaluated one was made (a positional embedding resampled to the data's grid)."""
-    from dpot_train.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint
-    from dpot_train.hub import is_reference, resolve
-    from dpot_train.normalize import recorded
+    from dpot_train.core.checkpoint import parse_checkpoint, pretrained_from, read_checkpoint
+    from dpot_train.integrations.hub import is_reference, resolve
+    from dpot_train.core.normalize import recorded
 
     models = []
     for path in paths:

@@ -41,8 +41,8 @@ class DataConfig:
     checksum_record: bool = True
     cache_dir: str | None = None  # shard cache for shards in object storage (docs/training.md); None: the default
     cache_limit: str | None = None  # its size bound ("200GiB"); None: 100 GiB
-    # per-channel normalisation from the manifests' train statistics (dpot_train/normalize.py): "auto" (every dataset
-    # but the paper's sources under dpot-reference), "manifest" (every dataset) or "none"
+    # per-channel normalisation from the manifests' train statistics (dpot_train/core/normalize.py): "auto" (every
+    # dataset but the paper's sources under dpot-reference), "manifest" (every dataset) or "none"
     normalize: str = "auto"
     # the statistics the run normalises with, dataset name -> {mean: [C], std: [C]}: filled in by the run from the
     # manifests (None) and saved with every checkpoint, so that evaluation applies the same ones
@@ -123,7 +123,8 @@ class TrainConfig:
     device: str = "auto"  # "auto", "cpu" or "cuda"
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     deterministic: bool = False  # deterministic CUDA kernels (bitwise-repeatable GPU runs and resumes)
-    # torch.compile the training step's forward, loss, backward and optimiser step (dpot_train.trainer.compiled_step)
+    # torch.compile the training step's forward, loss, backward and optimiser step
+    # (dpot_train.train.trainer.compiled_step)
     compile: bool = False
     compile_mode: str | None = None  # torch.compile mode; None: reduce-overhead (CUDA graphs) on CUDA, default on CPU
     log_every: int = 10
@@ -136,8 +137,8 @@ class TrainConfig:
     eval_max_trajectories: int = 0  # 0: all test trajectories of each dataset
     audit: bool = False  # write the trajectory ids each rank consumed (audit.jsonl)
     progress: bool = True
-    # experiment trackers rank 0 mirrors metrics.jsonl and eval.json to (dpot_train/trackers.py): a list of wandb,
-    # mlflow (YAML or --tracker may give "wandb,mlflow"; "none" or empty: off); kept as a list
+    # experiment trackers rank 0 mirrors metrics.jsonl and eval.json to (dpot_train/integrations/trackers.py): a list of
+    # wandb, mlflow (YAML or --tracker may give "wandb,mlflow"; "none" or empty: off); kept as a list
     tracker: str | list[str] = field(default_factory=list)
     tracker_project: str | None = None  # W&B project / MLflow experiment; None: $WANDB_PROJECT, ..., else "dpot"
     data: DataConfig = field(default_factory=DataConfig)
@@ -146,7 +147,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.load, (list, tuple)):
             self.load = ",".join(str(c) for c in self.load)
-        from dpot_train.trackers import tracker_names
+        from dpot_train.integrations.trackers import tracker_names
 
         self.tracker = tracker_names(self.tracker)
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:

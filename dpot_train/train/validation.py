@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from dpot_train import distributed as D
-from dpot_train.checkpoint import TRAINED_ON, checkpoint_payload, save_atomic
+from dpot_train.core import distributed as D
+from dpot_train.core.checkpoint import TRAINED_ON, checkpoint_payload, save_atomic
 
 VALID_SPLIT = "valid"
 BEST_NAME = "best.pt"
@@ -75,7 +75,7 @@ def _read_best(ckpt_dir: Path, then: str = "") -> Any:
     """best.pt's content (its sha256 record checked); None when there is none, or when it does not load: it is then
     set aside as best.pt.damaged (with best.json, renamed beside it), like a damaged step checkpoint, and one
     warning line says so and `then` (what happens instead)."""
-    from dpot_train.checkpoint import read_checkpoint, set_aside
+    from dpot_train.core.checkpoint import read_checkpoint, set_aside
 
     path = Path(ckpt_dir) / BEST_NAME
     if not path.exists() and not path.is_symlink():
@@ -100,7 +100,7 @@ def check_best(ckpt_dir: Path) -> None:
 
 def validation_score(model: torch.nn.Module, cfg: Any, device: torch.device, datasets: list[Any]) -> float:
     """The model's mean rollout L2RE over the datasets' validation trajectories (no file written)."""
-    from dpot_train.evaluate import evaluate_model
+    from dpot_train.evaluation.evaluate import evaluate_model
 
     result = evaluate_model(model, cfg.data, split=VALID_SPLIT, rollout_steps=cfg.rollout_steps, device=device,
                             max_trajectories=cfg.eval_max_trajectories, verify=False, recipe=cfg.recipe or "dpot",
@@ -137,7 +137,7 @@ def validate_and_keep_best(cfg: Any, info: Any, model: torch.nn.Module, step: in
 def load_best(model: torch.nn.Module, ckpt_dir: Path) -> dict[str, Any] | None:
     """Load best.pt's weights into `model` (its sha256 record checked); its validation record, None without one.
     A best.pt that does not load is set aside (`_read_best`) and None returned: the last weights are scored."""
-    from dpot_train.checkpoint import parse_checkpoint
+    from dpot_train.core.checkpoint import parse_checkpoint
 
     path = Path(ckpt_dir) / BEST_NAME
     content = _read_best(ckpt_dir, "; the final evaluation scores the last checkpoint")

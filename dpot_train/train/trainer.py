@@ -1,6 +1,7 @@
 """The DDP training loop: data stream, AdamW + one-cycle, bf16 autocast on CUDA, clipping, exact checkpoint/resume.
 
-Run it under torchrun (`dpot-train launch` builds the command); a plain `python -m dpot_train.worker` is one process.
+Run it under torchrun (`dpot-train launch` builds the command); a plain `python -m dpot_train.run.worker` is one
+process.
 """
 
 from __future__ import annotations
@@ -19,25 +20,25 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dpot_train import distributed as D
-from dpot_train import startup
-from dpot_train.checkpoint import (RunDirError, checkpoint_path, data_record, latest_checkpoint, list_checkpoints,
-                                   prune, restore_training, rng_state, rng_states, save_atomic, set_rng_state,
-                                   stored_config, trained_config, training_payload)
-from dpot_train.config import TrainConfig, resolve_epochs
+from dpot_train.core import distributed as D
+from dpot_train.train import startup
+from dpot_train.core.checkpoint import (RunDirError, checkpoint_path, data_record, latest_checkpoint, list_checkpoints,
+                                        prune, restore_training, rng_state, rng_states, save_atomic, set_rng_state,
+                                        stored_config, trained_config, training_payload)
+from dpot_train.core.config import TrainConfig, resolve_epochs
 from dpot_train.data.prepare import data_reader, norm_table, prepare_stream
 from dpot_train.data.loader import make_loader
 from dpot_train.data.stream import StreamSpec, WindowStream
 from dpot_train.data.windows import fluid_rule_samples, inject_noise, resize_window, run_grid
-from dpot_train.metrics import per_sample_loss
-from dpot_train.schedule import one_cycle
-from dpot_train.finetune import finetune_model, recipe_line
+from dpot_train.core.metrics import per_sample_loss
+from dpot_train.train.schedule import one_cycle
+from dpot_train.train.finetune import finetune_model, recipe_line
 from dpot_train.model import families, unwrap_model
-from dpot_train.model_setup import data_overrides, fresh_model
-from dpot_train.normalize import applied, recorded
-from dpot_train.run_plan import RunPlan
-from dpot_train.trackers import Trackers
-from dpot_train.train_log import TrainLog, eval_to_tensorboard
+from dpot_train.core.model_setup import data_overrides, fresh_model
+from dpot_train.core.normalize import applied, recorded
+from dpot_train.train.run_plan import RunPlan
+from dpot_train.integrations.trackers import Trackers
+from dpot_train.train.log import TrainLog, eval_to_tensorboard
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
@@ -77,7 +78,7 @@ def build_run_model(cfg: TrainConfig, channels: int, grid: tuple[int, ...], save
 
 def with_normalization(cfg: TrainConfig, spec: StreamSpec, resumed: dict[str, Any] | None
                        ) -> tuple[TrainConfig, StreamSpec]:
-    """The statistics the run normalises with (dpot_train.normalize): on a resume those its checkpoint recorded
+    """The statistics the run normalises with (dpot_train.core.normalize): on a resume those its checkpoint recorded
     (none for a run from before normalisation), else cfg's from the manifests. They go into cfg's data.norm_stats,
     saved with every checkpoint and used by the final evaluation, and into the stream."""
     data = cfg.data
@@ -110,7 +111,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
           plan: RunPlan | None = None, tracker: Trackers | None = None) -> dict[str, Any]:
     """Run (or resume) training to cfg.steps; returns a summary (final step, last loss, run dir). `plan`: what
     `dpot-train launch` decided (datasets, stream spec and shard index): nothing is read or checked again.
-    `tracker` (rank 0, dpot_train.trackers.Trackers): receives a copy of every metrics.jsonl line."""
+    `tracker` (rank 0, dpot_train.integrations.trackers.Trackers): receives a copy of every metrics.jsonl line."""
     set_determinism(cfg.deterministic)
     info = D.init_distributed(cfg.device)
     run = Path(cfg.out)
@@ -172,7 +173,7 @@ def train(cfg: TrainConfig, resume: bool = False, verify_checksums: bool | None 
     D.barrier()
     D.shutdown()
     if info.is_main and cfg.eval_at_end:
-        from dpot_train.evaluate import evaluate_model, print_table, write_eval
+        from dpot_train.evaluation.evaluate import evaluate_model, print_table, write_eval
 
         scored = _final_weights(cfg, model, ckpt_dir, summary["step"])
         model.eval()
@@ -192,7 +193,7 @@ def _validator(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, datas
                trained: dict[str, Any] | None = None) -> Any:
     """`--eval-every N`: the function the loop calls after each step (validation.validate_and_keep_best every N
     steps); None when off, or when a dataset has no validation split (said once)."""
-    from dpot_train.validation import VALID_SPLIT, has_split, validate_and_keep_best
+    from dpot_train.train.validation import VALID_SPLIT, has_split, validate_and_keep_best
 
     if cfg.eval_every <= 0:
         return None
@@ -212,7 +213,7 @@ def _validator(cfg: TrainConfig, info: D.DistInfo, model: torch.nn.Module, datas
 def _final_weights(cfg: TrainConfig, model: torch.nn.Module, ckpt_dir: Path, step: int) -> dict[str, Any]:
     """Which checkpoint the final evaluation scores: best.pt (its weights loaded into `model`) when validation ran,
     else the last one; eval.json's `checkpoint`, `step` and, for best.pt, `validation`."""
-    from dpot_train.validation import BEST_NAME, load_best
+    from dpot_train.train.validation import BEST_NAME, load_best
 
     best = load_best(model, ckpt_dir) if cfg.eval_every > 0 else None
     if best is None:

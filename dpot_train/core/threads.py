@@ -8,7 +8,7 @@ loader worker (thread or process) keeps a core busy while the step runs, and one
 process (Python between ops, the loader's reads without workers, gloo's threads, the torchrun agent): an OpenMP team
 waits for its slowest thread at every op, so a team that needs every core stalls whenever anything else runs
 (benchmarks/RESULTS.md: 2 threads ran 6-7x slower than 1 on a shared 2-core machine). A user's OMP_NUM_THREADS
-wins. torchrun sets OMP_NUM_THREADS=1 itself when it starts several processes; dpot_train.torchrun records the
+wins. torchrun sets OMP_NUM_THREADS=1 itself when it starts several processes; dpot_train.run.torchrun records the
 launcher's own value (or its absence) in USER_OMP_ENV first, so that only a value the user gave counts as theirs.
 Only thread counts change: a run with the same counts gives the same numbers bit for bit.
 """
@@ -51,8 +51,8 @@ applied: ThreadChoice | None = None  # this process's choice, once apply_threads
 
 
 def user_threads(env: Mapping[str, str]) -> int | None:
-    """The thread count the user asked for in OMP_NUM_THREADS (the launcher's value when dpot_train.torchrun recorded
-    it), None when unset. OpenMP's nested form "4,2" gives the outer count."""
+    """The thread count the user asked for in OMP_NUM_THREADS (the launcher's value when dpot_train.run.torchrun
+    recorded it), None when unset. OpenMP's nested form "4,2" gives the outer count."""
     raw = env[USER_OMP_ENV] if USER_OMP_ENV in env else env.get(OMP_ENV, "")
     raw = raw.strip()
     if not raw:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dpot_train.config import TrainConfig, apply_overrides, find_config, load_config
+from dpot_train.core.config import TrainConfig, apply_overrides, find_config, load_config
 
 
 def base_config(config: Path | None, out: str | None, resume: bool) -> tuple[TrainConfig, Path | None]:
@@ -26,7 +26,7 @@ def model_named(model: str | None, source: Path | None) -> str | None:
     if model is not None:
         return "--model"
     if source is not None and source.is_file():
-        from dpot_train.config import read_yaml
+        from dpot_train.core.config import read_yaml
 
         doc = read_yaml(source)
         if isinstance(doc, dict) and "model" in doc:
@@ -54,7 +54,7 @@ _SWITCHES = {"mixture_partial": ("data.mixture_partial", True), "audit": ("audit
 def res_option(value: str | None) -> int | list[int] | None:
     """`--res` as given ("64", "48,64", "16,24,32") as the run config's data.res (None: not given); ValueError in one
     line for anything else."""
-    from dpot_train.config import res_value
+    from dpot_train.core.config import res_value
 
     return None if value is None else res_value(value, "--res")
 
@@ -92,7 +92,7 @@ def verify_overrides(mode: str | None, no_verify: bool) -> dict[str, Any]:
 def check_request(cfg: TrainConfig, out: str | None, config: str | None, resume: bool) -> None:
     """What the options and the environment alone can refute: no RUN_DIR, a --resume with no run to resume, or an
     OMP_NUM_THREADS that is no thread count (said here once, not by ranks racing torchrun's teardown)."""
-    from dpot_train.threads import user_threads
+    from dpot_train.core.threads import user_threads
 
     user_threads(os.environ)
     if out is None and config is None:
@@ -105,8 +105,8 @@ def check_request(cfg: TrainConfig, out: str | None, config: str | None, resume:
 def plan_launch(given: dict[str, Any]) -> tuple[TrainConfig, Any, list[str]]:
     """The run of launch's options (`given` by parameter name): its config (written to RUN_DIR/config.yaml unless
     `dry_run`), topology and torchrun command, every check done first; any problem raises, in one line each."""
-    from dpot_train.launch import prepare_run
-    from dpot_train.topology import choose_topology, torchrun_command
+    from dpot_train.run.launch import prepare_run
+    from dpot_train.core.topology import choose_topology, torchrun_command
 
     given = {**given, "res": res_option(given["res"])}
     config, out, resume = given["config"], given["out"], given["resume"]
@@ -123,8 +123,8 @@ def plan_launch(given: dict[str, Any]) -> tuple[TrainConfig, Any, list[str]]:
 def exec_torchrun(cmd: list[str]) -> None:
     """Run torchrun (`cmd`) in this process, as an exec would (no second interpreter; its exit code is ours); the
     workers' rank 0 then prints the time to its first step."""
-    from dpot_train import startup
-    from dpot_train.launch import hand_over
+    from dpot_train.train import startup
+    from dpot_train.run.launch import hand_over
 
     os.environ[startup.ENV] = startup.handover()
     hand_over(cmd)

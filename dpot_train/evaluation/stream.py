@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from dpot_train.metrics import EPS, Predictor, masked_channel_mean, one_step, persistence, predicted_entries
+from dpot_train.core.metrics import EPS, Predictor, masked_channel_mean, one_step, persistence, predicted_entries
 
 STREAM_STEPS = 64  # rollouts up to this many steps are scored whole, as before (bit for bit)
 CHUNK_STEPS = 16

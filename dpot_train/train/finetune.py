@@ -15,7 +15,7 @@ import torch
 
 from dpot_train.model import CheckpointError, DPOTConfig, build_model, families, load_weights
 from dpot_train.model.family_config import grid_text
-from dpot_train.model_setup import checkpoint_config, resize_pos_embed
+from dpot_train.core.model_setup import checkpoint_config, resize_pos_embed
 
 # component -> key prefixes of the state dict, in the order the summary lists them
 COMPONENTS: dict[str, tuple[str, ...]] = {

@@ -1,5 +1,5 @@
 """One evaluation into files, as `dpot-train evaluate` runs it: every output checked before any work, the checkpoint
-scored (dpot_train.evaluate), the optional predictions store and pictures written, then eval.json."""
+scored (dpot_train.evaluation.evaluate), the optional predictions store and pictures written, then eval.json."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _check_options(files: EvalFiles, ensemble: int, ensemble_noise: float | None
     if (ensemble_noise is not None) and not ensemble and not ensemble_checkpoints:
         raise ValueError("--ensemble-noise: give the member count with --ensemble N")
     if files.plot is not None:
-        from dpot_train.eval_plots import check_plot_folder
+        from dpot_train.evaluation.plots import check_plot_folder
 
         check_plot_folder(files.plot)
 
@@ -58,11 +58,11 @@ def evaluate_to_files(checkpoint: str, manifests: list[str], files: EvalFiles, *
                       **options: Any) -> dict[str, Any]:
     """Evaluate `checkpoint` on the manifests' data and write eval.json (and the predictions store and pictures
     `files` names); `options`: evaluate_checkpoint's. Returns the result; any problem raises, in one line each."""
-    from dpot_train.checkpoint import check_sha256_option
-    from dpot_train.eval_predictions import PredictionWriter
-    from dpot_train.evaluate import evaluate_checkpoint, write_eval
-    from dpot_train.launch import reading
-    from dpot_train.launch_request import res_option
+    from dpot_train.core.checkpoint import check_sha256_option
+    from dpot_train.evaluation.predictions import PredictionWriter
+    from dpot_train.evaluation.evaluate import evaluate_checkpoint, write_eval
+    from dpot_train.run.launch import reading
+    from dpot_train.run.launch_request import res_option
 
     scratch = sink = None
     try:
@@ -73,7 +73,7 @@ def evaluate_to_files(checkpoint: str, manifests: list[str], files: EvalFiles, *
         if files.plot is not None:
             files.plot.mkdir(parents=True, exist_ok=True)
         if files.plot is not None and sink is None:  # a scratch store for the pictures, a name a later run sweeps
-            from dpot_train.eval_plots import SCRATCH_STEM
+            from dpot_train.evaluation.plots import SCRATCH_STEM
 
             scratch = tempfile.TemporaryDirectory(prefix=f".{SCRATCH_STEM}.tmp-{os.getpid()}-", dir=files.plot)
             sink = PredictionWriter(Path(scratch.name) / "predictions.zarr")
@@ -107,7 +107,7 @@ def _write_extras(result: dict[str, Any], sink: Any, files: EvalFiles) -> None:
     if files.predictions is not None:
         result["predictions"] = str(published)
     if files.plot is not None:
-        from dpot_train.eval_plots import write_plots
+        from dpot_train.evaluation.plots import write_plots
 
         result["plots"] = [str(p.resolve()) for p in write_plots(published, result, files.plot, video=files.video)]
 

@@ -1,4 +1,4 @@
-"""`python -m dpot_train.torchrun ARGS`: torch.distributed.run with ARGS, except that when a worker failed with a
+"""`python -m dpot_train.run.torchrun ARGS`: torch.distributed.run with ARGS, except that when a worker failed with a
 problem it already reported in one line (exit code worker.REPORTED), torchrun's own report (log lines, a failure
 table and a traceback) is left out and the launch exits with that code."""
 
@@ -10,8 +10,8 @@ import sys
 
 import signal
 
-from dpot_train.threads import OMP_ENV, USER_OMP_ENV
-from dpot_train.worker import PEER_FAILED, REPORTED
+from dpot_train.core.threads import OMP_ENV, USER_OMP_ENV
+from dpot_train.run.worker import PEER_FAILED, REPORTED
 
 
 def main(argv: list[str]) -> int:

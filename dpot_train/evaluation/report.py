@@ -3,9 +3,9 @@ published figures beside them, and the rollout-horizon columns.
 
 Each run is an eval.json of `dpot-train evaluate` or of a finished `launch` (its `schema` checked: a major version
 this module does not read is refused). The figure per run and dataset is the model's rollout L2RE (eval.json
-`model.rollout_l2re`). With `paper`, the tables of dpot_train/paper/dpot_icml2024.yaml are added, each with its
-source (`check_paper` is the file's schema): a `datasets` table's columns are matched to the runs' datasets by catalog
-name (a manifest writes "." as "p") and each run's ratio to each paper row is given with its sign ("-" the run's
+`model.rollout_l2re`). With `paper`, the tables of dpot_train/evaluation/paper/dpot_icml2024.yaml are added, each with
+its source (`check_paper` is the file's schema): a `datasets` table's columns are matched to the runs' datasets by
+catalog name (a manifest writes "." as "p") and each run's ratio to each paper row is given with its sign ("-" the run's
 error is lower (better), "+" higher); a `horizon` table's rows are set beside the runs' `l2re_per_step` at its steps;
 a `figures` table is printed as the paper gives it. Runs of schema dpot-eval/3 add the stability tables: The Well's
 VRMSE per channel averaged over steps 1-10, 11-30 and 31-end, and the share of trajectories blown up (VRMSE past 1)
@@ -95,13 +95,13 @@ class Report:
 
 
 def load_paper() -> dict[str, Any]:
-    """The paper's tables shipped with the package (dpot_train/paper/dpot_icml2024.yaml); ValueError naming the
-    first problem when the file does not hold to `check_paper`."""
-    text = resources.files("dpot_train").joinpath("paper", PAPER_FILE).read_text(encoding="utf-8")
+    """The paper's tables shipped with the package (dpot_train/evaluation/paper/dpot_icml2024.yaml); ValueError naming
+    the first problem when the file does not hold to `check_paper`."""
+    text = resources.files("dpot_train.evaluation").joinpath("paper", PAPER_FILE).read_text(encoding="utf-8")
     doc = yaml.safe_load(text)
     problems = check_paper(doc)
     if problems:
-        raise ValueError(f"dpot_train/paper/{PAPER_FILE}: {problems[0]}")
+        raise ValueError(f"dpot_train/evaluation/paper/{PAPER_FILE}: {problems[0]}")
     return doc
 
 
@@ -445,7 +445,7 @@ def _paper_sections(rep: Report, doc: dict[str, Any]) -> None:
                          "are the reference recipe's (evaluate --recipe reference).")
     for missing in doc.get("not_shipped", []):
         rep.notes.append(f"Not shipped: the paper's {bound(missing['table'], 300)}: not found in a source that can be "
-                         f"read and cited (where we looked: dpot_train/paper/{PAPER_FILE}).")
+                         f"read and cited (where we looked: dpot_train/evaluation/paper/{PAPER_FILE}).")
 
 
 def _paper_datasets(rep: Report, tbl: dict[str, Any]) -> bool:
