@@ -5,11 +5,7 @@ for bit -> `evaluate` writes the 3D rollout L2RE."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -59,16 +55,7 @@ def test_3d_finetune_from_2d_killed_and_resumed_is_bitwise_identical_then_evalua
            "requested)" in init_line
 
     out = s["base"] / "killed"
-    proc = subprocess.Popen(_args(s, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=train_runs.env(), cwd=train_runs.ROOT)
-    target = out / "checkpoints" / "step-00000004.pt"
-    deadline = time.monotonic() + 180
-    while not target.exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)  # the launcher became torchrun: no cleanup
-    proc.wait()
+    train_runs.kill_at_checkpoint(_args(s, out), out, 4)
     done = [step for step, _ in list_checkpoints(out / "checkpoints")]
     assert done and max(done) < STEPS, done
     r = train_runs.run([sys.executable, "-m", "dpot_train", "launch", "--out", str(out), "--resume", "--no-progress"])

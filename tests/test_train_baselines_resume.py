@@ -6,9 +6,6 @@ reads the checkpoint."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,19 +29,7 @@ def _args(data: dict[str, Path], out: Path, preset: str, *extra: str) -> list[st
 
 def _kill_mid_run(args: list[str], out: Path) -> None:
     """Start the launcher, SIGKILL it once the first checkpoint exists, wait until its workers are gone."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=train_runs.env(),
-                            cwd=train_runs.ROOT)
-    target = out / "checkpoints" / f"step-{KILL_AT:08d}.pt"
-    deadline = time.monotonic() + 180
-    workers: list[int] = []
-    while not target.exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        workers = train_runs.child_pids(proc.pid) or workers
-        time.sleep(0.01)
-    workers = train_runs.child_pids(proc.pid) or workers
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    workers = train_runs.kill_at_checkpoint(args, out, KILL_AT)
     end = time.monotonic() + 30
     while any(Path(f"/proc/{p}").exists() for p in workers) and time.monotonic() < end:
         time.sleep(0.05)

@@ -9,9 +9,6 @@ one compiled run is shared by both tests (module fixture)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,16 +85,7 @@ def test_a_compiled_run_killed_and_resumed_equals_the_uninterrupted_one_bitwise(
                                                                                 compiled_run: Path,
                                                                                 tmp_path: Path) -> None:
     out = tmp_path / "killed"
-    proc = subprocess.Popen(_args(fno_train_shards, out, "--compile"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=train_runs.env(), cwd=train_runs.ROOT)
-    target = out / "checkpoints" / "step-00000006.pt"
-    deadline = time.monotonic() + 300  # the first step waits for the compilation
-    while not target.exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)  # the launcher became torchrun: no cleanup
-    proc.wait()
+    train_runs.kill_at_checkpoint(_args(fno_train_shards, out, "--compile"), out, 6, timeout=300)  # compiles first
     done = [s for s, _ in list_checkpoints(out / "checkpoints")]
     assert done and max(done) < STEPS, done
     time.sleep(1)  # the orphaned worker notices its launcher is gone and stops

@@ -4,9 +4,7 @@ for bit on CPU (2 gloo processes); the orphaned workers stop by themselves."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -35,19 +33,7 @@ def test_sigkill_then_resume_is_bitwise_identical(fno_train_shards: Path,
                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
     reference = train_runs.uninterrupted_run(fno_train_shards, tmp_path_factory.mktemp("runs"))
     out = tmp_path_factory.mktemp("killed") / "run"
-    proc = subprocess.Popen(train_runs.launch_args(fno_train_shards, out), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=train_runs.env(), cwd=train_runs.ROOT)
-    target = out / "checkpoints" / "step-00000006.pt"
-    deadline = time.monotonic() + 180
-    workers: list[int] = []
-    while not target.exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        workers = train_runs.child_pids(proc.pid) or workers
-        time.sleep(0.01)
-    workers = train_runs.child_pids(proc.pid) or workers
-    os.kill(proc.pid, signal.SIGKILL)  # the launcher became torchrun (exec): kill it without any cleanup
-    proc.wait()
+    workers = train_runs.kill_at_checkpoint(train_runs.launch_args(fno_train_shards, out), out, 6)
     assert len(workers) == 2
     assert _wait_gone(workers, 15) == [], "workers kept running after their launcher was killed"
     steps_done = [s for s, _ in list_checkpoints(out / "checkpoints")]

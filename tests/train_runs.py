@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +60,24 @@ def uninterrupted_run(shards: Path, base: Path) -> Path:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         _CACHE[key] = out
     return _CACHE[key]
+
+
+def kill_at_checkpoint(args: list[str], out: Path, step: int, timeout: float = 180) -> list[int]:
+    """Start a launch (`args`, its RUN_DIR `out`) and SIGKILL it, with no cleanup as a preempted job, once its
+    checkpoint of `step` exists; the pids its workers had. Fails if the run ends first or no checkpoint appears."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), cwd=ROOT)
+    target = out / "checkpoints" / f"step-{step:08d}.pt"
+    deadline = time.monotonic() + timeout
+    workers: list[int] = []
+    while not target.exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        workers = child_pids(proc.pid) or workers
+        time.sleep(0.01)
+    workers = child_pids(proc.pid) or workers
+    os.kill(proc.pid, signal.SIGKILL)  # launch runs torchrun in its own process: the whole launcher, no cleanup
+    proc.wait()
+    return workers
 
 
 def child_pids(pid: int) -> list[int]:

@@ -22,7 +22,7 @@ from dpot_train.data.stream import WindowStream
 
 _POLL_S = 0.1  # how often a blocked worker or consumer re-checks the stop event / a dead worker
 _JOIN_S = 30.0  # how long close() waits for a worker to finish the batch in hand
-_LIVE: "weakref.WeakSet[ThreadBatches]" = weakref.WeakSet()
+LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every open batch iterator (threads or processes), closed at exit
 
 
 class WorkerError(RuntimeError):
@@ -91,7 +91,7 @@ class ThreadBatches:
                                           name=f"dpot-loader-{w}", daemon=True) for w in range(workers)]
         self._step = 0
         self._failed: WorkerError | None = None
-        _LIVE.add(self)
+        LIVE.add(self)
         for t in self._threads:
             t.start()
 
@@ -149,21 +149,38 @@ class ThreadBatches:
 
 @atexit.register
 def _close_all() -> None:
-    """Stop every live loader's threads before the interpreter shuts down (they are daemons, but may be mid-call)."""
-    for batches in list(_LIVE):
+    """Stop every live loader's workers (threads or processes) before the interpreter shuts down (threads are
+    daemons, but may be mid-call; processes would be left behind)."""
+    for batches in list(LIVE):
         batches.close()
 
 
-class ThreadLoader:
-    """Iterable like a DataLoader: each iter() starts fresh threads at the stream's start position."""
+class WorkerLoader:
+    """Iterable like a DataLoader: each iter() starts fresh workers at the stream's start position. A subclass
+    names its kind (`thread`, `process`) and the batch iterator it starts (`batches`)."""
+
+    kind = "thread"
 
     def __init__(self, stream: WindowStream, num_workers: int, pin_memory: bool = False, prefetch: int = 2) -> None:
         if num_workers < 1:
-            raise ValueError(f"thread workers must be at least 1, got {num_workers}")
+            raise ValueError(f"{self.kind} workers must be at least 1, got {num_workers}")
         self.stream, self.num_workers, self.pin_memory, self.prefetch = stream, num_workers, pin_memory, prefetch
 
-    def __iter__(self) -> ThreadBatches:
+    def batches(self) -> Any:
+        """A fresh iterator of batches over the stream, its workers started."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Any:
         # a DataLoader iterator draws one base seed from the torch RNG; so does this one, so that the process RNG
         # state after iter() is the same whichever worker kind is used
         torch.empty((), dtype=torch.int64).random_()
+        return self.batches()
+
+
+class ThreadLoader(WorkerLoader):
+    """Batches made by worker threads of this process."""
+
+    kind = "thread"
+
+    def batches(self) -> ThreadBatches:
         return ThreadBatches(self.stream, self.num_workers, self.prefetch, self.pin_memory)

@@ -23,7 +23,6 @@ batch still uses: the region goes when the last batch viewing it does.
 
 from __future__ import annotations
 
-import atexit
 import math
 import mmap
 import multiprocessing as mp
@@ -42,14 +41,13 @@ import numpy as np
 import torch
 
 from dpot_train.data.datasets import DataError
-from dpot_train.data.prefetch import WorkerError
+from dpot_train.data.prefetch import LIVE, WorkerError, WorkerLoader
 from dpot_train.data.stream import WindowStream
 
 ALIGN = 64  # bytes: every buffer of a slot starts on a cache line
 _JOIN_S = 30.0  # how long close() waits for a worker to finish the batch in hand
 _PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent is alive
 _STOP = -1
-_LIVE: "weakref.WeakSet[ProcessBatches]" = weakref.WeakSet()
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.bool_): torch.bool}
 
 
@@ -272,7 +270,7 @@ class ProcessBatches:
         pin = pin_memory and torch.cuda.is_available()
         per_worker = prefetch + 1 + (1 if pin else 0)  # + the consumer's batch (+ the one whose copy may run)
         self.ring = SharedRing(workers * per_worker, slot_bytes(stream))
-        _LIVE.add(self)
+        LIVE.add(self)
         ctx = mp.get_context("fork")
         parent_ends: list[Connection] = []
         try:
@@ -437,22 +435,10 @@ def _stop(proc: Any, ready: Connection) -> None:
     proc.join()
 
 
-@atexit.register
-def _close_all() -> None:
-    """Stop every live loader's workers before the interpreter shuts down."""
-    for batches in list(_LIVE):
-        batches.close()
+class ProcessLoader(WorkerLoader):
+    """Batches made by worker processes into a shared ring of slots (the pipe carries slot indices only)."""
 
+    kind = "process"
 
-class ProcessLoader:
-    """Iterable like a DataLoader: each iter() starts fresh worker processes at the stream's start position."""
-
-    def __init__(self, stream: WindowStream, num_workers: int, pin_memory: bool = False, prefetch: int = 2) -> None:
-        if num_workers < 1:
-            raise ValueError(f"process workers must be at least 1, got {num_workers}")
-        self.stream, self.num_workers, self.pin_memory, self.prefetch = stream, num_workers, pin_memory, prefetch
-
-    def __iter__(self) -> ProcessBatches:
-        # a DataLoader iterator draws one base seed from the torch RNG; so does this one (see ThreadLoader)
-        torch.empty((), dtype=torch.int64).random_()
+    def batches(self) -> ProcessBatches:
         return ProcessBatches(self.stream, self.num_workers, self.prefetch, self.pin_memory)
