@@ -13,7 +13,8 @@ Every step is a subprocess call of the CLIs a user runs (`python -m dpot_data`, 
 2. `dpot-train launch` pre-trains DPOT once (seed 0) on the pre-training corpus (`dpot-train model export` writes its
    weights), then, for each seed 0..N-1, trains on the corpus shards with the same steps, batch, seed, schedule,
    normalisation and recipe (dpot): DPOT from scratch (`--model tiny`), FNO (`fno-tiny`), UNet (`unet-small`, at the
-   cpu scale with its own steps and peak lr: below) and DPOT fine-tuned (`--init` the export). The fine-tuned row's spread is that of fine-tuning, not of pre-training.
+   cpu scale with its own steps and peak lr: below) and DPOT fine-tuned (`--init` the export). The fine-tuned row's
+   spread is that of fine-tuning, not of pre-training.
 3. each training launch ends by scoring its last checkpoint on the test split (rollout to the trajectory end,
    `--recipe dpot`: what `dpot-train evaluate CKPT --recipe dpot` writes, without a second process loading it),
    copied to OUT/runs/seed-S/MODEL/eval.json with the network named; the persistence baseline, which every eval.json

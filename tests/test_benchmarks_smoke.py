@@ -237,7 +237,8 @@ def test_paper_table_smoke_reports_the_five_rows(tmp_path: Path, capsys: pytest.
             launched = json.loads((run / "eval.json").read_text(encoding="utf-8"))
             assert scored["datasets"] == launched["datasets"] and scored["recipe"] == "dpot"
             steps = 20 if label == "unet" else 10  # the UNet's own steps and lr (the smoke scale's, as the cpu one)
-            assert scored["split"] == "test" and scored["checkpoint"] == str(run / "checkpoints" / f"step-{steps:08d}.pt")
+            assert scored["split"] == "test"
+            assert scored["checkpoint"] == str(run / "checkpoints" / f"step-{steps:08d}.pt")
             config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
             assert (config["steps"], config["optim"]["lr"]) == (steps, 3e-2 if label == "unet" else 3e-3)
             assert scored["network"] == row["network"] and row["network"]["parameters"] > 0
