@@ -2,7 +2,7 @@
 and the persistence baseline, trained on the same shards with the same step budget, evaluated with the same recipe and
 set beside the DPOT paper's Table 1 by `dpot-train report --paper`; every trained row over several seeds.
 
-Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --out paper     # CPU scale, 19 min on 2 loaded cores
+Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --out paper     # CPU scale, 22 min on 2 loaded cores
       PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --gpu           # the paper's presets on CUDA
       PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # a check that it runs (1 seed)
 
