@@ -38,6 +38,20 @@ def test_deferred_step_log_equals_per_step_log(fno_train_shards: Path,
     for key in ("loss", "lr", "grad_norm", "epoch"):
         assert [x[key] for x in la] == [x[key] for x in lb], key
     assert all(x["grad_norm"] > 0 and x["loss"] > 0 for x in la)
+    # each line's lr is the rate its step ran at: the one-cycle schedule before it moves on (it logged the next
+    # step's before: step 1 showed the warm-up's second rate, the last step a rate past the schedule's end)
+    from dpot_train.core.config import load_config
+    from dpot_train.train.schedule import one_cycle
+
+    cfg = load_config(reference / "config.yaml")
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.optim.lr)
+    sched, ran_at = one_cycle(opt, cfg.steps, cfg.optim), []
+    for _ in steps:
+        ran_at.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [x["lr"] for x in la] == pytest.approx(ran_at, rel=1e-12)
+    assert la[0]["lr"] == pytest.approx(cfg.optim.lr / cfg.optim.div_factor)
     # the reference logged every 5th step: the rate appears on those steps (and the last) only
     assert [x["step"] for x in la if "samples_per_s" in x] == [s for s in steps if s % 5 == 0 or s == steps[-1]]
 

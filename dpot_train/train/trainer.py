@@ -385,6 +385,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             batch = next(it)
             if cfg.data.res:  # which samples' solid cells take the mask-aware resize, decided on the CPU
                 batch["fluid_rule"] = fluid_rule_samples(spec.datasets, batch["dataset"], batch["mask"])
+            lr = sched.get_last_lr()[0]  # the rate this step runs at (the step ends by moving the schedule on)
             loss, per_sample, grad_norm = step_fn(cfg, ddp_model, opt, sched, batch, info.device, trainable)
             step, position = step + 1, position + cfg.batch_size
             if first is not None:
@@ -393,7 +394,7 @@ def _loop(cfg: TrainConfig, info: D.DistInfo, ddp_model: torch.nn.Module, model:
             guard.add(step, per_sample, grad_norm, batch)
             if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.steps:
                 guard.check()  # before the log and the checkpoint of these steps are written
-            log.record(step, position, sched.get_last_lr()[0], batch, loss, per_sample, grad_norm)
+            log.record(step, position, lr, batch, loss, per_sample, grad_norm)
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
                 _save(cfg, info, model, opt, sched, step, position, spec, run / "checkpoints")
             if validate is not None:
